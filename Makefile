@@ -1,0 +1,29 @@
+# The two commands of the README:  `make report` (the main job) and `make test`.
+# Both install what is missing first; a second run reuses the virtual environment and the Horovod wheel.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# horovodrun starts `python` from PATH: it must be this environment's.
+RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
+
+.PHONY: install report test clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	bash scripts/install_horovod.sh $(BIN)/python
+	touch $@
+
+report: install
+	$(RUN) $(BIN)/tfperf run --quick --out results
+
+test: install
+	$(RUN) $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) results

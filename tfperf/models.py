@@ -1,0 +1,136 @@
+"""The cookbook's models, built uncompiled (so callers can build them in a strategy scope), and their FLOPs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import keras
+from keras import layers
+
+Shape = tuple[int, ...]
+
+
+def _head(x, num_classes: int):
+    # float32 logits under any mixed policy: softmax/loss in half precision loses accuracy.
+    return layers.Dense(num_classes, dtype="float32", name="logits")(x)
+
+
+def _mlp(input_shape: Shape, num_classes: int) -> keras.Model:
+    """The seed's hybridize MLP: 512 -> 256 -> 128 -> 2, ReLU."""
+    inputs = keras.Input(input_shape)
+    x = layers.Flatten()(inputs) if len(input_shape) > 1 else inputs
+    x = layers.Dense(256, activation="relu")(x)
+    x = layers.Dense(128, activation="relu")(x)
+    return keras.Model(inputs, _head(x, num_classes), name="mlp")
+
+
+def _cnn(input_shape: Shape, num_classes: int) -> keras.Model:
+    """The mixed-precision seed's MNIST network: Conv 32 3x3, MaxPool 2, Dense 64, Dense 10."""
+    inputs = keras.Input(input_shape)
+    x = layers.Conv2D(32, 3, activation="relu")(inputs)
+    x = layers.MaxPooling2D(2)(x)
+    x = layers.Flatten()(x)
+    x = layers.Dense(64, activation="relu")(x)
+    return keras.Model(inputs, _head(x, num_classes), name="cnn")
+
+
+def _lenet(input_shape: Shape, num_classes: int) -> keras.Model:
+    """d2l's LeNet-5 (6-16-120-84), with ReLU instead of sigmoid so that it trains in a few steps."""
+    inputs = keras.Input(input_shape)
+    x = layers.Conv2D(6, 5, padding="same", activation="relu")(inputs)
+    x = layers.AveragePooling2D(2)(x)
+    x = layers.Conv2D(16, 5, activation="relu")(x)
+    x = layers.AveragePooling2D(2)(x)
+    x = layers.Flatten()(x)
+    x = layers.Dense(120, activation="relu")(x)
+    x = layers.Dense(84, activation="relu")(x)
+    return keras.Model(inputs, _head(x, num_classes), name="lenet")
+
+
+def _residual(x, channels: int, strides: int):
+    shortcut = x
+    y = layers.Conv2D(channels, 3, strides=strides, padding="same")(x)
+    y = layers.BatchNormalization()(y)
+    y = layers.ReLU()(y)
+    y = layers.Conv2D(channels, 3, padding="same")(y)
+    y = layers.BatchNormalization()(y)
+    if strides != 1 or shortcut.shape[-1] != channels:
+        shortcut = layers.Conv2D(channels, 1, strides=strides)(shortcut)
+    return layers.ReLU()(layers.Add()([y, shortcut]))
+
+
+def _resnet18(input_shape: Shape, num_classes: int) -> keras.Model:
+    """d2l's ResNet-18 for 28x28 inputs: 3x3 stem, no max-pool, stages 64-128-256-512 of 2 blocks."""
+    inputs = keras.Input(input_shape)
+    x = layers.Conv2D(64, 3, padding="same")(inputs)
+    x = layers.BatchNormalization()(x)
+    x = layers.ReLU()(x)
+    for stage, channels in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            x = _residual(x, channels, strides=2 if stage > 0 and block == 0 else 1)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, _head(x, num_classes), name="resnet18")
+
+
+_BUILDERS: dict[str, tuple[Callable[[Shape, int], keras.Model], Shape, int]] = {
+    "mlp": (_mlp, (512,), 2),
+    "cnn": (_cnn, (28, 28, 1), 10),
+    "lenet": (_lenet, (28, 28, 1), 10),
+    "resnet18": (_resnet18, (28, 28, 1), 10),
+}
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def default_input_shape(name: str) -> Shape:
+    """The input shape (no batch axis) that `get_net(name)` uses by default."""
+    return _builder(name)[1]
+
+
+def _builder(name: str):
+    try:
+        return _BUILDERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)}"
+        ) from None
+
+
+def get_net(
+    name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None
+) -> keras.Model:
+    """Build the named model, uncompiled, with float32 logits whatever the dtype policy."""
+    build, default_shape, default_classes = _builder(name)
+    shape = tuple(int(d) for d in (input_shape if input_shape is not None else default_shape))
+    classes = int(num_classes if num_classes is not None else default_classes)
+    if not shape or any(d < 1 for d in shape):
+        raise ValueError(f"input_shape must be positive sizes without the batch axis, got {shape}")
+    if classes < 1:
+        raise ValueError(f"num_classes must be at least 1, got {classes}")
+    if name != "mlp" and len(shape) != 3:
+        raise ValueError(f"model {name!r} takes images (height, width, channels), got input_shape {shape}")
+    return build(shape, classes)
+
+
+def _layer_flops(layer: keras.layers.Layer) -> int:
+    if isinstance(layer, keras.Model):
+        return sum(_layer_flops(sub) for sub in layer.layers)
+    if isinstance(layer, layers.Dense):
+        fan_in, units = layer.kernel.shape
+        rows = math.prod(layer.output.shape[1:-1])  # Dense on a >2-D input runs once per leading position
+        return 2 * rows * fan_in * units
+    if isinstance(layer, layers.Conv2D):
+        kh, kw, cin, cout = layer.kernel.shape
+        oh, ow = layer.output.shape[1:3]
+        return 2 * oh * ow * kh * kw * (cin // layer.groups) * cout
+    return 0
+
+
+def flops(model: keras.Model) -> int:
+    """Forward FLOPs per sample of the Dense and Conv2D layers (a multiply-add counts 2).
+
+    Element-wise ops (activations, pooling, normalisation) are left out: they are bandwidth-bound and
+    a few percent of the count; this is the work the matmul FLOP/s roof applies to. Training costs
+    about three times this (forward, and two matmuls per layer backward).
+    """
+    return sum(_layer_flops(layer) for layer in model.layers)

@@ -1,0 +1,34 @@
+"""Helpers for tests that run the recipes and the CLI as users do: as separate processes."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def run(args, *, timeout=600, cwd=REPO, check=True, **kwargs):
+    """Run a command with this interpreter's environment first on PATH (horovodrun starts `python`)."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TF_CPP_MIN_LOG_LEVEL": "2",
+           **kwargs.pop("env", {})}
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, **kwargs)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+                             f"\n--- stderr\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def recipe(name):
+    """The path of a recipe script."""
+    return REPO / "recipes" / f"{name}.py"
+
+
+@pytest.fixture
+def tfperf_cli():
+    """Run `python -m tfperf ...`."""
+    return lambda *args, **kw: run([sys.executable, "-m", "tfperf", *args], **kw)

@@ -1,0 +1,82 @@
+"""The command-line flags every recipe shares, defined once; recipes add only their own."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports bad flags in one line with exit code 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1, for sizes and counts."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0, for warm-up counts."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def parser(description: str | None, *, prog: str | None = None) -> ArgumentParser:
+    """A parser holding the shared flags; sizes left unset are filled by `parse` from --quick."""
+    p = ArgumentParser(prog=prog, description=description,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes: the whole recipe in about a minute")
+    p.add_argument("--steps", type=positive_int, help="timed steps per measurement")
+    p.add_argument("--warmup", type=non_negative_int, help="untimed steps after the first call")
+    p.add_argument("--batch-size", type=positive_int, help="examples per step")
+    p.add_argument("--out", default="results", help="folder for records, figures and the report")
+    p.add_argument("--seed", type=int, default=0, help="random seed for data and weights")
+    p.add_argument("--profile", metavar="DIR",
+                   help="write a TensorBoard profiler trace of the measured steps to DIR")
+    return p
+
+
+def parse(
+    p: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    *,
+    sizes: Mapping[str, tuple[int, int]],
+) -> argparse.Namespace:
+    """Parse argv; each flag in `sizes` left unset takes its (full, quick) default."""
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    for name, (full, quick) in sizes.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
+
+
+def add_model_flag(p: argparse.ArgumentParser, default: str) -> None:
+    """--model, limited to the names get_net knows."""
+    from tfperf.models import MODEL_NAMES
+
+    p.add_argument("--model", default=default, choices=MODEL_NAMES, help="network from tfperf.get_net")
+
+
+def add_dataset_flag(p: argparse.ArgumentParser, default: str) -> None:
+    """--dataset, limited to the names tfperf.data knows."""
+    from tfperf.data import DATASET_NAMES
+
+    p.add_argument("--dataset", default=default, choices=DATASET_NAMES,
+                   help="mnist-5k, synthetic and digits work offline; mnist and fashion_mnist download once")

@@ -1,0 +1,159 @@
+"""Records into Markdown tables and PNG charts, and a whole results folder into one report."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tfperf.results import atomic_write_text, read_records
+
+Record = Mapping[str, Any]
+
+
+def fmt(value: Any) -> str:
+    """A number with about four significant digits; anything else as text."""
+    if isinstance(value, bool) or value is None:
+        return "-" if value is None else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+            return f"{value:.3e}"
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)
+
+
+def speedup(record: Record, baseline: Record) -> float:
+    """How many times better `record` is than `baseline` on the primary metric."""
+    key = record["primary"]
+    a, b = float(baseline["metrics"][key]), float(record["metrics"][key])
+    if a == 0 or b == 0:
+        return float("nan")
+    return a / b if record["lower_is_better"] else b / a
+
+
+def group_tables(records: Iterable[Record]) -> dict[tuple[str, str], list[Record]]:
+    """Records grouped by (recipe, table), each in the order measured."""
+    tables: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        tables.setdefault((r["recipe"], r["table"]), []).append(r)
+    return tables
+
+
+def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = None) -> str:
+    """A Markdown table of one recipe table, with a speedup column against its first row."""
+    if not records:
+        raise ValueError("no records to tabulate")
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in records for k in r["metrics"]))
+    header = ["", *columns, f"speedup vs {records[0]['row']}"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in records:
+        cells = [r["row"], *(fmt(r["metrics"].get(c)) for c in columns), f"{speedup(r, records[0]):.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe version of a table's name."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "table"
+
+
+def bar_chart(records: Sequence[Record], path: Path | str, *, title: str | None = None) -> Path:
+    """A horizontal bar chart of the primary metric, log-scaled when it spans two decades."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and in CI
+    import matplotlib.pyplot as plt
+
+    key = records[0]["primary"]
+    names = [r["row"] for r in records]
+    values = [float(r["metrics"][key]) for r in records]
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(records) + 1.4))
+    ax.barh(names[::-1], values[::-1], color="#4C72B0")
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > 100:
+        ax.set_xscale("log")
+    better = "lower is better" if records[0]["lower_is_better"] else "higher is better"
+    ax.set_xlabel(f"{key} ({better})")
+    ax.set_title(title or f"{records[0]['recipe']}: {records[0]['table']}")
+    for y, v in enumerate(values[::-1]):
+        ax.annotate(fmt(v), (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def environment_summary(env: Mapping[str, Any]) -> str:
+    """One line naming the machine and software a run was measured on."""
+    gpus = ", ".join(env.get("gpus") or []) or "no GPU"
+    return (
+        f"{env.get('cpu')} ({env.get('cores')} cores), {gpus}; Python {env.get('python')}, "
+        f"TensorFlow {env.get('tensorflow')}, Keras {env.get('keras')}; "
+        f"tfperf {env.get('tfperf')} @ {env.get('git_commit') or 'no git'}"
+    )
+
+
+def conclusion_path(out: Path | str, recipe: str) -> Path:
+    """Where a recipe leaves its conclusion (computed from its own run) for the report."""
+    return Path(out) / f"{recipe}.conclusion.md"
+
+
+def write_conclusion(out: Path | str, recipe: str, text: str) -> Path:
+    """Save a recipe's conclusion next to its records."""
+    path = conclusion_path(out, recipe)
+    atomic_write_text(path, text.strip() + "\n")
+    return path
+
+
+def build_report(results_dir: Path | str, *, order: Sequence[str] = ()) -> Path:
+    """Write results_dir/report.md: per recipe its tables, charts, extra figures and conclusion."""
+    results_dir = Path(results_dir)
+    files = sorted(results_dir.glob("*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no *.jsonl records in {results_dir}: run a recipe with --out {results_dir}")
+    rank = {name: i for i, name in enumerate(order)}
+    files.sort(key=lambda f: (rank.get(f.stem, len(rank)), f.stem))
+    figures = results_dir / "figures"
+    parts = ["# tfperf report", ""]
+    for f in files:
+        records = read_records(f)
+        if not records:
+            continue
+        recipe = records[0]["recipe"]
+        parts += [f"## {recipe}", "", f"Measured on {environment_summary(records[0]['env'])}.", ""]
+        for (_, table), rows in group_tables(records).items():
+            chart = bar_chart(rows, figures / f"{recipe}-{slug(table)}.png")
+            parts += [f"### {table}", "", markdown_table(rows), "", f"![{table}](figures/{chart.name})", ""]
+        generated = {f"{recipe}-{slug(t)}.png" for (_, t) in group_tables(records)}
+        for extra in sorted(figures.glob(f"{recipe}-*.png")):
+            if extra.name not in generated:
+                parts += [f"![{extra.stem}](figures/{extra.name})", ""]
+        conclusion = conclusion_path(results_dir, recipe)
+        if conclusion.exists():
+            parts += ["**Conclusion.** " + conclusion.read_text().strip(), ""]
+    report = results_dir / "report.md"
+    atomic_write_text(report, "\n".join(parts))
+    return report
+
+
+def compare(a: Sequence[Record], b: Sequence[Record]) -> list[tuple[str, str, str, float, float, float]]:
+    """Rows present in both runs: (table, row, metric, value in A, value in B, B's speedup over A)."""
+    index = {(r["recipe"], r["table"], r["row"]): r for r in a}
+    rows = []
+    for r in b:
+        base = index.get((r["recipe"], r["table"], r["row"]))
+        if base is None:
+            continue
+        key = r["primary"]
+        rows.append((f"{r['recipe']}: {r['table']}", r["row"], key,
+                     float(base["metrics"][key]), float(r["metrics"][key]), speedup(r, base)))
+    return rows

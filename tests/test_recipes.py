@@ -1,0 +1,37 @@
+"""Each recipe runs at its smallest size and writes well-formed records; the main job builds the report."""
+
+import sys
+
+import pytest
+
+from conftest import recipe, run
+from tfperf.results import read_records
+
+TINY = ["--quick", "--steps", "2", "--warmup", "0"]
+
+
+@pytest.mark.slow
+def test_hybridize_writes_its_ladder(tmp_path):
+    out = run([sys.executable, recipe("hybridize"), *TINY, "--loop-iters", "5", "--batch-size", "64",
+               "--chain-size", "4096", "--out", tmp_path]).stdout
+    assert "x the compute limit" in out
+    rows = {(r["table"], r["row"]): r for r in read_records(tmp_path / "hybridize.jsonl")}
+    ladder = [row for (table, row) in rows if table.startswith("overhead ladder")]
+    assert ladder[:4] == ["eager", "tf.function", "concrete function", "XLA jit_compile"]
+    assert ladder[-1] == "compute limit"
+    for r in rows.values():
+        assert r["metrics"][r["primary"]] > 0 and r["env"]["tensorflow"].startswith("2.21")
+        assert r["args"]["steps"] == 2
+    assert rows[("overhead ladder (MLP, batch 1)", "graph loop (tf.while_loop)")]["metrics"]["samples_per_call"] == 5
+    assert len([t for t, _ in rows if t.startswith("element-wise")]) == 4
+    assert (tmp_path / "hybridize.conclusion.md").read_text().startswith("At batch 1")
+
+
+@pytest.mark.slow
+def test_main_job_runs_recipes_and_writes_the_report(tmp_path, tfperf_cli):
+    out = tfperf_cli("run", "--quick", "--only", "hybridize", "--out", tmp_path).stdout
+    assert "[1/1] hybridize" in out and "ok in" in out
+    report = (tmp_path / "report.md").read_text()
+    assert "## hybridize" in report and "speedup vs eager" in report
+    assert (tmp_path / "figures" / "hybridize-overhead-ladder-mlp-batch-1.png").exists()
+    assert (tmp_path / "logs" / "hybridize.log").exists()

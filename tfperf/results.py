@@ -92,13 +92,18 @@ def make_record(
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
+    """Write a text file so that readers see the old content or the new, never half of it."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     """Write a file so that readers see the old content or the new, never half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

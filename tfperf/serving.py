@@ -1,0 +1,188 @@
+"""SavedModel export in the TF Serving layout (atomic, never overwriting), reload, and checked predict."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfperf import __version__
+
+SIGNATURE = "serving_default"
+INPUT_NAME = "inputs"
+METADATA_FILE = "tfperf.json"
+
+
+class ExportError(ValueError):
+    """An export that must not happen as asked (a version that exists, a bad name or number)."""
+
+
+class ModelError(ValueError):
+    """A model folder that cannot be used: missing, not a SavedModel, corrupt, or without the signature."""
+
+
+class InputError(ValueError):
+    """Input that does not fit the signature: the message names the expected spec."""
+
+
+def versions(model_root: Path | str) -> list[int]:
+    """The numbered versions under saved_models/<name>/, ascending."""
+    root = Path(model_root)
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def next_version(model_root: Path | str) -> int:
+    """The version an export takes when none is asked for: one past the highest."""
+    existing = versions(model_root)
+    return existing[-1] + 1 if existing else 1
+
+
+def serving_function(model):
+    """The model as a serving function: named float32 input with any batch size, named outputs."""
+    import tensorflow as tf
+
+    def serve(inputs):
+        logits = model(inputs, training=False)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+    return serve
+
+
+def export(
+    model,
+    root: Path | str = "saved_models",
+    *,
+    name: str | None = None,
+    version: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write root/<name>/<version>/ atomically; an existing version is an error that names a free one."""
+    import keras
+    import tensorflow as tf
+
+    name = name or model.name
+    if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name):
+        raise ExportError(f"invalid export name {name!r}: use a plain folder name such as 'mnist-cnn'")
+    if version is not None and version < 1:
+        raise ExportError(f"version must be a positive integer (TF Serving's layout), got {version}")
+    model_root = Path(root) / name
+    version = version or next_version(model_root)
+    final = model_root / str(version)
+    if final.exists():
+        raise ExportError(f"{final} exists and is never overwritten; the next free version is "
+                          f"{next_version(model_root)} (--version {next_version(model_root)}, or leave it out)")
+    model_root.mkdir(parents=True, exist_ok=True)
+    input_shape = tuple(model.input_shape[1:])
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(name=SIGNATURE, fn=serving_function(model), input_signature=[
+        keras.InputSpec(shape=(None, *input_shape), dtype="float32", name=INPUT_NAME)])
+    # Written beside the target, then renamed: readers and TF Serving see a whole version or none.
+    staging = Path(tempfile.mkdtemp(prefix=f".{version}.partial-", dir=model_root))
+    try:
+        archive.write_out(str(staging), verbose=False)
+        meta = {
+            "name": name,
+            "version": version,
+            "model": model.name,
+            "signature": SIGNATURE,
+            "inputs": {INPUT_NAME: {"dtype": "float32", "shape": [None, *input_shape]}},
+            "outputs": {k: {"dtype": "float32", "shape": [None, int(model.output_shape[-1])]}
+                        for k in ("logits", "probabilities")},
+            "tfperf": __version__,
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            **dict(metadata or {}),
+        }
+        (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        try:
+            os.rename(staging, final)  # fails if a concurrent export took this version meanwhile
+        except OSError:
+            raise ExportError(f"{final} appeared while exporting; the next free version is "
+                              f"{next_version(model_root)}") from None
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def check_model_dir(path: Path | str) -> Path:
+    """The folder if it looks like a SavedModel, else a ModelError that says what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"no model at {path}: expected a SavedModel folder such as saved_models/<name>/<version>")
+    if not path.is_dir():
+        raise ModelError(f"{path} is a file: expected a SavedModel folder such as saved_models/<name>/<version>")
+    if not (path / "saved_model.pb").is_file():
+        hint = ""
+        if versions(path):
+            hint = f"; it holds versions {versions(path)}: pass {path / str(versions(path)[-1])}"
+        raise ModelError(f"{path} has no saved_model.pb, so it is not a SavedModel{hint}")
+    return path
+
+
+def load(path: Path | str):
+    """Load a SavedModel's serving signature (no tfperf model code needed); ModelError if unusable."""
+    import tensorflow as tf
+
+    path = check_model_dir(path)
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as exc:  # protobuf, checkpoint and op errors all mean: this folder is broken
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{path} is not a loadable SavedModel ({type(exc).__name__}: {first[:200]})") from None
+    if SIGNATURE not in loaded.signatures:
+        raise ModelError(f"{path} has no {SIGNATURE!r} signature (it has {sorted(loaded.signatures)})")
+    return loaded
+
+
+def input_spec(signature) -> tuple[str, Any]:
+    """The signature's single named input and its TensorSpec."""
+    specs = signature.structured_input_signature[1]
+    if len(specs) != 1:
+        raise ModelError(f"expected one input, the signature takes {sorted(specs)}")
+    return next(iter(specs.items()))
+
+
+def describe(spec) -> str:
+    """A spec as users read it: float32[None, 28, 28, 1]."""
+    dims = ", ".join("None" if d is None else str(d) for d in spec.shape.as_list())
+    return f"{spec.dtype.name}[{dims}]"
+
+
+def check_input(x: np.ndarray, spec, name: str = INPUT_NAME) -> np.ndarray:
+    """`x` converted to the spec's dtype (any int or float is accepted), or an InputError naming the spec."""
+    want = spec.shape.as_list()
+    expected = f"the signature {SIGNATURE!r} takes {name}: {describe(spec)}"
+    if not isinstance(x, np.ndarray) or x.dtype.kind not in "fiu":
+        kind = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
+        raise InputError(f"input has dtype {kind}, not numbers; {expected}")
+    if len(x.shape) != len(want) or any(w is not None and w != d for w, d in zip(want, x.shape)):
+        raise InputError(f"input has shape {list(x.shape)}; {expected}")
+    if x.shape[0] == 0:
+        raise InputError(f"input has no rows (shape {list(x.shape)}); {expected}")
+    return x.astype(spec.dtype.as_numpy_dtype, copy=False)
+
+
+def predict(loaded, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Run the serving signature on checked input; outputs as NumPy arrays by name."""
+    import tensorflow as tf
+
+    signature = loaded.signatures[SIGNATURE]
+    name, spec = input_spec(signature)
+    x = check_input(x, spec, name)
+    return {k: v.numpy() for k, v in signature(**{name: tf.constant(x)}).items()}
+
+
+def read_metadata(path: Path | str) -> dict[str, Any]:
+    """The metadata tfperf wrote beside an export ({} for SavedModels made elsewhere)."""
+    meta = Path(path) / METADATA_FILE
+    return json.loads(meta.read_text()) if meta.is_file() else {}

@@ -1,0 +1,109 @@
+"""A custom training loop that checkpoints as it goes and resumes where a crash left it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from tfperf.data import Arrays, to_dataset
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """How a run ended: total steps (including those before a resume), loss and test accuracy."""
+
+    steps: int
+    resumed_from: int
+    final_loss: float
+    test_accuracy: float
+    checkpoint: str | None
+
+
+def accuracy(model, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
+    """Top-1 accuracy of the model's logits on arrays."""
+    correct = 0
+    for start in range(0, len(x), batch_size):
+        logits = model(x[start:start + batch_size], training=False)
+        correct += int(np.sum(np.argmax(logits, axis=-1) == y[start:start + batch_size]))
+    return correct / len(x)
+
+
+def restore_weights(model, path: Path | str) -> str:
+    """Load model weights from a training checkpoint (a folder or a checkpoint prefix)."""
+    path = str(path)
+    prefix = tf.train.latest_checkpoint(path) if Path(path).is_dir() else path
+    if not prefix or not Path(prefix + ".index").exists():
+        raise FileNotFoundError(f"no checkpoint at {path}: pass a folder written by `tfperf train` "
+                                f"(--checkpoint-dir) or one of its ckpt-N prefixes")
+    tf.train.Checkpoint(model=model).restore(prefix).expect_partial()  # optimizer state is not needed here
+    return prefix
+
+
+def train(
+    model,
+    data: Arrays,
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float = 1e-3,
+    seed: int = 0,
+    checkpoint_dir: Path | str | None = None,
+    checkpoint_every: int = 50,
+    keep: int = 3,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainResult:
+    """Train with Adam for `steps` steps in total, checkpointing every `checkpoint_every` steps.
+
+    The checkpoint holds the model, the optimizer's slots and step count, the step counter and the
+    input iterator's position, so a restarted run continues the same sequence of batches.
+    """
+    import keras
+
+    if steps < 1 or batch_size < 1 or checkpoint_every < 1 or keep < 1:
+        raise ValueError(f"steps, batch_size, checkpoint_every and keep must be positive, got "
+                         f"{steps}, {batch_size}, {checkpoint_every}, {keep}")
+    optimizer = keras.optimizers.Adam(learning_rate)
+    optimizer.build(model.trainable_variables)  # slots must exist before a restore can fill them
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    batches = iter(to_dataset(data.x_train, data.y_train, batch_size=batch_size, seed=seed, repeat=True,
+                              drop_remainder=True))
+    step = tf.Variable(0, dtype=tf.int64, trainable=False)
+    manager = None
+    resumed_from = 0
+    if checkpoint_dir is not None:
+        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, batches=batches)
+        # CheckpointManager writes the shards under a temporary name, then renames them and rewrites
+        # the 'checkpoint' pointer atomically: a crash mid-save leaves the previous one as latest.
+        manager = tf.train.CheckpointManager(ckpt, str(checkpoint_dir), max_to_keep=keep)
+        if manager.latest_checkpoint:
+            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+            resumed_from = int(step.numpy())
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    loss = float("nan")
+    while int(step.numpy()) < steps:
+        x, y = next(batches)
+        loss = float(train_step(x, y))
+        step.assign_add(1)
+        done = int(step.numpy())
+        if on_step is not None:
+            on_step(done, loss)
+        if manager is not None and (done % checkpoint_every == 0 or done == steps):
+            manager.save(checkpoint_number=done)
+    return TrainResult(
+        steps=int(step.numpy()),
+        resumed_from=resumed_from,
+        final_loss=loss,
+        test_accuracy=accuracy(model, data.x_test, data.y_test),
+        checkpoint=manager.latest_checkpoint if manager is not None else None,
+    )

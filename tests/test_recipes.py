@@ -35,3 +35,18 @@ def test_main_job_runs_recipes_and_writes_the_report(tmp_path, tfperf_cli):
     assert "## hybridize" in report and "speedup vs eager" in report
     assert (tmp_path / "figures" / "hybridize-overhead-ladder-mlp-batch-1.png").exists()
     assert (tmp_path / "logs" / "hybridize.log").exists()
+
+
+@pytest.mark.slow
+def test_saved_model_recipe_times_load_and_latency(tmp_path):
+    out = run([sys.executable, recipe("saved_model"), *TINY, "--batches", "1", "4", "--out", tmp_path]).stdout
+    assert "outputs match in-process: True" in out and "retraces over 2 batch sizes: 0" in out
+    records = read_records(tmp_path / "saved_model.jsonl")
+    startup = [r for r in records if r["table"].startswith("start-up")]
+    assert [r["row"].split(":")[0] for r in startup] == [
+        "in-process", "reloaded, same process", "reloaded, fresh process"]
+    assert startup[2]["metrics"]["tensorflow_import_s"] > 0
+    latency = [r["row"] for r in records if r["table"].startswith("steady-state")]
+    assert latency == ["in-process, batch 1", "reloaded, batch 1", "in-process, batch 4", "reloaded, batch 4"]
+    for r in records:
+        assert r["metrics"][r["primary"]] > 0

@@ -122,3 +122,11 @@ def test_bad_sizes_are_refused(kwargs):
 def test_no_samples_is_an_error():
     with pytest.raises(ValueError, match="no samples"):
         BenchmarkResult.from_samples("x", [])
+
+
+def test_profile_traces_each_measurement_apart(tmp_path):
+    x = tf.random.normal([64, 64])
+    for name in ("first run", "second run"):
+        Benchmark.run(lambda: tf.matmul(x, x), steps=2, warmup=0, name=name, profile_dir=str(tmp_path))
+    traces = sorted(p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*.xplane.pb"))
+    assert traces == ["first-run", "second-run"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -103,10 +105,13 @@ class BenchmarkResult:
         return d
 
 
-def _profiled(profile_dir: str | None) -> contextlib.AbstractContextManager:
+def _profiled(profile_dir: str | None, name: str) -> contextlib.AbstractContextManager:
     if profile_dir is None:
         return contextlib.nullcontext()
-    return tf.profiler.experimental.Profile(profile_dir)
+    # One folder per measurement: traces are named by the second they start, so two in one
+    # second would overwrite each other; TensorBoard shows each folder as a run.
+    run = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "run"
+    return tf.profiler.experimental.Profile(str(Path(profile_dir) / run))
 
 
 class Benchmark:
@@ -165,7 +170,7 @@ class Benchmark:
         for _ in range(warmup):
             sync_fn(fn())
         samples = []
-        with _profiled(profile_dir):
+        with _profiled(profile_dir, name):
             for _ in range(steps):
                 t0 = clock()
                 out = fn()

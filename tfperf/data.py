@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-DATASET_NAMES: tuple[str, ...] = ("mnist-5k", "synthetic", "digits", "mnist", "fashion_mnist")
-OFFLINE_DEFAULT = "mnist-5k"
+from tfperf.catalog import DATASET_NAMES
+from tfperf.catalog import OFFLINE_DATASET as OFFLINE_DEFAULT
 
 
 class DatasetUnavailable(RuntimeError):

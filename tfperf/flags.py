@@ -7,6 +7,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
+from tfperf.catalog import DATASET_NAMES, MODEL_NAMES
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports bad flags in one line with exit code 2, no usage dump."""
@@ -69,14 +71,10 @@ def parse(
 
 def add_model_flag(p: argparse.ArgumentParser, default: str) -> None:
     """--model, limited to the names get_net knows."""
-    from tfperf.models import MODEL_NAMES
-
     p.add_argument("--model", default=default, choices=MODEL_NAMES, help="network from tfperf.get_net")
 
 
 def add_dataset_flag(p: argparse.ArgumentParser, default: str) -> None:
     """--dataset, limited to the names tfperf.data knows."""
-    from tfperf.data import DATASET_NAMES
-
     p.add_argument("--dataset", default=default, choices=DATASET_NAMES,
                    help="mnist-5k, synthetic and digits work offline; mnist and fashion_mnist download once")

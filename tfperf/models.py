@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 import keras
 from keras import layers
 
+from tfperf.catalog import MODEL_NAMES
+
 Shape = tuple[int, ...]
 
 
@@ -79,7 +81,7 @@ _BUILDERS: dict[str, tuple[Callable[[Shape, int], keras.Model], Shape, int]] = {
     "lenet": (_lenet, (28, 28, 1), 10),
     "resnet18": (_resnet18, (28, 28, 1), 10),
 }
-MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+assert tuple(_BUILDERS) == MODEL_NAMES, "tfperf.catalog.MODEL_NAMES must list the builders"
 
 
 def default_input_shape(name: str) -> Shape:

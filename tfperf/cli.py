@@ -43,7 +43,7 @@ def recipe_paths(only: Sequence[str] = ()) -> list[Path]:
     unknown = sorted(set(only) - set(found))
     if unknown:
         raise UserError(f"unknown recipe {', '.join(unknown)}: choose from {', '.join(sorted(found))}")
-    names = [n for n in only] if only else sorted(found, key=lambda n: (
+    names = list(only) if only else sorted(found, key=lambda n: (
         RECIPE_ORDER.index(n) if n in RECIPE_ORDER else len(RECIPE_ORDER), n))
     return [found[n] for n in names]
 

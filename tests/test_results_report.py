@@ -58,6 +58,7 @@ def test_markdown_table_has_a_speedup_column_against_the_first_row():
     lines = table.splitlines()
     assert lines[0] == "|  | ms | note | speedup vs slow |"
     assert lines[2].endswith("| 1.00x |") and lines[3].endswith("| 4.00x |")
+    assert markdown_table([rec("only", 2.0)]).splitlines()[0] == "|  | ms | note |"  # nothing to compare with
 
 
 def test_bar_chart_writes_a_png(tmp_path):
@@ -71,6 +72,7 @@ def test_report_gathers_tables_figures_and_conclusions(tmp_path):
     text = build_report(tmp_path).read_text()
     assert "## demo" in text and "### t" in text and "### u" in text
     assert "figures/demo-t.png" in text and (tmp_path / "figures" / "demo-t.png").exists()
+    assert "demo-u.png" not in text and not (tmp_path / "figures" / "demo-u.png").exists()  # one row, no chart
     assert "b is twice as fast as a." in text and "test cpu (2 cores)" in text
 
 

@@ -46,15 +46,17 @@ def group_tables(records: Iterable[Record]) -> dict[tuple[str, str], list[Record
 
 
 def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = None) -> str:
-    """A Markdown table of one recipe table, with a speedup column against its first row."""
+    """A Markdown table of one recipe table, with a speedup column against its first row when it has several."""
     if not records:
         raise ValueError("no records to tabulate")
     if columns is None:
         columns = list(dict.fromkeys(k for r in records for k in r["metrics"]))
-    header = ["", *columns, f"speedup vs {records[0]['row']}"]
+    ratios = len(records) > 1
+    header = ["", *columns, *([f"speedup vs {records[0]['row']}"] if ratios else [])]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in records:
-        cells = [r["row"], *(fmt(r["metrics"].get(c)) for c in columns), f"{speedup(r, records[0]):.2f}x"]
+        cells = [r["row"], *(fmt(r["metrics"].get(c)) for c in columns),
+                 *([f"{speedup(r, records[0]):.2f}x"] if ratios else [])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -130,12 +132,15 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = ()) -> Path:
             continue
         recipe = records[0]["recipe"]
         parts += [f"## {recipe}", "", f"Measured on {environment_summary(records[0]['env'])}.", ""]
-        for (_, table), rows in group_tables(records).items():
-            chart = bar_chart(rows, figures / f"{recipe}-{slug(table)}.png")
-            parts += [f"### {table}", "", markdown_table(rows), "", f"![{table}](figures/{chart.name})", ""]
-        generated = {f"{recipe}-{slug(t)}.png" for (_, t) in group_tables(records)}
+        tables = group_tables(records)
+        for (_, table), rows in tables.items():
+            parts += [f"### {table}", "", markdown_table(rows), ""]
+            if len(rows) > 1:  # one bar compares nothing
+                chart = bar_chart(rows, figures / f"{recipe}-{slug(table)}.png")
+                parts += [f"![{table}](figures/{chart.name})", ""]
+        table_charts = {f"{recipe}-{slug(t)}.png" for (_, t) in tables}
         for extra in sorted(figures.glob(f"{recipe}-*.png")):
-            if extra.name not in generated:
+            if extra.name not in table_charts:  # a recipe's own figures, such as a timeline
                 parts += [f"![{extra.stem}](figures/{extra.name})", ""]
         conclusion = conclusion_path(results_dir, recipe)
         if conclusion.exists():

@@ -67,3 +67,12 @@ def test_a_recipe_refuses_a_bad_flag_without_a_traceback():
 
 def test_version(tfperf_cli):
     assert tfperf_cli("--version").stdout.startswith("tfperf ")
+
+
+def test_main_job_starts_horovod_recipes_through_horovodrun():
+    from tfperf.cli import HOROVOD_RANKS, RECIPES_DIR, recipe_command
+
+    cmd = recipe_command(RECIPES_DIR / "mnist_hvd.py", Path("out"), quick=True)
+    assert Path(cmd[0]).name == "horovodrun" and cmd[1:3] == ["-np", str(HOROVOD_RANKS)]
+    assert cmd[3] == sys.executable and cmd[-1] == "--quick"
+    assert recipe_command(RECIPES_DIR / "hybridize.py", Path("out"), quick=False)[0] == sys.executable

@@ -48,9 +48,14 @@ def recipe_paths(only: Sequence[str] = ()) -> list[Path]:
     return [found[n] for n in names]
 
 
+# Horovod's ranks are separate processes that its launcher starts: as many as this machine has cores.
+HOROVOD_RANKS = 2
+LAUNCHERS = {"mnist_hvd": [str(Path(sys.executable).parent / "horovodrun"), "-np", str(HOROVOD_RANKS)]}
+
+
 def recipe_command(script: Path, out: Path, quick: bool) -> list[str]:
     """How the main job starts one recipe."""
-    cmd = [sys.executable, str(script), "--out", str(out)]
+    cmd = [*LAUNCHERS.get(script.stem, []), sys.executable, str(script), "--out", str(out)]
     return cmd + ["--quick"] if quick else cmd
 
 

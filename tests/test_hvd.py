@@ -1,0 +1,165 @@
+"""Horovod on Keras 3 through tfperf.hvd, with real ranks: identical weights, agreement with one device,
+and a job that ends (naming the rank) when one of its ranks dies."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import BIN, REPO, recipe, run
+from tfperf.results import read_records
+
+TESTS = REPO / "tests"
+
+
+def horovodrun(np_, *args):
+    return [BIN / "horovodrun", "-np", str(np_), sys.executable, *args]
+
+
+def test_adapter_in_one_process():
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    from tfperf import hvd as thvd
+
+    hvd.init()
+    layer = keras.layers.Dense(3)
+    layer.build((None, 4))
+    assert all(isinstance(v, tf.Variable) and not isinstance(v, keras.Variable)
+               for v in thvd.tf_variables(layer.weights))
+    assert thvd.average({"loss": 2.5, "acc": 0.5}) == {"loss": 2.5, "acc": 0.5}
+    assert thvd.total({"seen": 7}) == {"seen": 7.0}
+    assert thvd.max_weight_difference(layer.weights) == 0.0
+    schedule = thvd.WarmupScaledLearningRate(0.1, 4, 10)
+    assert [round(float(schedule(s)), 6) for s in (0, 5, 10, 100)] == [0.1, 0.25, 0.4, 0.4]
+    with pytest.raises(ValueError, match="base > 0"):
+        thvd.WarmupScaledLearningRate(0.0, 4, 10)
+
+
+def test_departed_ranks_sees_ended_processes():
+    from tfperf import hvd as thvd
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # not reaped until wait(): a zombie
+    deadline = time.monotonic() + 10
+    while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.01)
+    host = socket.gethostname()
+    peers = [(host, os.getpid()), (host, child.pid), (host, zombie.pid), ("elsewhere", 1)]
+    assert thvd.departed_ranks(peers) == [1, 2]
+    assert "rank(s) 1, 2 ended" in thvd.describe_failure(peers)
+    assert "another host" in thvd.describe_failure([(host, os.getpid()), ("elsewhere", 1)])
+    zombie.wait()
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_with_single_device_training(tmp_path):
+    run([sys.executable, TESTS / "hvd_agreement.py", tmp_path])
+    run(horovodrun(2, TESTS / "hvd_agreement.py", tmp_path))
+    single = np.load(tmp_path / "rank0-of-1.npz")
+    ranks = [np.load(tmp_path / f"rank{r}-of-2.npz") for r in range(2)]
+    for key in single.files:
+        assert np.array_equal(ranks[0][key], ranks[1][key]), f"{key} differs between the two ranks"
+        # Averaged gradients of two half batches are the gradient of the whole batch: same training.
+        np.testing.assert_allclose(ranks[0][key], single[key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_mnist_hvd_two_ranks(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = run(horovodrun(2, recipe("mnist_hvd"), "--quick", "--steps", "8", "--warmup", "2",
+                          "--out", tmp_path, "--checkpoint-dir", ckpt))
+    assert "total on 2 rank(s)" in proc.stdout and "weights identical on all ranks: True" in proc.stdout
+    assert "[1]<stdout>" not in proc.stdout  # rank 0 alone talks
+    records = read_records(tmp_path / "mnist_hvd.jsonl")
+    rows = {r["row"]: r["metrics"] for r in records}
+    assert {"rank 0", "rank 1", "total, np=2", "np=2"} <= set(rows)
+    assert rows["total, np=2"]["samples_per_s"] == pytest.approx(
+        rows["rank 0"]["samples_per_s"] + rows["rank 1"]["samples_per_s"])
+    result = rows["np=2"]
+    assert result["weight_drift"] == 0.0 and result["epochs"] == 2 and result["global_batch"] == 128
+    assert result["updates"] == 16 and result["test_accuracy"] > 0.5  # 16 updates from 10% (chance)
+    runs = list(ckpt.iterdir())
+    assert len(runs) == 1 and sorted(f.name for f in runs[0].iterdir()) == [
+        "checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]  # one writer, one checkpoint kept
+
+    # --resume continues the run from its checkpoint, on both ranks.
+    proc = run(horovodrun(2, recipe("mnist_hvd"), "--quick", "--steps", "8", "--epochs", "3",
+                          "--out", tmp_path, "--checkpoint-dir", ckpt, "--resume", runs[0]))
+    assert "epoch 3/3" in proc.stdout and "epoch 1/3" not in proc.stdout
+    assert read_records(tmp_path / "mnist_hvd.jsonl")[-1]["metrics"]["updates"] == 8
+
+
+def start_job(tmp_path, script, *args, env=None):
+    cmd = horovodrun(2, script, "--epochs", "1000", "--out", tmp_path, "--checkpoint-dir", tmp_path / "ckpt", *args)
+    return subprocess.Popen([str(c) for c in cmd], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                                            "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+
+
+def wait_for_line(proc, pattern, timeout):
+    """Read the job's output until a line matches; returns everything read."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return seen
+    raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{''.join(seen)[-3000:]}")
+
+
+def rank_process(job, rank):
+    for child in psutil.Process(job.pid).children(recursive=True):
+        try:
+            if child.environ().get("HOROVOD_RANK") == str(rank) and "python" in child.name():
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no process for rank {rank}")
+
+
+def finish(job, timeout):
+    try:
+        rest, _ = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        raise AssertionError(f"the job did not end within {timeout} s of losing a rank: it hangs")
+    return rest
+
+
+@pytest.mark.slow
+def test_killed_rank_ends_the_job_and_is_named(tmp_path):
+    job = start_job(tmp_path, recipe("mnist_hvd"))
+    seen = wait_for_line(job, r"epoch 1/1000", timeout=240)
+    rank_process(job, 1).send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    rest = finish(job, timeout=60)
+    output = "".join(seen) + rest
+    assert job.returncode != 0
+    assert time.monotonic() - killed < 60
+    assert re.search(r"Process name: 1\s+Exit code: 137|rank\(s\) 1 ended", output), output[-3000:]
+
+
+@pytest.mark.slow
+def test_rank_that_exits_mid_training_ends_the_job_and_is_named(tmp_path):
+    job = start_job(tmp_path, TESTS / "hvd_rank_leaves.py", env={"LEAVE_AFTER_STEPS": "40"})
+    seen = wait_for_line(job, r"2 rank\(s\)", timeout=240)  # rank 1 leaves after 40 steps, in epoch 2
+    started = time.monotonic()
+    rest = finish(job, timeout=90)
+    output = "".join(seen) + rest
+    assert job.returncode != 0
+    failure = re.search(r"rank 0 of 2 lost its peers at epoch \d+, step (\d+): rank\(s\) 1 ended", output)
+    assert failure, output[-3000:]
+    assert failure.group(0).startswith("rank 0 of 2 lost its peers at epoch 2, step 41")
+    assert time.monotonic() - started < 90

@@ -1,6 +1,7 @@
 """The tfperf command and the shared flags: right answers, and one-line errors with exit code 2."""
 
 import sys
+from pathlib import Path
 
 import pytest
 

@@ -34,6 +34,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf import hvd as thvd
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
+from tfperf.devices import usable_cores
 from tfperf.models import get_net
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     reached = ("no target is stated for this data set" if target is None else
                f"the full-size target is {target:.2f}: {'reached' if test_accuracy >= target else 'NOT reached'}"
                if full_run else f"a short run; the target of {target:.2f} applies to 10 full epochs")
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     write_conclusion(args.out, "mnist_hvd", (
         f"{size} rank(s) trained {args.model} on {args.dataset} for {int(epoch.numpy())} epoch(s) to test "
         f"accuracy {test_accuracy:.3f} ({reached}). Each rank ran {per_rank.mean():.0f} samples/s, "

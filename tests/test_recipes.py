@@ -50,3 +50,26 @@ def test_saved_model_recipe_times_load_and_latency(tmp_path):
     assert latency == ["in-process, batch 1", "reloaded, batch 1", "in-process, batch 4", "reloaded, batch 4"]
     for r in records:
         assert r["metrics"][r["primary"]] > 0
+
+
+@pytest.mark.slow
+def test_multi_device_scratch_trains_like_one_device(tmp_path):
+    out = run([sys.executable, recipe("multi_device_scratch"), *TINY, "--epochs", "2", "--out", tmp_path]).stdout
+    assert "same training as one device: True" in out
+    records = read_records(tmp_path / "multi_device_scratch.jsonl")
+    agreement = next(r["metrics"] for r in records if r["table"] == "agreement with one device")
+    assert agreement["max_weight_diff"] <= agreement["tolerance"] and agreement["max_diff_between_replicas"] == 0
+    speed = {r["row"]: r["metrics"] for r in records if r["table"].startswith("training by hand")}
+    assert set(speed) == {"1 device", "2 devices"}
+    assert all(m["s_per_epoch"] > 0 and 0 <= m["test_accuracy"] <= 1 for m in speed.values())
+
+
+@pytest.mark.slow
+def test_mirrored_resnet_runs_on_one_and_two_devices(tmp_path):
+    run([sys.executable, recipe("mirrored_resnet"), *TINY, "--epochs", "1", "--train-size", "32",
+         "--batch-size", "8", "--out", tmp_path])
+    rows = {r["row"]: r["metrics"] for r in read_records(tmp_path / "mirrored_resnet.jsonl")}
+    assert set(rows) == {"1 device", "2 devices"}
+    assert rows["2 devices"]["global_batch"] == 2 * rows["1 device"]["global_batch"] == 16
+    assert rows["2 devices"]["lr"] == pytest.approx(2 * rows["1 device"]["lr"])  # the linear scaling rule
+    assert all(m["s_per_epoch"] > 0 for m in rows.values())

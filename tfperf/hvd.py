@@ -17,6 +17,8 @@ import keras
 import psutil
 import tensorflow as tf
 
+from tfperf.devices import usable_cores
+
 
 def tf_variables(variables: Iterable) -> list[tf.Variable]:
     """The tf.Variables under Keras 3 variables, which Horovod's ops and tape can use."""
@@ -125,7 +127,7 @@ def pin_to_local_gpu() -> str:
         return f"GPU {gpu.name}"
     # Ranks on one host share its cores: without a cap each rank starts a pool as large as the machine and
     # they thrash each other.
-    threads = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())
+    threads = max(1, usable_cores() // hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
     return f"CPU, {threads} thread(s)"

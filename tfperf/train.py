@@ -6,6 +6,9 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+import time
+
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -21,6 +24,27 @@ class TrainResult:
     final_loss: float
     test_accuracy: float
     checkpoint: str | None
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Wall time of each `fit` epoch; Keras reads the epoch's logs at its end, so the work is done."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch_s: list[float] = []
+        self._start = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_s.append(time.perf_counter() - self._start)
+
+    @property
+    def steady_s(self) -> float:
+        """Median epoch time without the first epoch (tracing and compilation), when there are more."""
+        timed = self.epoch_s[1:] or self.epoch_s
+        return float(np.median(timed))
 
 
 def accuracy(model, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
@@ -61,8 +85,6 @@ def train(
     The checkpoint holds the model, the optimizer's slots and step count, the step counter and the
     input iterator's position, so a restarted run continues the same sequence of batches.
     """
-    import keras
-
     if steps < 1 or batch_size < 1 or checkpoint_every < 1 or keep < 1:
         raise ValueError(f"steps, batch_size, checkpoint_every and keep must be positive, got "
                          f"{steps}, {batch_size}, {checkpoint_every}, {keep}")

@@ -73,3 +73,20 @@ def test_mirrored_resnet_runs_on_one_and_two_devices(tmp_path):
     assert rows["2 devices"]["global_batch"] == 2 * rows["1 device"]["global_batch"] == 16
     assert rows["2 devices"]["lr"] == pytest.approx(2 * rows["1 device"]["lr"])  # the linear scaling rule
     assert all(m["s_per_epoch"] > 0 for m in rows.values())
+
+
+@pytest.mark.slow
+def test_scaling_model_predicts_and_measures(tmp_path):
+    out = run([sys.executable, recipe("scaling_model"), "--quick", "--steps", "3", "--ranks", "1", "2",
+               "--out", tmp_path]).stdout
+    assert "largest prediction error" in out and "ring fit" in out
+    records = read_records(tmp_path / "scaling_model.jsonl")
+    predicted = {r["row"]: r["metrics"] for r in records if r["table"].startswith("predicted")}
+    assert set(predicted) == {"np=1", "np=2"}
+    for m in predicted.values():
+        assert m["predicted_samples_per_s"] > 0 and m["samples_per_s"] > 0
+        assert m["error"] == pytest.approx(m["predicted_samples_per_s"] / m["samples_per_s"] - 1)
+    assert predicted["np=1"]["t2_ms"] == 0 and predicted["np=2"]["t2_ms"] > 0
+    sweep = [r["metrics"] for r in records if r["table"].startswith("all-reduce")]
+    assert len(sweep) >= 5 and sweep[-1]["ms"] > sweep[0]["ms"]  # 16 MiB takes longer than 1 KiB
+    assert any("512 workers" in r["row"] for r in records if r["table"] == "projection on paper")

@@ -59,6 +59,9 @@ def test_markdown_table_has_a_speedup_column_against_the_first_row():
     assert lines[0] == "|  | ms | note | speedup vs slow |"
     assert lines[2].endswith("| 1.00x |") and lines[3].endswith("| 4.00x |")
     assert markdown_table([rec("only", 2.0)]).splitlines()[0] == "|  | ms | note |"  # nothing to compare with
+    cases = [make_record("demo", "t", r, {"ms": 1.0}, primary="ms", lower_is_better=True, env=ENV,
+                         versus_first=False) for r in ("case a", "case b")]
+    assert "speedup" not in markdown_table(cases)
 
 
 def test_bar_chart_writes_a_png(tmp_path):

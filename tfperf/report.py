@@ -46,12 +46,12 @@ def group_tables(records: Iterable[Record]) -> dict[tuple[str, str], list[Record
 
 
 def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = None) -> str:
-    """A Markdown table of one recipe table, with a speedup column against its first row when it has several."""
+    """A Markdown table of one recipe table, with a speedup column against its first row when that means something."""
     if not records:
         raise ValueError("no records to tabulate")
     if columns is None:
         columns = list(dict.fromkeys(k for r in records for k in r["metrics"]))
-    ratios = len(records) > 1
+    ratios = len(records) > 1 and records[0].get("versus_first", True)
     header = ["", *columns, *([f"speedup vs {records[0]['row']}"] if ratios else [])]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in records:

@@ -74,8 +74,13 @@ def make_record(
     lower_is_better: bool,
     args: Mapping[str, Any] | None = None,
     env: Mapping[str, Any] | None = None,
+    versus_first: bool = True,
 ) -> dict[str, Any]:
-    """One row of a recipe's table; `primary` names the metric that speedups and plots use."""
+    """One row of a recipe's table; `primary` names the metric that speedups and plots use.
+
+    `versus_first=False` marks a table whose rows are not alternatives to its first row (a projection,
+    a sweep of independent cases): the report then gives it no speedup column.
+    """
     if primary not in metrics:
         raise ValueError(f"primary metric {primary!r} is not among the metrics {sorted(metrics)}")
     return {
@@ -84,6 +89,7 @@ def make_record(
         "row": row,
         "primary": primary,
         "lower_is_better": lower_is_better,
+        "versus_first": versus_first,
         "metrics": dict(metrics),
         "args": dict(args or {}),
         "env": dict(env) if env is not None else environment(),
@@ -156,10 +162,10 @@ class Recorder:
         self.records: list[dict[str, Any]] = []
 
     def add(self, table: str, row: str, metrics: Mapping[str, Any], *, primary: str,
-            lower_is_better: bool) -> dict[str, Any]:
+            lower_is_better: bool, versus_first: bool = True) -> dict[str, Any]:
         """Record one row of `table`."""
-        record = make_record(self.recipe, table, row, metrics, primary=primary,
-                             lower_is_better=lower_is_better, args=self.args, env=self.env)
+        record = make_record(self.recipe, table, row, metrics, primary=primary, lower_is_better=lower_is_better,
+                             args=self.args, env=self.env, versus_first=versus_first)
         self.records.append(record)
         return record
 

@@ -90,3 +90,17 @@ def test_scaling_model_predicts_and_measures(tmp_path):
     sweep = [r["metrics"] for r in records if r["table"].startswith("all-reduce")]
     assert len(sweep) >= 5 and sweep[-1]["ms"] > sweep[0]["ms"]  # 16 MiB takes longer than 1 KiB
     assert any("512 workers" in r["row"] for r in records if r["table"] == "projection on paper")
+
+
+@pytest.mark.slow
+def test_multi_worker_processes_train_like_one(tmp_path):
+    out = run([sys.executable, recipe("multi_worker"), *TINY, "--sizes", "1024", "1048576",
+               "--out", tmp_path]).stdout
+    assert "same training as one process: True" in out
+    records = read_records(tmp_path / "multi_worker.jsonl")
+    training = {r["row"]: r["metrics"] for r in records if r["table"].startswith("training")}
+    assert set(training) == {"1 worker", "2 workers"}
+    assert training["2 workers"]["max_diff_between_workers"] == 0
+    assert training["2 workers"]["global_batch"] == training["1 worker"]["global_batch"]
+    sweep = [r["metrics"]["ms"] for r in records if r["table"].startswith("collective")]
+    assert len(sweep) == 2 and all(ms > 0 for ms in sweep)

@@ -104,3 +104,16 @@ def test_multi_worker_processes_train_like_one(tmp_path):
     assert training["2 workers"]["global_batch"] == training["1 worker"]["global_batch"]
     sweep = [r["metrics"]["ms"] for r in records if r["table"].startswith("collective")]
     assert len(sweep) == 2 and all(ms > 0 for ms in sweep)
+
+
+@pytest.mark.slow
+def test_parameter_server_cluster_trains_and_times_push_pull(tmp_path):
+    out = run([sys.executable, recipe("parameter_server"), "--quick", "--steps", "10", "--warmup", "0",
+               "--sizes", "1024", "65536", "--out", tmp_path]).stdout
+    assert "variables live on: /job:ps/replica:0/task:0" in out
+    records = read_records(tmp_path / "parameter_server.jsonl")
+    training = {r["row"]: r["metrics"] for r in records if r["table"].startswith("asynchronous")}
+    assert set(training) == {"1 worker", "2 workers"}
+    assert all(m["steps_per_s"] > 0 and 0 <= m["test_accuracy"] <= 1 for m in training.values())
+    assert [r["row"] for r in records if r["table"].startswith("key-value")] == [
+        "pull 1 KiB", "push 1 KiB", "pull 64 KiB", "push 64 KiB"]

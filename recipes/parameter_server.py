@@ -1,0 +1,207 @@
+"""Parameter servers: the key-value store of parameters, on a real ParameterServerStrategy cluster.
+
+Parameter-server processes hold the variables; worker processes pull them, compute gradients on their
+own batches, and push updates back, each at its own pace (asynchronous training). A coordinator (a
+process this script starts) schedules the steps.
+
+Run:   python recipes/parameter_server.py --quick        (about a minute on 2 CPU cores)
+Needs: TensorFlow 2.21 and Keras 3; free localhost ports. It starts the ps, worker and coordinator
+       processes itself; on real machines each runs `tf.distribute.Server` on its own host.
+
+Introduction
+------------
+The seed's parameter-server section describes a key-value store: `push` sends a worker's gradients
+to the server that owns the keys, `pull` fetches the current parameters. With
+`tf.distribute.ParameterServerStrategy` that is literal: variables created in `strategy.scope()` live
+on the ps tasks, a step function scheduled on a worker reads them (pull) and `assign_sub`s its update
+(push). The recipe times pull and push by size, trains with 1 and 2 workers, and compares the traffic
+with the ring all-reduce that synchronous strategies use (multi_worker.py, scaling_model.py).
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tfperf import flags
+from tfperf.cluster import ClusterError, LocalCluster, local_cluster
+from tfperf.devices import usable_cores
+from tfperf.report import markdown_table, write_conclusion
+from tfperf.results import Recorder
+
+TRAINING, KV = "asynchronous training, 1 ps", "key-value store: pull and push by size"
+
+
+def server(args) -> None:
+    """A ps or worker task: a TensorFlow server that runs what the coordinator sends it, until killed."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, usable_cores() // args.workers))
+    spec = tf.train.ClusterSpec(json.loads(args.cluster))
+    tf.distribute.Server(spec, job_name=args.job, task_index=args.index, protocol="grpc", start=True).join()
+
+
+def coordinator(args) -> dict:
+    """The chief: builds the model on the ps, schedules training steps and key-value probes on workers."""
+    import keras
+    import tensorflow as tf
+
+    from tfperf.data import load_arrays
+    from tfperf.models import get_net
+    from tfperf.train import accuracy
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(json.loads(args.cluster)), rpc_layer="grpc", task_type="chief", task_id=0)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)  # PS: variables go to ps tasks
+    coord = tf.distribute.coordinator.ClusterCoordinator(strategy)  # PS: schedules functions on idle workers
+    data = load_arrays("mnist-5k", seed=args.seed)
+    with strategy.scope():
+        keras.utils.set_random_seed(args.seed)
+        model = get_net("cnn")
+    placement = sorted({v.value.device for v in model.trainable_variables})
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def dataset_fn():  # PS: runs on each worker, which reads its own stream of batches
+        return (tf.data.Dataset.from_tensor_slices((data.x_train, data.y_train)).shuffle(len(data.x_train))
+                .repeat().batch(args.batch_size, drop_remainder=True).prefetch(2))
+
+    batches = iter(coord.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def train_step(iterator):
+        x, y = next(iterator)
+        with tf.GradientTape() as tape:  # PS: the forward pass pulls the parameters from the ps
+            loss = loss_fn(y, model(x, training=True))
+        for v, g in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables)):
+            v.assign_sub(args.lr * g)  # PS: push: the update is applied on the ps that owns v, no waiting
+        return loss
+
+    for _ in range(args.warmup + 1):  # every worker traces the step once
+        coord.schedule(train_step, args=(batches,))
+    coord.join()
+    t0 = time.perf_counter()
+    losses = [coord.schedule(train_step, args=(batches,)) for _ in range(args.steps)]
+    coord.join()
+    elapsed = time.perf_counter() - t0
+    result = {"workers": args.workers, "steps": args.steps, "s": elapsed, "placement": placement,
+              "final_loss": float(np.mean([l.fetch() for l in losses[-10:]])),
+              "test_accuracy": accuracy(model, data.x_test, data.y_test), "kv": []}
+
+    for size in (args.sizes if args.workers > 1 else []):
+        with strategy.scope():
+            value = tf.Variable(tf.zeros([size // 4]))  # PS: one key, stored on a ps task
+
+        @tf.function
+        def pull():
+            return tf.reduce_sum(tf.identity(value))  # the read runs on the ps, the sum on the worker
+
+        @tf.function
+        def push():
+            value.assign_add(tf.ones([size // 4]))  # made on the worker, added on the ps
+            return tf.constant(0.0)
+
+        for name, fn in (("pull", pull), ("push", push)):
+            coord.schedule(fn).fetch()  # trace and warm up
+            times = []
+            for _ in range(5):
+                t = time.perf_counter()
+                coord.schedule(fn).fetch()
+                times.append(time.perf_counter() - t)
+            result["kv"].append({"op": name, "bytes": size, "s": float(np.median(times))})
+    return result
+
+
+def run_cluster(workers: int, args, tmp: Path) -> dict:
+    """One ps, `workers` workers and a coordinator, each its own process; the coordinator's result."""
+    cluster = local_cluster({"chief": 1, "worker": workers, "ps": 1})
+    base = [sys.executable, __file__, "--cluster", json.dumps(cluster), "--workers", workers]
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": "{}"}
+    with LocalCluster(tmp / f"logs-{workers}") as procs:
+        for job in ("ps", "worker"):
+            for i in range(len(cluster[job])):
+                procs.start(f"{job}{i}", [*base, "--role", "server", "--job", job, "--index", i], env)
+        procs.start("chief", [*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,
+                              "--batch-size", args.batch_size, "--lr", args.lr, "--seed", args.seed,
+                              "--sizes", *args.sizes], env)
+        procs.wait(["chief"], timeout=args.timeout)
+        line = next(l for l in procs.output("chief").splitlines() if l.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def main(argv=None) -> int:
+    p = flags.parser(__doc__)
+    p.add_argument("--workers", type=flags.positive_int, default=2, help="worker processes")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--sizes", type=flags.positive_int, nargs="+", help="pull/push sizes in bytes")
+    p.add_argument("--timeout", type=flags.positive_int, default=600, help="seconds before the cluster is killed")
+    for internal in ("--role", "--cluster", "--job"):  # set by run_cluster for the processes it starts
+        p.add_argument(internal, help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, help=argparse.SUPPRESS)
+    args = flags.parse(p, argv, sizes={"steps": (400, 150), "warmup": (5, 2), "batch_size": (64, 64)})
+    args.sizes = args.sizes or [4 ** k for k in range(5, 14 if not args.quick else 13, 2)]
+    if args.role == "server":
+        server(args)
+        return 0
+    if args.role == "coordinator":
+        print("RESULT " + json.dumps(coordinator(args)), flush=True)
+        os._exit(0)  # skip teardown: the servers are killed next, and the eager context would try to reach them
+
+    # Baseline (1 worker), then N workers -------------------------------------------------------
+    rec = Recorder("parameter_server", vars(args))
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for n in sorted({1, args.workers}):
+                results[n] = run_cluster(n, args, Path(tmp))
+                print(f"{n} worker(s): {args.steps} steps in {results[n]['s']:.2f} s", flush=True)
+        except ClusterError as exc:
+            sys.exit(f"parameter_server: error: {exc}")
+    for n, r in results.items():
+        rec.add(TRAINING, f"{n} worker{'s' * (n > 1)}", {
+            "steps_per_s": r["steps"] / r["s"], "samples_per_s": r["steps"] * args.batch_size / r["s"],
+            "final_loss": r["final_loss"], "test_accuracy": r["test_accuracy"]},
+            primary="samples_per_s", lower_is_better=False)
+    for kv in results[args.workers]["kv"]:
+        rec.add(KV, f"{kv['op']} {kv['bytes'] / 1024:,.0f} KiB", {
+            "ms": kv["s"] * 1e3, "gb_per_s": kv["bytes"] / kv["s"] / 1e9}, primary="ms", lower_is_better=True,
+            versus_first=False)
+
+    # Results ----------------------------------------------------------------------------------
+    rec.save(args.out)
+    for table in (TRAINING, KV):
+        if rec.table(table):
+            print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
+    placement = results[args.workers]["placement"]
+    print(f"\nthe model's variables live on: {', '.join(placement)}")
+    one, many = results[1], results[args.workers]
+    ratio = one["s"] / many["s"]
+
+    # Conclusion, from this run's numbers ------------------------------------------------------
+    kv = {(k["op"], k["bytes"]): k["s"] for k in many["kv"]}
+    largest = max(b for _, b in kv) if kv else None
+    traffic = (f" Pulling {largest / 2**20:.0f} MiB took {kv[('pull', largest)] * 1e3:.0f} ms and pushing it "
+               f"{kv[('push', largest)] * 1e3:.0f} ms. Every step each worker pulls and pushes the whole model, so "
+               f"with n workers the ps link carries 2n copies per round while a ring all-reduce sends 2(n-1)/n "
+               f"per worker: one ps becomes the bottleneck as workers are added, which is why real deployments "
+               f"shard the variables over several ps tasks." if largest else "")
+    write_conclusion(args.out, "parameter_server", (
+        f"The model's variables lived on {', '.join(placement)}; workers pulled and pushed them over gRPC. "
+        f"{args.workers} asynchronous workers ran {ratio:.2f}x the steps per second of one (test accuracy "
+        f"{many['test_accuracy']:.3f} against {one['test_accuracy']:.3f} after the same number of steps; "
+        f"asynchronous workers apply gradients computed on parameters that others have since changed, and one "
+        f"short run is noisy). On this "
+        f"{usable_cores()}-core host the workers share the cores with the ps and the coordinator, so more "
+        f"workers add contention rather than compute.{traffic}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,7 +27,7 @@ import keras
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import peak_matmul_flops_per_s
+from tfperf.bench import peak_matmul_flops_per_s, profiled
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import flops, get_net
@@ -71,7 +71,11 @@ def main(argv=None) -> int:
         train = to_dataset(data.x_train[:n_train], data.y_train[:n_train], batch_size=global_batch, seed=args.seed)
         train = train.take(args.steps) if args.steps else train
         timer = EpochTimer()
-        history = model.fit(train, epochs=args.epochs, verbose=2, callbacks=[timer], shuffle=False)
+        history = model.fit(train, epochs=1, verbose=2, callbacks=[timer], shuffle=False)  # traces: not profiled
+        if args.epochs > 1:
+            with profiled(args.profile, f"{n}-devices"):
+                history = model.fit(train, initial_epoch=1, epochs=args.epochs, verbose=2, callbacks=[timer],
+                                    shuffle=False)
         test = to_dataset(data.x_test[:n_test], data.y_test[:n_test], batch_size=global_batch, shuffle=False)
         _, test_accuracy = model.evaluate(test, verbose=0)
         rec.add(TABLE, f"{n} device{'s' * (n > 1)}", {

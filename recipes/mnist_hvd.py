@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf import hvd as thvd
+from tfperf.bench import profiled
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
 from tfperf.devices import usable_cores
 from tfperf.models import get_net
@@ -114,10 +115,12 @@ def main(argv=None) -> int:
     try:
         while int(epoch.numpy()) < args.epochs:
             losses = []
-            for _ in range(steps_per_epoch):
-                t0 = time.perf_counter()
-                losses.append(float(train_step(*next(batches))))  # float() waits for the step to finish
-                step_times.append(time.perf_counter() - t0)
+            last = int(epoch.numpy()) == args.epochs - 1  # --profile traces rank 0's last epoch: warm, measured
+            with profiled(args.profile if chief and last else None, f"rank0-np{size}"):
+                for _ in range(steps_per_epoch):
+                    t0 = time.perf_counter()
+                    losses.append(float(train_step(*next(batches))))  # float() waits for the step to finish
+                    step_times.append(time.perf_counter() - t0)
             epoch.assign_add(1)
             mean_loss = thvd.average({"loss": np.mean(losses)})["loss"]  # Horovod: metrics over all ranks
             if chief:

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
+from tfperf.bench import profiled
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import get_net
@@ -147,11 +148,12 @@ def main(argv=None) -> int:
                         drop_remainder=True)
         it, epoch_s, loss = iter(ds), [], float("nan")
         for epoch in range(args.epochs):
-            t0 = time.perf_counter()
-            for _ in range(steps_per_epoch):
-                loss = step(*next(it))
-            loss = float(loss)  # waits for the last step: the epoch's clock stops when the work is done
-            epoch_s.append(time.perf_counter() - t0)
+            with profiled(args.profile if epoch > 0 else None, f"{n}-devices-epoch{epoch}"):  # measured epochs
+                t0 = time.perf_counter()
+                for _ in range(steps_per_epoch):
+                    loss = step(*next(it))
+                loss = float(loss)  # waits for the last step: the epoch's clock stops when the work is done
+                epoch_s.append(time.perf_counter() - t0)
         timed = epoch_s[1:] or epoch_s  # the first epoch includes tracing
         rec.add(SPEED, f"{n} device{'s' * (n > 1)}", {
             "s_per_epoch": float(np.median(timed)), "first_epoch_s": epoch_s[0],

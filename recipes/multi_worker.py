@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
+from tfperf.bench import profiled
 from tfperf.cluster import ClusterError, LocalCluster, local_cluster, tf_config
 from tfperf.devices import usable_cores
 from tfperf.report import markdown_table, write_conclusion
@@ -89,11 +90,14 @@ def worker(args) -> None:
 
     # Speed: per-step time after a warm-up, each step synced by reading its loss.
     batches, times = worker_batches(seed=args.seed, repeat=True), []
-    for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+    for i in range(args.warmup):
         float(train_step(next(batches)))
-        times.append(time.perf_counter() - t0)
-    result = {"workers": n_workers, "global_batch": global_batch, "step_s": float(np.median(times[args.warmup:])),
+    with profiled(args.profile if ctx_index == 0 else None, f"worker0-of-{n_workers}"):
+        for i in range(args.steps):
+            t0 = time.perf_counter()
+            float(train_step(next(batches)))
+            times.append(time.perf_counter() - t0)
+    result = {"workers": n_workers, "global_batch": global_batch, "step_s": float(np.median(times)),
               "agreement_losses": losses, "allreduce": []}
 
     for size in ([] if n_workers == 1 else args.sizes):
@@ -116,7 +120,7 @@ def run_workers(n: int, args, tmp: Path) -> dict:
     cluster = local_cluster({"worker": n})
     cmd = [sys.executable, __file__, "--role", "worker", "--weights-dir", tmp, "--batch-size", args.batch_size,
            "--steps", args.steps, "--warmup", args.warmup, "--seed", args.seed, "--lr", args.lr,
-           "--sizes", *args.sizes]
+           "--sizes", *args.sizes, *(["--profile", Path(args.profile).resolve()] if args.profile else [])]
     with LocalCluster(tmp / f"logs-{n}") as procs:
         for i in range(n):
             procs.start(f"worker{i}", cmd, {"TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}",

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
+from tfperf.bench import profiled
 from tfperf.cluster import ClusterError, LocalCluster, local_cluster
 from tfperf.devices import usable_cores
 from tfperf.report import markdown_table, write_conclusion
@@ -87,10 +88,11 @@ def coordinator(args) -> dict:
     for _ in range(args.warmup + 1):  # every worker traces the step once
         coord.schedule(train_step, args=(batches,))
     coord.join()
-    t0 = time.perf_counter()
-    losses = [coord.schedule(train_step, args=(batches,)) for _ in range(args.steps)]
-    coord.join()
-    elapsed = time.perf_counter() - t0
+    with profiled(args.profile, f"coordinator-{args.workers}-workers"):  # the chief's side: scheduling, RPCs
+        t0 = time.perf_counter()
+        losses = [coord.schedule(train_step, args=(batches,)) for _ in range(args.steps)]
+        coord.join()
+        elapsed = time.perf_counter() - t0
     result = {"workers": args.workers, "steps": args.steps, "s": elapsed, "placement": placement,
               "final_loss": float(np.mean([l.fetch() for l in losses[-10:]])),
               "test_accuracy": accuracy(model, data.x_test, data.y_test), "kv": []}
@@ -130,7 +132,8 @@ def run_cluster(workers: int, args, tmp: Path) -> dict:
                 procs.start(f"{job}{i}", [*base, "--role", "server", "--job", job, "--index", i], env)
         procs.start("chief", [*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,
                               "--batch-size", args.batch_size, "--lr", args.lr, "--seed", args.seed,
-                              "--sizes", *args.sizes], env)
+                              "--sizes", *args.sizes,
+                              *(["--profile", Path(args.profile).resolve()] if args.profile else [])], env)
         procs.wait(["chief"], timeout=args.timeout)
         line = next(l for l in procs.output("chief").splitlines() if l.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))

@@ -158,7 +158,8 @@ def main(argv=None) -> int:
             predicted = n * args.batch_size / (t1 + t2)
             launch([BIN / "horovodrun", "-np", n, sys.executable, HERE / "mnist_hvd.py", "--quick",
                     "--batch-size", args.batch_size, "--warmup", args.warmup, "--out", Path(tmp) / f"np{n}",
-                    "--checkpoint-dir", Path(tmp) / "ckpt"])
+                    "--checkpoint-dir", Path(tmp) / "ckpt",
+                    *(["--profile", Path(args.profile).resolve()] if args.profile else [])])
             rows = {r["row"]: r["metrics"] for r in read_records(Path(tmp) / f"np{n}" / "mnist_hvd.jsonl")}
             measured = rows[f"total, np={n}"]["samples_per_s"]
             rec.add(PREDICTED, f"np={n}", {

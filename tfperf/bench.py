@@ -105,7 +105,8 @@ class BenchmarkResult:
         return d
 
 
-def _profiled(profile_dir: str | None, name: str) -> contextlib.AbstractContextManager:
+def profiled(profile_dir: str | None, name: str) -> contextlib.AbstractContextManager:
+    """A TensorBoard profiler trace of the enclosed block in profile_dir/<name>, or nothing when profile_dir is None."""
     if profile_dir is None:
         return contextlib.nullcontext()
     # One folder per measurement: traces are named by the second they start, so two in one
@@ -170,7 +171,7 @@ class Benchmark:
         for _ in range(warmup):
             sync_fn(fn())
         samples = []
-        with _profiled(profile_dir, name):
+        with profiled(profile_dir, name):
             for _ in range(steps):
                 t0 = clock()
                 out = fn()

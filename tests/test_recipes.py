@@ -2,6 +2,7 @@
 
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import recipe, run
@@ -117,3 +118,21 @@ def test_parameter_server_cluster_trains_and_times_push_pull(tmp_path):
     assert all(m["steps_per_s"] > 0 and 0 <= m["test_accuracy"] <= 1 for m in training.values())
     assert [r["row"] for r in records if r["table"].startswith("key-value")] == [
         "pull 1 KiB", "push 1 KiB", "pull 64 KiB", "push 64 KiB"]
+
+
+@pytest.mark.slow
+def test_training_ladder_climbs_and_checks_accuracy(tmp_path):
+    out = run([sys.executable, recipe("training_ladder"), "--quick", "--epochs", "2", "--train-size", "512",
+               "--batches", "64", "--out", tmp_path]).stdout
+    assert "x plain fit, MFU" in out
+    rows = [r for r in read_records(tmp_path / "training_ladder.jsonl")]
+    names = [r["row"] for r in rows]
+    assert names[:3] == ["plain fit", "jit_compile=True", "steps_per_execution=16"]
+    assert names[-1] == "custom tf.function loop" and "batch 64" in names
+    m = {r["row"]: r["metrics"] for r in rows}
+    assert m["plain fit"]["kept"] and m["jit_compile=True"]["xla"] and not m["plain fit"]["xla"]
+    for metrics in m.values():
+        assert 0 < metrics["mfu"] < 1 and np.isfinite(metrics["final_loss"])
+        # Same initial weights, same examples: every rung lands near plain fit's loss.
+        assert abs(metrics["final_loss"] - m["plain fit"]["final_loss"]) < 0.5
+        assert metrics["kept"] <= metrics["accurate_enough"]  # never keep a rung that lost accuracy

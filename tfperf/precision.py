@@ -1,0 +1,62 @@
+"""Mixed precision: what the hardware supports, and a scoped Keras dtype policy."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo), empty when they cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_bf16_support() -> str:
+    """How this CPU computes bfloat16: native matmul units, or conversion around float32 arithmetic."""
+    flags = cpu_flags()
+    if "amx_bf16" in flags:
+        return "AMX bf16 tiles (native bf16 matmul)"
+    if "avx512_bf16" in flags:
+        return "AVX-512 BF16 (native bf16 dot products)"
+    return "none: bf16 is converted to float32 for the arithmetic"
+
+
+def gpu_compute_capabilities() -> list[tuple[int, int]]:
+    """Compute capability of each visible GPU; float16 tensor cores need 7.0 or more."""
+    caps = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        cap = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        if cap:
+            caps.append(tuple(cap))
+    return caps
+
+
+def hardware_summary() -> str:
+    """One line: what float16 and bfloat16 run on here."""
+    caps = gpu_compute_capabilities()
+    if caps:
+        fp16 = ", ".join(f"GPU {i}: compute capability {a}.{b} ({'has' if a >= 7 else 'no'} float16 tensor cores)"
+                         for i, (a, b) in enumerate(caps))
+        return f"{fp16}; bfloat16 tensor cores need 8.0 or more"
+    return f"no GPU; CPU bfloat16: {cpu_bf16_support()}; float16 on CPU is emulated"
+
+
+@contextlib.contextmanager
+def dtype_policy(name: str) -> Iterator[None]:
+    """Use a Keras dtype policy ('float32', 'mixed_float16', 'mixed_bfloat16') for models built inside."""
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(before)

@@ -136,3 +136,17 @@ def test_training_ladder_climbs_and_checks_accuracy(tmp_path):
         # Same initial weights, same examples: every rung lands near plain fit's loss.
         assert abs(metrics["final_loss"] - m["plain fit"]["final_loss"]) < 0.5
         assert metrics["kept"] <= metrics["accurate_enough"]  # never keep a rung that lost accuracy
+
+
+@pytest.mark.slow
+def test_mixed_precision_agrees_with_float32(tmp_path):
+    out = run([sys.executable, recipe("mixed_precision"), *TINY, "--train-steps", "20", "--out", tmp_path]).stdout
+    assert "mixed_float16 ok, mixed_bfloat16 ok" in out
+    m = {r["row"]: r["metrics"] for r in read_records(tmp_path / "mixed_precision.jsonl")}
+    assert list(m) == ["float32", "mixed_float16", "mixed_bfloat16"]
+    assert [m[p]["compute_dtype"] for p in m] == ["float32", "float16", "bfloat16"]
+    assert all(m[p]["variable_dtype"] == "float32" for p in m)  # mixed: variables stay float32
+    assert m["mixed_float16"]["activation_mb"] == pytest.approx(m["float32"]["activation_mb"] / 2, rel=0.05)
+    for p in m:
+        assert m[p]["nan_losses"] == 0 and m[p]["agrees_with_float32"]
+        assert abs(m[p]["final_loss"] - m["float32"]["final_loss"]) <= 0.1

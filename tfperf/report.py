@@ -94,6 +94,41 @@ def bar_chart(records: Sequence[Record], path: Path | str, *, title: str | None 
     return path
 
 
+def timeline_chart(
+    lanes: Mapping[str, Sequence[tuple[float, float, str]]],
+    path: Path | str,
+    *,
+    title: str,
+    colors: Mapping[str, str] | None = None,
+) -> Path:
+    """A Gantt chart: one lane per worker, each interval (start_s, end_s, kind) a bar colored by kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    palette = dict(colors or {})
+    default = iter(["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"])
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(lanes) + 1.5))
+    for y, (lane, intervals) in enumerate(reversed(list(lanes.items()))):
+        for start, end, kind in intervals:
+            if kind not in palette:
+                palette[kind] = next(default)
+            ax.barh(y, (end - start) * 1e3, left=start * 1e3, color=palette[kind], height=0.6)
+    ax.set_yticks(range(len(lanes)), list(reversed(list(lanes))))
+    ax.set_xlabel("time (ms)")
+    ax.set_title(title)
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in palette.items()], loc="upper center",
+              bbox_to_anchor=(0.5, -0.18), ncol=len(palette), fontsize=8, frameon=False)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def environment_summary(env: Mapping[str, Any]) -> str:
     """One line naming the machine and software a run was measured on."""
     gpus = ", ".join(env.get("gpus") or []) or "no GPU"

@@ -165,3 +165,18 @@ def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path):
     assert tuned["waiting_for_input_ms"] < naive["waiting_for_input_ms"]
     assert "![input_pipeline-timeline]" in (run([sys.executable, "-m", "tfperf", "report", tmp_path]) and
                                             (tmp_path / "report.md").read_text())
+
+
+@pytest.mark.slow
+def test_async_execution_shows_the_queue_and_the_timing_trap(tmp_path):
+    out = run([sys.executable, recipe("async_execution"), "--quick", "--steps", "10", "--size", "400",
+               "--out", tmp_path]).stdout
+    assert "too optimistic" in out
+    records = read_records(tmp_path / "async_execution.jsonl")
+    q = {r["row"]: r["metrics"] for r in records if r["table"].startswith("front end")}
+    # Structural facts: synchronous loops return with their results; the async loop of graph calls
+    # returns before them (10 chains of two 400x400 matmuls take milliseconds; enqueuing takes less).
+    assert q["NumPy matmul chain"]["front_end_ahead"] < 0.2 and q["tf.function, synchronous"]["front_end_ahead"] < 0.2
+    assert q["tf.function, asynchronous"]["loop_returns_ms"] < q["tf.function, asynchronous"]["results_ready_ms"]
+    assert {r["row"] for r in records if r["table"].startswith("memory")} == {
+        "async, free-running", "async, sync every minibatch"}

@@ -180,3 +180,15 @@ def test_async_execution_shows_the_queue_and_the_timing_trap(tmp_path):
     assert q["tf.function, asynchronous"]["loop_returns_ms"] < q["tf.function, asynchronous"]["results_ready_ms"]
     assert {r["row"] for r in records if r["table"].startswith("memory")} == {
         "async, free-running", "async, sync every minibatch"}
+
+
+@pytest.mark.slow
+def test_auto_parallelism_compares_together_with_the_sum(tmp_path):
+    run([sys.executable, recipe("auto_parallelism"), *TINY, "--out", tmp_path])
+    records = read_records(tmp_path / "auto_parallelism.jsonl")
+    together = {r["row"]: r["metrics"] for r in records if r["table"].startswith("two independent")}
+    assert len(together) == 8
+    pairs = [m for row, m in together.items() if "both" in row]
+    assert len(pairs) == 4 and all(0 < m["vs_sum_of_alone"] for m in pairs)
+    assert [r["row"] for r in records if r["table"].startswith("compute y[i]")] == [
+        "compute, then copy, each step", "copy y[i-1] while computing y[i]"]

@@ -33,7 +33,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf.bench import Benchmark, matmul_flops_per_s
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
-from tfperf.models import get_net
+from tfperf.models import activation_bytes, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
@@ -42,15 +42,6 @@ from tfperf.train import accuracy
 TABLE = "training step by dtype policy"
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 LOSS_TOLERANCE, ACCURACY_TOLERANCE = 0.1, 0.03  # against float32 after the same steps from the same weights
-
-
-def activation_bytes(model, batch: int) -> int:
-    """Bytes of every layer's output for one batch, in the dtype each layer computes in (what backprop keeps)."""
-    total = 0
-    for layer in model.layers[1:]:
-        shape = layer.output.shape
-        total += batch * int(np.prod(shape[1:])) * np.dtype(layer.compute_dtype).itemsize
-    return total
 
 
 def peak_device_memory(device: str) -> int | None:

@@ -192,3 +192,19 @@ def test_auto_parallelism_compares_together_with_the_sum(tmp_path):
     assert len(pairs) == 4 and all(0 < m["vs_sum_of_alone"] for m in pairs)
     assert [r["row"] for r in records if r["table"].startswith("compute y[i]")] == [
         "compute, then copy, each step", "copy y[i-1] while computing y[i]"]
+
+
+@pytest.mark.slow
+def test_hardware_measures_roofs_and_checks_numpy(tmp_path):
+    out = run([sys.executable, recipe("hardware"), "--quick", "--steps", "3", "--warmup", "0", "--stream-mb", "32",
+               "--out", tmp_path]).stdout
+    assert "GFLOP/s, NumPy" in out and "agree within 30%" in out
+    records = read_records(tmp_path / "hardware.jsonl")
+    tables = {r["table"] for r in records}
+    assert len(tables) == 6
+    sweep = [r["metrics"]["ns_per_load"] for r in records if r["table"].startswith("working-set")]
+    assert sweep[-1] > sweep[0]  # a 64 MiB table is slower to chase than a 16 KiB one: caches exist
+    roofline = {r["row"]: r["metrics"] for r in records if r["table"].startswith("roofline")}
+    assert set(roofline) == {"mlp", "cnn", "lenet", "resnet18"}
+    assert all(m["flops_per_byte"] > 0 and m["achieved_gflops"] > 0 for m in roofline.values())
+    assert (tmp_path / "figures" / "hardware-roofline.png").exists()

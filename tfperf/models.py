@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import keras
+import numpy as np
 from keras import layers
 
 from tfperf.catalog import MODEL_NAMES
@@ -136,3 +137,13 @@ def flops(model: keras.Model) -> int:
     about three times this (forward, and two matmuls per layer backward).
     """
     return sum(_layer_flops(layer) for layer in model.layers)
+
+
+def activation_bytes(model: keras.Model, batch: int) -> int:
+    """Bytes of every layer's output for one batch, in the dtype each layer computes in (what backprop keeps)."""
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        total += batch * int(np.prod(layer.output.shape[1:])) * np.dtype(layer.compute_dtype).itemsize
+    return total

@@ -1,0 +1,279 @@
+"""Hardware, measured: memory bandwidth, caches, FLOP/s per dtype, dispatch overhead, and a roofline.
+
+The seed's hardware section recites numbers; this recipe measures this machine's, so that every other
+recipe's results can be read against them.
+
+Run:   python recipes/hardware.py --quick        (about a minute on 2 CPU cores)
+Needs: TensorFlow 2.21 and NumPy; a GPU adds host-to-device bandwidth when present.
+
+Introduction
+------------
+Two roofs bound any kernel: the arithmetic rate (FLOP/s) and the memory bandwidth (bytes/s). Their
+ratio is the ridge point: a computation with fewer FLOPs per byte moved than that is memory-bound.
+The recipe measures streaming bandwidth, a working-set sweep whose steps are the cache levels, matmul
+FLOP/s per dtype and size (checked against NumPy's own BLAS in the same run), the cost of dispatching
+one op, and places the cookbook's models on the roofline. A last table puts this machine's rows next
+to the classic "latency numbers every programmer should know".
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import socket
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from tfperf import flags
+from tfperf.bench import Benchmark, matmul_flops_per_s
+from tfperf.catalog import MODEL_NAMES
+from tfperf.models import activation_bytes, flops, get_net
+from tfperf.report import markdown_table, write_conclusion
+from tfperf.results import Recorder
+
+MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY = (
+    "memory bandwidth", "working-set sweep: latency of a dependent load", "matmul FLOP/s by dtype and size",
+    "dispatch overhead per call", "roofline: the cookbook's models (forward, batch 64)", "latency numbers")
+AGREEMENT = 0.30  # TensorFlow's and NumPy's matmul FLOP/s must agree within this
+# Latency numbers every programmer should know (Dean and Norvig), as the seed quotes them, in seconds.
+CLASSIC = {"L1 cache reference": 0.5e-9, "L2 cache reference": 7e-9, "main memory reference": 100e-9,
+           "compress 1 KB with zlib": 3e-6, "read 1 MB sequentially from memory": 250e-6,
+           "round trip within a data center": 500e-6, "read 1 MB sequentially from disk": 20e-3}
+
+
+def best_of(fn, reps: int) -> float:
+    """Fastest of `reps` runs, in seconds: the least disturbed by the other tenants of a shared machine."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def cache_sizes() -> dict[str, int]:
+    """Data cache sizes from sysfs (Linux), e.g. {"L1": 32768, "L2": 524288, "L3": 33554432}."""
+    sizes = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            text = (index / "size").read_text().strip()
+            sizes[f"L{(index / 'level').read_text().strip()}"] = int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+        except (OSError, ValueError):
+            continue
+    return sizes
+
+
+def tcp_round_trip_s(reps: int = 200) -> float:
+    """Median time for one byte to go to a local echo thread and back over TCP."""
+    server = socket.create_server(("localhost", 0))
+    port = server.getsockname()[1]
+
+    def echo():
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(1):
+                conn.sendall(data)
+
+    threading.Thread(target=echo, daemon=True).start()
+    times = []
+    with socket.create_connection(("localhost", port)) as client:
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            client.sendall(b"x")
+            client.recv(1)
+            times.append(time.perf_counter() - t0)
+    server.close()
+    return float(np.median(times))
+
+
+def main(argv=None) -> int:
+    p = flags.parser(__doc__)
+    p.add_argument("--stream-mb", type=flags.positive_int, help="array size of the streaming benchmarks (MB)")
+    args = flags.parse(p, argv, sizes={"steps": (20, 8), "warmup": (2, 1), "stream_mb": (512, 256)})
+    rec = Recorder("hardware", vars(args))
+    caches = cache_sizes()
+
+    # Memory bandwidth: stream a large array that no cache can hold -------------------------------
+    n = args.stream_mb * 2**20 // 4
+    src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
+    numpy_copy = best_of(lambda: np.copyto(dst, src), args.steps)
+    x = tf.ones([n])
+    total = tf.function(tf.reduce_sum)  # reads every float once and writes one: a pure read stream
+    tf_stream = Benchmark.run(lambda: total(x), steps=args.steps, warmup=args.warmup, name="stream",
+                              profile_dir=args.profile).min_s
+    rec.add(MEMORY, "NumPy copy (one core, read + write)", {"gb_per_s": 2 * 4 * n / numpy_copy / 1e9,
+                                                            "mb": args.stream_mb}, primary="gb_per_s",
+            lower_is_better=False)
+    rec.add(MEMORY, "TensorFlow reduce_sum (all cores, read)", {"gb_per_s": 4 * n / tf_stream / 1e9,
+                                                                "mb": args.stream_mb}, primary="gb_per_s",
+            lower_is_better=False)
+    bandwidth = max(4 * n / tf_stream, 2 * 4 * n / numpy_copy)
+
+    # The working-set sweep: follow a random cycle through ever larger tables, one load after another.
+    # Each load's address is the previous load's value, so nothing overlaps: the time per step is the latency
+    # of the level the table fits in (plus about 3 ns of loop, compiled by XLA).
+    chase = tf.function(jit_compile=True, reduce_retracing=True)(
+        lambda table, steps: tf.while_loop(lambda k, i: k < steps, lambda k, i: (k + 1, tf.gather(table, i)),
+                                           (tf.constant(0), tf.constant(0)))[1])
+    rng = np.random.default_rng(args.seed)
+    latency = {}
+    for kib in [4 ** k * 16 for k in range(7 if args.quick else 8)]:
+        order = rng.permutation(kib * 256).astype(np.int32)
+        table = np.empty_like(order)
+        table[order] = np.roll(order, -1)  # one cycle through every slot, in random order
+        table, steps = tf.constant(table), 1_000_000
+        chase(table, tf.constant(10))
+        latency[kib] = best_of(lambda: chase(table, tf.constant(steps)).numpy(), 2) / steps
+        level = next((k for k, v in sorted(caches.items()) if kib * 1024 <= v), "DRAM")
+        rec.add(CACHE, f"{kib:,} KiB", {"ns_per_load": latency[kib] * 1e9, "fits_in": level},
+                primary="ns_per_load", lower_is_better=True, versus_first=False)
+
+    # Matmul FLOP/s per dtype and size, and NumPy's BLAS at the same size ---------------------------
+    sizes = [256, 1024, 2048] if args.quick else [256, 512, 1024, 2048]
+    for dtype in (tf.float32, tf.bfloat16, tf.float16, tf.float64):
+        for size in sizes:
+            rec.add(FLOPS, f"{dtype.name} {size}", {"gflops": matmul_flops_per_s(size, dtype=dtype, steps=args.steps) / 1e9},
+                    primary="gflops", lower_is_better=False, versus_first=False)
+    # The independent check: NumPy's BLAS on the same matrix, timed turn about with TensorFlow so that the
+    # machine's other load hits both alike; the best of each.
+    size = 1024
+    a32 = np.random.default_rng(args.seed).random((size, size), dtype=np.float32)
+    t32, matmul = tf.constant(a32), tf.function(tf.matmul)
+    matmul(t32, t32).numpy()
+    tf_s, np_s = [], []
+    for _ in range(args.steps):
+        tf_s.append(best_of(lambda: matmul(t32, t32).numpy(), 1))
+        np_s.append(best_of(lambda: a32 @ a32, 1))
+    tf_gflops, numpy_gflops = 2 * size ** 3 / min(tf_s) / 1e9, 2 * size ** 3 / min(np_s) / 1e9
+    for row, g in ((f"TensorFlow float32 {size}, turn about", tf_gflops), (f"NumPy float32 {size}, turn about", numpy_gflops)):
+        rec.add(FLOPS, row, {"gflops": g}, primary="gflops", lower_is_better=False, versus_first=False)
+    # The compute roof: the best float32 rate any implementation reached here (NumPy's BLAS counts too).
+    peak = max(r["metrics"]["gflops"] for r in rec.table(FLOPS) if "float32" in r["row"]) * 1e9
+
+    # Dispatch overhead: the cost of one call, whatever it computes ------------------------------------
+    one = tf.constant(1.0)
+    graph_add = tf.function(lambda a: a + a)
+    graph_add(one)
+    calls = [("Python function call", lambda: (lambda a: a)(1.0)),
+             ("NumPy scalar add", lambda: np.float32(1.0) + np.float32(1.0)),
+             ("TensorFlow eager op (one add)", lambda: one + one),
+             ("tf.function call (one add)", lambda: graph_add(one))]
+    dispatch = {}
+    for row, fn in calls:
+        reps = 2000
+        dispatch[row] = best_of(lambda: [fn() for _ in range(reps)], 3) / reps
+        rec.add(DISPATCH, row, {"us_per_call": dispatch[row] * 1e6}, primary="us_per_call", lower_is_better=True)
+
+    # The roofline: where each model's forward pass sits -------------------------------------------
+    ridge = peak / bandwidth
+    points = []
+    for name in MODEL_NAMES:
+        model = get_net(name)
+        batch = 64
+        xb = tf.random.normal([batch, *model.input_shape[1:]])
+        forward = tf.function(lambda x: model(x, training=False))
+        r = Benchmark.run(lambda: forward(xb), steps=max(3, args.steps // 2), warmup=args.warmup, name=name)
+        work = flops(model) * batch
+        traffic = 4 * model.count_params() + activation_bytes(model, batch) + xb.numpy().nbytes
+        intensity = work / traffic
+        achieved = work / r.median_s
+        roof = min(peak, intensity * bandwidth)
+        points.append((name, intensity, achieved))
+        rec.add(ROOFLINE, name, {"flops_per_byte": intensity, "achieved_gflops": achieved / 1e9,
+                                 "roof_gflops": roof / 1e9, "share_of_roof": achieved / roof,
+                                 "bound": "memory" if intensity < ridge else "compute"},
+                primary="achieved_gflops", lower_is_better=False, versus_first=False)
+    figure = roofline_plot(points, peak, bandwidth, Path(args.out) / "figures" / "hardware-roofline.png")
+
+    # Latency numbers: the classic table with this machine's measurements next to it ------------------
+    at_level = {}
+    for r in rec.table(CACHE):
+        at_level.setdefault(r["metrics"]["fits_in"], r["metrics"]["ns_per_load"] / 1e9)  # the first fit
+    dram_gbs = 2 * 4 * n / numpy_copy / 1e9 / 2  # one direction of the copy
+    kb = os.urandom(512) * 2
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(os.urandom(1 << 20) * 16)
+        f.flush()
+        disk = best_of(lambda: Path(f.name).read_bytes(), 3) / 16
+    measured = {"L1 cache reference": at_level.get("L1"), "L2 cache reference": at_level.get("L2"),
+                "main memory reference": at_level.get("DRAM"),
+                "compress 1 KB with zlib": best_of(lambda: [zlib.compress(kb) for _ in range(200)], 3) / 200,
+                "read 1 MB sequentially from memory": 2**20 / (dram_gbs * 1e9),
+                "round trip within a data center": tcp_round_trip_s(),
+                "read 1 MB sequentially from disk": disk}
+    notes = {"L1 cache reference": "dependent loads, 16 KiB table", "L2 cache reference": "dependent loads",
+             "main memory reference": "dependent loads, largest table (TLB misses included)",
+             "round trip within a data center": "localhost TCP round trip",
+             "read 1 MB sequentially from disk": "page cache (the file was just written)"}
+    for row, classic in CLASSIC.items():
+        rec.add(LATENCY, row, {"classic_ns": classic * 1e9,
+                               "measured_here_ns": measured[row] * 1e9 if measured.get(row) else None,
+                               "how": notes.get(row, "measured") if measured.get(row) else "not measured"},
+                primary="classic_ns", lower_is_better=True, versus_first=False)
+
+    # Results ----------------------------------------------------------------------------------
+    rec.save(args.out)
+    for table in (MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY):
+        print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
+    agree = abs(tf_gflops / numpy_gflops - 1) <= AGREEMENT
+    print(f"\nmatmul float32 {size}: TensorFlow {tf_gflops:.1f} GFLOP/s, NumPy {numpy_gflops:.1f} GFLOP/s "
+          f"({tf_gflops / numpy_gflops:.2f}x): {'agree' if agree else 'DISAGREE'} within {AGREEMENT:.0%}")
+    print(f"roofline: {figure}; ridge point {ridge:.1f} FLOP/byte")
+
+    # Conclusion, from this run's numbers ------------------------------------------------------
+    r = {row["row"]: row["metrics"] for row in rec.table(ROOFLINE)}
+    write_conclusion(args.out, "hardware", (
+        f"This machine streams {bandwidth / 1e9:.1f} GB/s from memory (TensorFlow, all cores) and multiplies "
+        f"float32 matrices at up to {peak / 1e9:.0f} GFLOP/s (NumPy: {numpy_gflops:.0f}, "
+        f"{'agreeing' if agree else 'NOT agreeing'} within {AGREEMENT:.0%}), so its ridge point is "
+        f"{ridge:.0f} FLOP per byte: below that a kernel is memory-bound. A dependent load takes "
+        + ", ".join(f"{s * 1e9:.0f} ns in {level}" for level, s in at_level.items())
+        + f": the cache hierarchy is why locality matters. One eager op costs "
+        f"{dispatch['TensorFlow eager op (one add)'] * 1e6:.1f} us and a tf.function call "
+        f"{dispatch['tf.function call (one add)'] * 1e6:.1f} us, against "
+        f"{dispatch['NumPy scalar add'] * 1e6:.2f} us for NumPy: at batch 1 that overhead, not arithmetic, is "
+        f"the cost (hybridize). On the roofline, at batch 64: "
+        + ", ".join(f"{name} {m['flops_per_byte']:.0f} FLOP/B ({m['bound']}-bound, {m['share_of_roof']:.0%} of "
+                    f"its roof)" for name, m in r.items())
+        + ". A model far below its roof is limited by something else: dispatch, small kernels, or the "
+        f"memory traffic of element-wise layers that the FLOP count ignores."))
+    return 0 if agree else 1
+
+
+def roofline_plot(points, peak: float, bandwidth: float, path: Path) -> Path:
+    """The roofline (log-log) with each model's measured point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = np.logspace(-1, 4, 200)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.loglog(xs, np.minimum(peak, xs * bandwidth) / 1e9, color="black", label="roof: min(peak, intensity x bandwidth)")
+    for name, intensity, achieved in points:
+        ax.scatter(intensity, achieved / 1e9, zorder=3)
+        ax.annotate(name, (intensity, achieved / 1e9), xytext=(4, 4), textcoords="offset points", fontsize=9)
+    ax.axvline(peak / bandwidth, color="grey", linestyle=":", label=f"ridge {peak / bandwidth:.0f} FLOP/B")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title("roofline of this machine, forward passes at batch 64")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,7 +35,7 @@ from tfperf import flags
 from tfperf.bench import Benchmark, matmul_flops_per_s
 from tfperf.catalog import MODEL_NAMES
 from tfperf.models import activation_bytes, flops, get_net
-from tfperf.report import markdown_table, write_conclusion
+from tfperf.report import markdown_table, save_figure, write_conclusion
 from tfperf.results import Recorder
 
 MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY = (
@@ -268,11 +268,7 @@ def roofline_plot(points, peak: float, bandwidth: float, path: Path) -> Path:
     ax.set_ylabel("GFLOP/s")
     ax.set_title("roofline of this machine, forward passes at batch 64")
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from tfperf.bench import Benchmark, profiled
 from tfperf.models import get_net
 from tfperf.report import markdown_table, timeline_chart, write_conclusion
 from tfperf.results import Recorder
+from tfperf.train import make_train_step
 
 TABLE = "input pipeline variants"
 EVENTS: list[tuple[str, float, float]] = []  # (thread, start, end) of every load, written by the loader threads
@@ -51,12 +52,7 @@ def main(argv=None) -> int:
     images = np.random.default_rng(args.seed).random((args.batch_size * 16, 28, 28, 1), dtype=np.float32)
     labels = np.arange(len(images)) % 10
 
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+    train_step = make_train_step(model, optimizer, loss_fn)
 
     # The model step alone, data already in memory: the lower bound --------------------------------
     x0, y0 = tf.constant(images[:args.batch_size]), tf.constant(labels[:args.batch_size])

@@ -32,7 +32,7 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.bench import profiled
-from tfperf.cluster import ClusterError, LocalCluster, local_cluster, tf_config
+from tfperf.cluster import ClusterError, LocalCluster, local_cluster, parse_result, result_line, tf_config
 from tfperf.devices import usable_cores
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
@@ -112,7 +112,7 @@ def worker(args) -> None:
             reps.append(time.perf_counter() - t0)
         result["allreduce"].append({"bytes": size, "s": float(np.median(reps))})
     if ctx_index == 0:
-        print("RESULT " + json.dumps(result), flush=True)
+        print(result_line(result), flush=True)
 
 
 def run_workers(n: int, args, tmp: Path) -> dict:
@@ -126,16 +126,13 @@ def run_workers(n: int, args, tmp: Path) -> dict:
             procs.start(f"worker{i}", cmd, {"TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}",
                                             "TF_CPP_MIN_LOG_LEVEL": "2"})
         procs.wait(timeout=args.timeout)
-        line = next(l for l in procs.output("worker0").splitlines() if l.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+        return parse_result(procs.output("worker0"), "worker0")
 
 
 def main(argv=None) -> int:
     p = flags.parser(__doc__)
-    p.add_argument("--workers", type=flags.positive_int, default=2, help="worker processes to start")
+    flags.add_cluster_flags(p, sizes_help="all-reduce sizes in bytes")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--sizes", type=flags.positive_int, nargs="+", help="all-reduce sizes in bytes")
-    p.add_argument("--timeout", type=flags.positive_int, default=600, help="seconds before the cluster is killed")
     p.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)  # internal: a started worker
     p.add_argument("--weights-dir", help=argparse.SUPPRESS)
     args = flags.parse(p, argv, sizes={"steps": (50, 20), "warmup": (5, 3), "batch_size": (128, 128)})

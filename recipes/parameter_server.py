@@ -33,7 +33,7 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.bench import profiled
-from tfperf.cluster import ClusterError, LocalCluster, local_cluster
+from tfperf.cluster import ClusterError, LocalCluster, local_cluster, parse_result, result_line
 from tfperf.devices import usable_cores
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
@@ -135,16 +135,13 @@ def run_cluster(workers: int, args, tmp: Path) -> dict:
                               "--sizes", *args.sizes,
                               *(["--profile", Path(args.profile).resolve()] if args.profile else [])], env)
         procs.wait(["chief"], timeout=args.timeout)
-        line = next(l for l in procs.output("chief").splitlines() if l.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+        return parse_result(procs.output("chief"), "the coordinator")
 
 
 def main(argv=None) -> int:
     p = flags.parser(__doc__)
-    p.add_argument("--workers", type=flags.positive_int, default=2, help="worker processes")
+    flags.add_cluster_flags(p, sizes_help="pull/push sizes in bytes")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--sizes", type=flags.positive_int, nargs="+", help="pull/push sizes in bytes")
-    p.add_argument("--timeout", type=flags.positive_int, default=600, help="seconds before the cluster is killed")
     for internal in ("--role", "--cluster", "--job"):  # set by run_cluster for the processes it starts
         p.add_argument(internal, help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, help=argparse.SUPPRESS)
@@ -154,7 +151,7 @@ def main(argv=None) -> int:
         server(args)
         return 0
     if args.role == "coordinator":
-        print("RESULT " + json.dumps(coordinator(args)), flush=True)
+        print(result_line(coordinator(args)), flush=True)
         os._exit(0)  # skip teardown: the servers are killed next, and the eager context would try to reach them
 
     # Baseline (1 worker), then N workers -------------------------------------------------------

@@ -54,20 +54,15 @@ def probe_compute(batch_size: int, steps: int) -> dict:
 
     from tfperf.bench import Benchmark
     from tfperf.models import get_net
+    from tfperf.train import make_train_step
 
     model = get_net("cnn")
     optimizer = keras.optimizers.Adam(1e-3)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = tf.random.uniform([batch_size, 28, 28, 1]), tf.random.uniform([batch_size], 0, 10, tf.int32)
 
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    r = Benchmark.run(step, steps=steps, warmup=5, name="t1")
+    step = make_train_step(model, optimizer, loss_fn)
+    r = Benchmark.run(lambda: step(x, y), steps=steps, warmup=5, name="t1")
     return {"t1_s": r.median_s, "gradient_bytes": 4 * model.count_params()}
 
 

@@ -11,6 +11,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
+RESULT_PREFIX = "RESULT "
+
+
+def result_line(result: object) -> str:
+    """How a task reports its result to the process that started it: one JSON line in its output."""
+    return RESULT_PREFIX + json.dumps(result)
+
+
+def parse_result(output: str, task: str = "task") -> object:
+    """The result a task printed with `result_line`; ClusterError when it printed none."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    raise ClusterError(f"{task} exited without printing its result")
+
+
 class ClusterError(RuntimeError):
     """A task of a local cluster failed or did not finish in time; the message names it and its log."""
 

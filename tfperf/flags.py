@@ -74,6 +74,13 @@ def add_model_flag(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--model", default=default, choices=MODEL_NAMES, help="network from tfperf.get_net")
 
 
+def add_cluster_flags(p: argparse.ArgumentParser, *, sizes_help: str) -> None:
+    """--workers, --sizes and --timeout, for recipes that start a local cluster of processes."""
+    p.add_argument("--workers", type=positive_int, default=2, help="worker processes to start")
+    p.add_argument("--sizes", type=positive_int, nargs="+", help=sizes_help)
+    p.add_argument("--timeout", type=positive_int, default=600, help="seconds before the cluster is killed")
+
+
 def add_dataset_flag(p: argparse.ArgumentParser, default: str) -> None:
     """--dataset, limited to the names tfperf.data knows."""
     p.add_argument("--dataset", default=default, choices=DATASET_NAMES,

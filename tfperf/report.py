@@ -66,6 +66,18 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "table"
 
 
+def save_figure(fig, path: Path | str) -> Path:
+    """Write a matplotlib figure as a PNG (folders made as needed) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def bar_chart(records: Sequence[Record], path: Path | str, *, title: str | None = None) -> Path:
     """A horizontal bar chart of the primary metric, log-scaled when it spans two decades."""
     import matplotlib
@@ -86,12 +98,7 @@ def bar_chart(records: Sequence[Record], path: Path | str, *, title: str | None 
     ax.set_title(title or f"{records[0]['recipe']}: {records[0]['table']}")
     for y, v in enumerate(values[::-1]):
         ax.annotate(fmt(v), (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def timeline_chart(
@@ -121,12 +128,7 @@ def timeline_chart(
     ax.set_title(title)
     ax.legend(handles=[Patch(color=c, label=k) for k, c in palette.items()], loc="upper center",
               bbox_to_anchor=(0.5, -0.18), ncol=len(palette), fontsize=8, frameon=False)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def environment_summary(env: Mapping[str, Any]) -> str:

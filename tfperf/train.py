@@ -47,6 +47,20 @@ class EpochTimer(keras.callbacks.Callback):
         return float(np.median(timed))
 
 
+def make_train_step(model, optimizer, loss_fn, *, jit_compile: bool = False) -> Callable:
+    """One optimizer step on a batch, as a tf.function returning the loss (loss-scaled under a LossScaleOptimizer)."""
+
+    @tf.function(jit_compile=jit_compile)
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            scaled = optimizer.scale_loss(loss)  # unchanged unless the optimizer scales losses (mixed_float16)
+        optimizer.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    return train_step
+
+
 def accuracy(model, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> float:
     """Top-1 accuracy of the model's logits on arrays."""
     correct = 0
@@ -105,13 +119,7 @@ def train(
             ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
             resumed_from = int(step.numpy())
 
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
+    train_step = make_train_step(model, optimizer, loss_fn)
     loss = float("nan")
     while int(step.numpy()) < steps:
         x, y = next(batches)

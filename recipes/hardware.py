@@ -233,7 +233,8 @@ def main(argv=None) -> int:
     # Conclusion, from this run's numbers ------------------------------------------------------
     r = {row["row"]: row["metrics"] for row in rec.table(ROOFLINE)}
     write_conclusion(args.out, "hardware", (
-        f"This machine streams {bandwidth / 1e9:.1f} GB/s from memory (TensorFlow, all cores) and multiplies "
+        f"This machine streams {bandwidth / 1e9:.1f} GB/s from memory (the faster of NumPy's copy and "
+        f"TensorFlow's reduce_sum) and multiplies "
         f"float32 matrices at up to {peak / 1e9:.0f} GFLOP/s (NumPy: {numpy_gflops:.0f}, "
         f"{'agreeing' if agree else 'NOT agreeing'} within {AGREEMENT:.0%}), so its ridge point is "
         f"{ridge:.0f} FLOP per byte: below that a kernel is memory-bound. A dependent load takes "

@@ -182,7 +182,8 @@ def main(argv=None) -> int:
         batch = 64
         xb = tf.random.normal([batch, *model.input_shape[1:]])
         forward = tf.function(lambda x: model(x, training=False))
-        r = Benchmark.run(lambda: forward(xb), steps=max(3, args.steps // 2), warmup=args.warmup, name=name)
+        r = Benchmark.run(lambda: forward(xb), steps=max(3, args.steps // 2), warmup=args.warmup, name=name,
+                          profile_dir=args.profile)
         work = flops(model) * batch
         traffic = 4 * model.count_params() + activation_bytes(model, batch) + xb.numpy().nbytes
         intensity = work / traffic

@@ -208,3 +208,15 @@ def test_hardware_measures_roofs_and_checks_numpy(tmp_path):
     assert set(roofline) == {"mlp", "cnn", "lenet", "resnet18"}
     assert all(m["flops_per_byte"] > 0 and m["achieved_gflops"] > 0 for m in roofline.values())
     assert (tmp_path / "figures" / "hardware-roofline.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, extra", [
+    ("async_execution", ["--steps", "3", "--size", "200"]),
+    ("input_pipeline", ["--steps", "3", "--warmup", "1", "--load-ms", "5"]),
+    ("multi_device_scratch", [*TINY, "--epochs", "2"]),
+])
+def test_profile_writes_a_trace_of_the_measured_steps(tmp_path, name, extra):
+    run([sys.executable, recipe(name), "--quick", *extra, "--out", tmp_path, "--profile", tmp_path / "trace"])
+    traces = list((tmp_path / "trace").rglob("*.xplane.pb"))
+    assert traces, f"{name} --profile wrote no trace"

@@ -37,18 +37,18 @@ def broadcast(variables: Iterable, root_rank: int = 0) -> None:
 
 def average(metrics: Mapping[str, float]) -> dict[str, float]:
     """The mean of each scalar over all ranks, in one allreduce."""
-    names = sorted(metrics)
-    values = tf.constant([float(metrics[n]) for n in names], tf.float64)
-    mean = hvd.allreduce(values, op=hvd.Average, name="tfperf_average_metrics").numpy()
-    return dict(zip(names, map(float, mean)))
+    return _reduce_scalars(metrics, hvd.Average, "tfperf_average_metrics")
 
 
 def total(metrics: Mapping[str, float]) -> dict[str, float]:
     """The sum of each scalar over all ranks, in one allreduce."""
-    names = sorted(metrics)
+    return _reduce_scalars(metrics, hvd.Sum, "tfperf_total_metrics")
+
+
+def _reduce_scalars(metrics: Mapping[str, float], op, name: str) -> dict[str, float]:
+    names = sorted(metrics)  # every rank must send its values in the same order
     values = tf.constant([float(metrics[n]) for n in names], tf.float64)
-    summed = hvd.allreduce(values, op=hvd.Sum, name="tfperf_total_metrics").numpy()
-    return dict(zip(names, map(float, summed)))
+    return dict(zip(names, map(float, hvd.allreduce(values, op=op, name=name).numpy())))
 
 
 def max_weight_difference(variables: Iterable, root_rank: int = 0) -> float:

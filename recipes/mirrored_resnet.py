@@ -27,13 +27,13 @@ import keras
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import peak_matmul_flops_per_s, profiled
+from tfperf.bench import peak_matmul_flops_per_s
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import flops, get_net
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
-from tfperf.train import EpochTimer
+from tfperf.train import fit_timed
 
 TABLE = "ResNet-18, MirroredStrategy by device count"
 
@@ -70,12 +70,8 @@ def main(argv=None) -> int:
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         train = to_dataset(data.x_train[:n_train], data.y_train[:n_train], batch_size=global_batch, seed=args.seed)
         train = train.take(args.steps) if args.steps else train
-        timer = EpochTimer()
-        history = model.fit(train, epochs=1, verbose=2, callbacks=[timer], shuffle=False)  # traces: not profiled
-        if args.epochs > 1:
-            with profiled(args.profile, f"{n}-devices"):
-                history = model.fit(train, initial_epoch=1, epochs=args.epochs, verbose=2, callbacks=[timer],
-                                    shuffle=False)
+        history, timer = fit_timed(model, train, epochs=args.epochs, profile_dir=args.profile,
+                                   profile_name=f"{n}-devices", verbose=2, shuffle=False)
         test = to_dataset(data.x_test[:n_test], data.y_test[:n_test], batch_size=global_batch, shuffle=False)
         _, test_accuracy = model.evaluate(test, verbose=0)
         rec.add(TABLE, f"{n} device{'s' * (n > 1)}", {

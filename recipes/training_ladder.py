@@ -38,7 +38,7 @@ from tfperf.models import flops, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
-from tfperf.train import EpochTimer, accuracy
+from tfperf.train import accuracy, fit_timed
 
 TABLE = "training ladder"
 ACCURACY_TOLERANCE = 0.05  # a rung may lose at most this much test accuracy against plain fit
@@ -89,16 +89,12 @@ def train(cfg: Config, model_name: str, data, epochs: int, lr: float, seed: int,
     else:
         model.compile(optimizer=optimizer, loss=loss_fn, metrics=["accuracy"], jit_compile=cfg.jit,
                       steps_per_execution=cfg.steps_per_execution)
-        timer = EpochTimer()
         x = ds if cfg.pipeline == "tf.data" else data.x_train
         y = None if cfg.pipeline == "tf.data" else data.y_train
         batch = None if cfg.pipeline == "tf.data" else cfg.batch
         shuffle = cfg.pipeline != "tf.data"  # a tf.data pipeline shuffles itself
-        history = model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[timer], shuffle=shuffle)
-        if epochs > 1:
-            with profiled(profile, row):  # the measured epochs only: the first one traces and compiles
-                history = model.fit(x, y, batch_size=batch, initial_epoch=1, epochs=epochs, verbose=0,
-                                    callbacks=[timer], shuffle=shuffle)
+        history, timer = fit_timed(model, x, y, epochs=epochs, profile_dir=profile, profile_name=row,
+                                   batch_size=batch, verbose=0, shuffle=shuffle)
         epoch_s, loss = timer.epoch_s, history.history["loss"][-1]
     return epoch_s, float(loss), accuracy(model, data.x_test, data.y_test), model
 

@@ -47,6 +47,20 @@ class EpochTimer(keras.callbacks.Callback):
         return float(np.median(timed))
 
 
+def fit_timed(model, x, y=None, *, epochs: int, profile_dir: str | None = None, profile_name: str = "fit",
+              **fit_kwargs) -> tuple[keras.callbacks.History, EpochTimer]:
+    """`model.fit` with each epoch timed; --profile traces the epochs after the first (which traces and compiles)."""
+    from tfperf.bench import profiled
+
+    timer = EpochTimer()
+    callbacks = [*fit_kwargs.pop("callbacks", []), timer]
+    history = model.fit(x, y, epochs=1, callbacks=callbacks, **fit_kwargs)
+    if epochs > 1:
+        with profiled(profile_dir, profile_name):
+            history = model.fit(x, y, initial_epoch=1, epochs=epochs, callbacks=callbacks, **fit_kwargs)
+    return history, timer
+
+
 def make_train_step(model, optimizer, loss_fn, *, jit_compile: bool = False) -> Callable:
     """One optimizer step on a batch, as a tf.function returning the loss (loss-scaled under a LossScaleOptimizer)."""
 

@@ -1,4 +1,5 @@
-"""Benchmark: warm-up excluded, first call apart, true percentiles, and sync before the clock."""
+"""Timer and Measurement: first call apart, warm-up excluded, raw samples kept, sync without a host copy,
+blocks, autorange, interleaving, and a profiler that never traces the recorded samples."""
 
 import threading
 import time
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfperf.bench import Benchmark, BenchmarkResult, synchronous_execution, timing_ms
+from tfperf import stats
+from tfperf.bench import Measurement, Timer, interleave, synchronous_execution, timing_ms, versus
 
 
 class FakeClock:
@@ -20,68 +22,94 @@ class FakeClock:
         return self.now
 
 
-def test_first_call_and_warmup_are_not_in_the_samples():
+def fake_timer(costs, **kwargs):
     clock = FakeClock()
-    costs = iter([5.0, 3.0, 3.0] + [float(i) for i in range(1, 11)])  # first, 2 warm-up, 10 timed
+    costs = iter(costs)
 
     def fn():
         clock.now += next(costs)
 
-    r = Benchmark.run(fn, steps=10, warmup=2, clock=clock, sync_fn=lambda _: None, name="fake")
-    assert r.first_call_s == 5.0
-    assert r.samples_s == tuple(float(i) for i in range(1, 11))
-    assert r.steps == 10
-    assert r.median_s == 5.5
-    assert r.min_s == 1.0 and r.max_s == 10.0
-    assert r.mean_s == pytest.approx(5.5)
+    return Timer(fn, clock=clock, sync_fn=lambda _: None, **kwargs)
 
 
-def test_percentiles_are_true_percentiles_and_ordered():
-    rng = np.random.default_rng(0)
-    samples = rng.lognormal(size=1000)
-    r = BenchmarkResult.from_samples("x", samples, items_per_step=4)
-    assert r.median_s == pytest.approx(np.percentile(samples, 50))
-    assert r.p90_s == pytest.approx(np.percentile(samples, 90))
-    assert r.p99_s == pytest.approx(np.percentile(samples, 99))
-    assert r.min_s <= r.median_s <= r.p90_s <= r.p99_s <= r.max_s
-    assert r.items_per_s == pytest.approx(4 / r.median_s)
-    # A trimmed mean would not land on the max for a heavy tail; the p99 must see the outliers.
-    spiky = BenchmarkResult.from_samples("spiky", [1.0] * 97 + [100.0] * 3)
+def test_first_call_and_warmup_are_not_in_the_samples():
+    m = fake_timer([5.0, 3.0, 3.0] + [float(i) for i in range(1, 11)], name="fake").measure(10, warmup=2)
+    assert m.first_call_s == 5.0
+    assert m.samples_s == tuple(float(i) for i in range(1, 11))
+    assert m.n == 10 and m.median_s == 5.5 and m.min_s == 1.0 and m.max_s == 10.0
+    assert m.iqr_s == pytest.approx(np.percentile(range(1, 11), 75) - np.percentile(range(1, 11), 25))
+    assert m.ci95_s == stats.median_ci(range(1, 11))
+    assert m.overhead_s is None  # unknowable with a custom clock and sync
+
+
+def test_percentiles_are_true_percentiles_and_the_summary_keeps_them():
+    samples = np.random.default_rng(0).lognormal(size=1000)
+    m = Measurement("x", tuple(samples), items_per_call=4)
+    assert m.median_s == pytest.approx(np.percentile(samples, 50))
+    assert m.p99_s == pytest.approx(np.percentile(samples, 99))
+    assert m.items_per_s == pytest.approx(4 / m.median_s)
+    assert m.median_per_item_s == pytest.approx(m.median_s / 4)
+    summary = m.summary()
+    assert summary["n"] == 1000 and summary["mode"] == "latency" and summary["ci95_s"][0] < m.median_s
+    spiky = Measurement("spiky", (1.0,) * 97 + (100.0,) * 3)
     assert spiky.p99_s == 100.0 and spiky.median_s == 1.0
 
 
-def test_result_is_immutable_and_serialisable():
-    r = BenchmarkResult.from_samples("x", [1.0, 2.0])
-    with pytest.raises(AttributeError):
-        r.median_s = 0.0
-    d = r.to_dict()
-    assert d["name"] == "x" and "samples_s" not in d
-    assert r.to_dict(with_samples=True)["samples_s"] == (1.0, 2.0)
-    assert timing_ms(r)["median_ms"] == pytest.approx(1500.0)
+def test_an_unstable_measurement_says_so():
+    steady = Measurement("steady", tuple(1.0 + 0.001 * i for i in range(20)))
+    noisy = Measurement("noisy", tuple([1.0, 1.5] * 10))
+    assert steady.warnings == ()
+    assert any(w.startswith("unstable") for w in noisy.warnings) and "WARNING: unstable" in str(noisy)
+    assert any("whole range" in w for w in Measurement("few", (1.0, 2.0)).warnings)
+
+
+def test_throughput_mode_times_blocks_and_reports_per_call():
+    timer = fake_timer([1.0] + [0.5] * 40, block_size=4)
+    m = timer.measure(5, warmup=0)
+    assert m.mode == "throughput" and m.block_size == 4
+    assert m.samples_s == (2.0,) * 5 and m.median_s == 0.5
+
+
+def test_autorange_samples_until_the_minimum_time():
+    m = fake_timer([1.0] + [0.01] * 1000).measure(warmup=0, min_time_s=0.5, min_samples=10)
+    assert m.n == 50  # 50 samples of 10 ms reach 0.5 s
+    m = fake_timer([1.0] + [1.0] * 100).measure(warmup=0, min_time_s=0.5, min_samples=10)
+    assert m.n == 10  # slow calls: the minimum count wins
+
+
+def test_auto_block_size_is_calibrated_to_the_overhead():
+    x = tf.constant(1.0)
+    timer = Timer(lambda: x + 1.0, block_size="auto")
+    m = timer.measure(5, warmup=1)
+    assert m.block_size > 1 and m.block_size & (m.block_size - 1) == 0  # a power of two
+    assert m.median_s * m.block_size >= 1e-3 * 0.5  # a block lasts about a millisecond or more
 
 
 class PendingWork:
-    """What an asynchronous op returns: the value is ready only after the work finishes."""
+    """What an asynchronous result looks like: ready only when its work finishes (as JAX arrays are)."""
 
     def __init__(self, seconds):
         self.done = threading.Event()
+        self.copied = False
         threading.Thread(target=lambda: (time.sleep(seconds), self.done.set()), daemon=True).start()
 
-    def numpy(self):
+    def block_until_ready(self):
         self.done.wait()
+        return self
+
+    def numpy(self):
+        self.copied = True
         return 0
 
 
-def test_the_clock_stops_only_after_the_work_is_done():
-    # fn returns at once but its work takes 50 ms: a benchmark that did not sync would see ~0.
-    r = Benchmark.run(lambda: PendingWork(0.05), steps=3, warmup=0)
-    assert r.min_s >= 0.045
-    unsynced = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        PendingWork(0.05)
-        unsynced.append(time.perf_counter() - t0)
-    assert max(unsynced) < 0.01  # the same work timed without sync looks free: the trap the sync avoids
+def test_the_clock_stops_only_after_the_work_is_done_and_copies_nothing():
+    results = []
+    m = Timer(lambda: results.append(PendingWork(0.05)) or results[-1]).measure(3, warmup=0)
+    assert m.min_s >= 0.045
+    assert not any(r.copied for r in results)  # waited for, never read back to the host
+    t0 = time.perf_counter()
+    PendingWork(0.05)
+    assert time.perf_counter() - t0 < 0.01  # the same work unsynced looks free: the trap the sync avoids
 
 
 def test_async_tensorflow_is_timed_to_completion():
@@ -95,38 +123,86 @@ def test_async_tensorflow_is_timed_to_completion():
         return y
 
     with synchronous_execution(False):
-        chain().numpy()
+        chain()
+        tf.test.experimental.sync_devices()
         t0 = time.perf_counter()
         chain()  # enqueued only
         enqueue_s = time.perf_counter() - t0
         tf.test.experimental.sync_devices()
-        r = Benchmark.run(chain, steps=3, warmup=1)
-    assert r.median_s > 3 * enqueue_s
+        m = Timer(chain).measure(3, warmup=1)
+    assert m.median_s > 3 * enqueue_s
 
 
-def test_context_manager_times_the_block():
-    clock = FakeClock()
-    with Benchmark("block", items=100, clock=clock) as b:
-        clock.now += 2.0
-    assert b.result.median_s == 2.0
-    assert b.result.items_per_s == 50.0
-    assert b.result.first_call_s is None
+def test_sync_overhead_is_measured_and_reported():
+    m = Timer(lambda: None).measure(20, warmup=0)
+    assert m.overhead_s is not None and 0 < m.overhead_s < 1e-3
 
 
-@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"steps": 1, "warmup": -1}])
-def test_bad_sizes_are_refused(kwargs):
+def test_interleave_alternates_shuffled_rounds_and_versus_pairs_them():
+    order = []
+    timers = [fake_timer([1.0] + [t] * 100, name=name) for name, t in (("slow", 0.2), ("fast", 0.1))]
+    for t in timers:
+        inner = t.fn
+        t.fn = (lambda inner, name: lambda: (order.append(name), inner()))(inner, t.name)
+    slow, fast = interleave(timers, rounds=6, steps_per_round=2, warmup=0)
+    assert slow.rounds == fast.rounds == 6 and slow.n == fast.n == 12
+    timed = order[2:]  # after each first call
+    assert set(timed[:4]) == {"slow", "fast"}  # both ran within the first round
+    assert timed != ["slow"] * 12 + ["fast"] * 12  # interleaved, not one after the other
+    c = versus(slow, fast)
+    assert c.paired and c.ratio == pytest.approx(2.0) and c.verdict == stats.FASTER
+    assert versus(fast, slow).verdict == stats.SLOWER
+    with pytest.raises(ValueError, match="distinct names"):
+        interleave([fake_timer([1.0]), fake_timer([1.0])], rounds=1, steps_per_round=1)
+
+
+def test_identical_alternatives_show_no_measurable_difference():
+    x = tf.random.normal([256, 256])
+    f = tf.function(lambda: tf.matmul(x, x))
+    a, b = interleave([Timer(f, name="a"), Timer(f, name="b")], rounds=8, steps_per_round=5)
+    # A 95% CI misses the true ratio (1) in one run of twenty by design; a 10% threshold asks only
+    # that interleaving gives neither side a systematic advantage, so the test cannot flake.
+    assert versus(a, b, threshold=0.10).verdict == stats.NO_DIFFERENCE
+
+
+def test_per_item_comparison_uses_items_per_call():
+    big = Measurement("batch 4", (4.0,) * 10, items_per_call=4)
+    small = Measurement("batch 1", (2.0,) * 10)
+    assert versus(small, big).ratio == pytest.approx(2.0)  # 1 s per item against 2 s per item
+
+
+def test_timing_ms_columns():
+    m = Measurement("x", (1.0, 2.0), first_call_s=3.0)
+    assert timing_ms(m) == {"first_call_ms": 3000.0, "median_ms": 1500.0, "p90_ms": pytest.approx(1900.0),
+                            "p99_ms": pytest.approx(1990.0)}
+
+
+@pytest.mark.parametrize("call", [lambda t: t.measure(0), lambda t: t.measure(1, warmup=-1)])
+def test_bad_sizes_are_refused(call):
     with pytest.raises(ValueError, match="steps|warmup"):
-        Benchmark.run(lambda: None, **kwargs)
+        call(Timer(lambda: None))
 
 
-def test_no_samples_is_an_error():
+def test_bad_measurements_are_refused():
     with pytest.raises(ValueError, match="no samples"):
-        BenchmarkResult.from_samples("x", [])
+        Measurement("x", ())
+    with pytest.raises(ValueError, match="equal rounds"):
+        Measurement("x", (1.0, 2.0, 3.0), rounds=2)
+    with pytest.raises(ValueError, match="block_size"):
+        Timer(lambda: None, block_size=0)
 
 
-def test_profile_traces_each_measurement_apart(tmp_path):
+def test_profile_traces_a_separate_pass_per_measurement(tmp_path):
     x = tf.random.normal([64, 64])
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        return tf.matmul(x, x)
+
     for name in ("first run", "second run"):
-        Benchmark.run(lambda: tf.matmul(x, x), steps=2, warmup=0, name=name, profile_dir=str(tmp_path))
+        m = Timer(fn, name=name).measure(4, warmup=0, profile_dir=str(tmp_path))
+        assert m.n == 4
     traces = sorted(p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*.xplane.pb"))
     assert traces == ["first-run", "second-run"]
+    assert calls["n"] == 2 * (1 + 4 + 4)  # first call, 4 recorded, then 4 more under the profiler

@@ -1,4 +1,12 @@
-"""Timing that can be trusted: warm-up, first call apart, device sync, per-step samples."""
+"""Timing that can be trusted: a `Timer` configured apart from the `Measurement` it returns.
+
+A Timer calls a function once apart (tracing, compiling), warms up, then takes samples: one call per
+clock read (latency mode) or blocks of calls with one device sync each (throughput mode). A
+Measurement keeps the raw samples and knows its median, IQR, percentiles, the confidence interval of
+its median and whether it is stable. `interleave` measures alternatives in shuffled rounds in one
+process, so that a drift of the machine hits them all alike, and `versus` turns two Measurements into
+a speedup with a bootstrap confidence interval and a verdict.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfperf import stats
+
 Clock = Callable[[], float]
+LATENCY, THROUGHPUT = "latency", "throughput"
 
 
 def gpus_present() -> bool:
@@ -27,197 +38,371 @@ def device_sync_needed() -> bool:
 
 
 def sync(result: Any = None, *, devices: bool | None = None) -> None:
-    """Block until the work behind `result` (and, when needed, all queued device work) has finished."""
-    # sync_devices costs ~50 us on a CPU host, more than some steps we time, so it runs
-    # only where ops can still be pending (GPUs, asynchronous eager); it exists only in eager mode.
+    """Block until the work behind `result` has finished, without copying it to the host.
+
+    On a CPU with synchronous eager execution (TensorFlow's default) an op or a tf.function returns
+    only once its outputs are computed, so there is nothing to wait for. Where ops can return early
+    (GPUs, asynchronous eager) `sync_devices` waits for every queued kernel. Results that know how to
+    wait for themselves (JAX arrays' `block_until_ready`) are waited on. Nothing is read back: a
+    host copy of the output would be timed as if it were the work.
+    """
     if devices is None:
         devices = device_sync_needed()
+    # sync_devices exists only in eager mode; it costs ~50 us on a CPU host, so it runs only when needed.
     if devices and tf.executing_eagerly():
         tf.test.experimental.sync_devices()
-    # Reading the value back is the last word: nothing can be pending once it is on the host.
     for leaf in tf.nest.flatten(result):
-        if hasattr(leaf, "numpy"):
-            leaf.numpy()
+        wait = getattr(leaf, "block_until_ready", None)
+        if callable(wait):
+            wait()
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchmarkResult:
-    """One measured function: the first call, and the steady-state per-step samples (seconds)."""
+class Measurement:
+    """Raw samples of one timed function and what they say; times are seconds per call unless named per item.
+
+    `samples_s` holds one clock reading per sample: one call in latency mode, `block_size` calls in
+    throughput mode. With `rounds` > 1 the samples were taken in that many interleaved rounds, an
+    equal number in each, in order.
+    """
 
     name: str
-    steps: int
-    items_per_step: int
-    first_call_s: float | None
-    mean_s: float
-    std_s: float
-    min_s: float
-    median_s: float
-    p90_s: float
-    p99_s: float
-    max_s: float
-    items_per_s: float
-    samples_s: tuple[float, ...] = dataclasses.field(repr=False)
+    samples_s: tuple[float, ...]
+    block_size: int = 1
+    items_per_call: int = 1
+    rounds: int = 1
+    first_call_s: float | None = None
+    overhead_s: float | None = None  # the sync and the clock read, per sample, timed on a null function
 
-    @classmethod
-    def from_samples(
-        cls,
-        name: str,
-        samples_s: Sequence[float],
-        *,
-        items_per_step: int = 1,
-        first_call_s: float | None = None,
-    ) -> BenchmarkResult:
-        """Summarise per-step samples with true percentiles (np.percentile, no trimming)."""
-        if len(samples_s) == 0:
-            raise ValueError(f"benchmark {name!r} has no samples: steps must be at least 1")
-        if items_per_step < 1:
-            raise ValueError(f"items_per_step must be at least 1, got {items_per_step}")
-        s = np.asarray(samples_s, dtype=np.float64)
-        p50, p90, p99 = np.percentile(s, [50, 90, 99])
-        mean = float(s.mean())
-        return cls(
-            name=name,
-            steps=len(s),
-            items_per_step=items_per_step,
-            first_call_s=first_call_s,
-            mean_s=mean,
-            std_s=float(s.std()),
-            min_s=float(s.min()),
-            median_s=float(p50),
-            p90_s=float(p90),
-            p99_s=float(p99),
-            max_s=float(s.max()),
-            # The median resists the shared machine's noise better than the mean.
-            items_per_s=items_per_step / float(p50) if p50 > 0 else float("inf"),
-            samples_s=tuple(float(v) for v in s),
-        )
+    def __post_init__(self):
+        if len(self.samples_s) == 0:
+            raise ValueError(f"measurement {self.name!r} has no samples: steps must be at least 1")
+        if self.block_size < 1 or self.items_per_call < 1:
+            raise ValueError(f"block_size and items_per_call must be at least 1, got "
+                             f"{self.block_size} and {self.items_per_call}")
+        if self.rounds < 1 or len(self.samples_s) % self.rounds:
+            raise ValueError(f"{len(self.samples_s)} samples do not split into {self.rounds} equal rounds")
+
+    @property
+    def mode(self) -> str:
+        """'latency' (one call per clock read) or 'throughput' (blocks of calls)."""
+        return LATENCY if self.block_size == 1 else THROUGHPUT
+
+    @property
+    def n(self) -> int:
+        """Number of samples."""
+        return len(self.samples_s)
+
+    @property
+    def per_call_s(self) -> np.ndarray:
+        """Each sample as seconds per call."""
+        return np.asarray(self.samples_s, dtype=np.float64) / self.block_size
+
+    @property
+    def per_item_s(self) -> np.ndarray:
+        """Each sample as seconds per item (a row, an example)."""
+        return self.per_call_s / self.items_per_call
+
+    def percentile_s(self, q: float) -> float:
+        """A true percentile of the per-call times (np.percentile, nothing trimmed)."""
+        return float(np.percentile(self.per_call_s, q))
+
+    @property
+    def median_s(self) -> float:
+        return self.percentile_s(50)
+
+    @property
+    def p90_s(self) -> float:
+        return self.percentile_s(90)
+
+    @property
+    def p99_s(self) -> float:
+        return self.percentile_s(99)
+
+    @property
+    def min_s(self) -> float:
+        return float(self.per_call_s.min())
+
+    @property
+    def max_s(self) -> float:
+        return float(self.per_call_s.max())
+
+    @property
+    def mean_s(self) -> float:
+        return float(self.per_call_s.mean())
+
+    @property
+    def iqr_s(self) -> float:
+        """Interquartile range of the per-call times."""
+        q1, q3 = np.percentile(self.per_call_s, [25, 75])
+        return float(q3 - q1)
+
+    @property
+    def ci95_s(self) -> tuple[float, float]:
+        """95% confidence interval of the median time per call (order statistics, distribution-free)."""
+        return stats.median_ci(self.per_call_s)
 
     @property
     def median_per_item_s(self) -> float:
-        """Median step time divided by the items in a step."""
-        return self.median_s / self.items_per_step
+        """Median time per call divided by the items in a call."""
+        return self.median_s / self.items_per_call
 
-    def to_dict(self, *, with_samples: bool = False) -> dict[str, Any]:
-        """The summary as a plain dict (samples only when asked: they can be long)."""
-        d = dataclasses.asdict(self)
-        if not with_samples:
-            d.pop("samples_s")
-        return d
+    @property
+    def items_per_s(self) -> float:
+        """Items per second at the median time."""
+        return self.items_per_call / self.median_s if self.median_s > 0 else float("inf")
+
+    @property
+    def relative_iqr(self) -> float:
+        """IQR over median: the spread that makes a measurement untrustworthy when large."""
+        return self.iqr_s / self.median_s if self.median_s > 0 else float("inf")
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Reasons not to trust this measurement, in words (empty when there are none)."""
+        found = []
+        if self.n >= 4 and self.relative_iqr > stats.UNSTABLE_IQR:
+            found.append(f"unstable: IQR is {self.relative_iqr:.0%} of the median (over "
+                         f"{stats.UNSTABLE_IQR:.0%}); the machine's speed moved during the measurement")
+        if self.n < 6:
+            found.append(f"only {self.n} samples: the 95% CI of the median is the whole range")
+        if self.overhead_s is not None and self.overhead_s > 0.1 * self.median_s * self.block_size:
+            found.append(f"sync and clock overhead ({self.overhead_s * 1e6:.1f} us) is over 10% of a sample: "
+                         f"time blocks of calls (throughput mode)")
+        return tuple(found)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures a record keeps beside the raw samples."""
+        return {"n": self.n, "block_size": self.block_size, "rounds": self.rounds, "mode": self.mode,
+                "first_call_s": self.first_call_s, "overhead_s": self.overhead_s,
+                "median_s": self.median_s, "iqr_s": self.iqr_s, "p90_s": self.p90_s, "p99_s": self.p99_s,
+                "ci95_s": list(self.ci95_s), "warnings": list(self.warnings)}
+
+    def __str__(self) -> str:
+        low, high = self.ci95_s
+        return (f"{self.name}: median {_time(self.median_s)} (95% CI {_time(low)}-{_time(high)}), "
+                f"IQR {_time(self.iqr_s)}, n={self.n}{' x ' + str(self.block_size) if self.block_size > 1 else ''}"
+                + "".join(f"\n  WARNING: {w}" for w in self.warnings))
+
+
+def _time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def versus(baseline: Measurement, candidate: Measurement, *, threshold: float = 0.0,
+           seed: int = 0) -> stats.Comparison:
+    """How many times faster `candidate` is than `baseline` per item, with a bootstrap 95% CI and a verdict.
+
+    Measurements taken by the same `interleave` (same rounds, same counts) are compared round by round.
+    """
+    paired = baseline.rounds > 1 and baseline.rounds == candidate.rounds and baseline.n == candidate.n
+    return stats.compare_times(baseline.per_item_s, candidate.per_item_s, names=(baseline.name, candidate.name),
+                               rounds=baseline.rounds if paired else None, threshold=threshold, seed=seed)
 
 
 def profiled(profile_dir: str | None, name: str) -> contextlib.AbstractContextManager:
     """A TensorBoard profiler trace of the enclosed block in profile_dir/<name>, or nothing when profile_dir is None."""
     if profile_dir is None:
         return contextlib.nullcontext()
-    # One folder per measurement: traces are named by the second they start, so two in one
-    # second would overwrite each other; TensorBoard shows each folder as a run.
+    # One folder per trace: traces are named by the second they start, so two in one second would
+    # overwrite each other; TensorBoard shows each folder as a run.
     run = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "run"
     return tf.profiler.experimental.Profile(str(Path(profile_dir) / run))
 
 
-class Benchmark:
-    """Times code: `Benchmark.run(fn, ...)` for per-step samples, `with Benchmark(name):` for a block."""
+_OVERHEAD: dict[tuple[bool, int], float] = {}
 
-    def __init__(self, name: str = "block", *, items: int = 1, clock: Clock = time.perf_counter):
-        if items < 1:
-            raise ValueError(f"items must be at least 1, got {items}")
-        self.name = name
-        self.items = items
-        self._clock = clock
-        self._start: float | None = None
-        self.result: BenchmarkResult | None = None
 
-    def __enter__(self) -> Benchmark:
-        sync()  # work queued before the block must not be billed to it
-        self._start = self._clock()
-        return self
+def sync_overhead_s(devices: bool, block_size: int = 1) -> float:
+    """What a sample costs when the function does nothing: two clock reads and the sync (cached per process)."""
+    key = (devices, block_size)
+    if key not in _OVERHEAD:
+        noop = lambda: None  # noqa: E731
+        samples = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            for _ in range(block_size):
+                noop()
+            sync(None, devices=devices)
+            samples.append(time.perf_counter() - t0)
+        _OVERHEAD[key] = float(np.median(samples))
+    return _OVERHEAD[key]
 
-    def __exit__(self, *exc: object) -> None:
-        sync()
-        elapsed = self._clock() - self._start
-        self.result = BenchmarkResult.from_samples(self.name, [elapsed], items_per_step=self.items)
 
-    @staticmethod
-    def run(
-        fn: Callable[[], Any],
-        *,
-        steps: int,
-        warmup: int = 1,
-        name: str | None = None,
-        items_per_step: int = 1,
-        clock: Clock = time.perf_counter,
-        sync_fn: Callable[[Any], None] | None = None,
-        profile_dir: str | None = None,
-    ) -> BenchmarkResult:
-        """Call `fn` once (timed apart: tracing, compiling), `warmup` times untimed, then `steps` times timed.
+class Timer:
+    """Times `fn`, which should return what it computed so that the clock can wait for it.
 
-        `fn` should return what it computed, so that the clock stops only when that is ready.
-        """
-        if steps < 1:
-            raise ValueError(f"steps must be at least 1, got {steps}")
+    Args:
+        items_per_call: examples (rows, samples) one call processes, for per-item figures.
+        block_size: calls per clock read. 1 is latency mode (sync after every call); K > 1 is
+            throughput mode (K calls queued back to back, one sync): per-call overhead that a
+            pipeline would hide is then hidden here too. "auto" picks K so that a block takes at
+            least 100 times the sync overhead.
+        sync_fn: how to wait for a result; default `sync` without a host copy.
+    """
+
+    def __init__(self, fn: Callable[[], Any], *, name: str | None = None, items_per_call: int = 1,
+                 block_size: int | str = 1, sync_fn: Callable[[Any], None] | None = None,
+                 clock: Clock = time.perf_counter):
+        if items_per_call < 1:
+            raise ValueError(f"items_per_call must be at least 1, got {items_per_call}")
+        if block_size != "auto" and (not isinstance(block_size, int) or block_size < 1):
+            raise ValueError(f"block_size must be a positive integer or 'auto', got {block_size!r}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "fn")
+        self.items_per_call = items_per_call
+        self.block_size = block_size
+        self.clock = clock
+        self._custom_sync = sync_fn is not None
+        self._devices = device_sync_needed()  # decided once: the check itself costs microseconds
+        self.sync_fn = sync_fn or (lambda result: sync(result, devices=self._devices))
+        self.first_call_s: float | None = None
+
+    def _sample(self, calls: int) -> float:
+        t0 = self.clock()
+        out = None
+        for _ in range(calls):
+            out = self.fn()
+        self.sync_fn(out)
+        return self.clock() - t0
+
+    def start(self, warmup: int = 1) -> float:
+        """The first call, timed apart (it traces and compiles), then `warmup` untimed calls; returns its time."""
         if warmup < 0:
             raise ValueError(f"warmup must be 0 or more, got {warmup}")
-        name = name or getattr(fn, "__name__", "fn")
-        if sync_fn is None:
-            devices = device_sync_needed()  # decided once: the check itself costs microseconds
-
-            def sync_fn(result: Any) -> None:
-                sync(result, devices=devices)
-
-        sync(devices=True)
-        t0 = clock()
-        sync_fn(fn())
-        first_call_s = clock() - t0
+        if self.first_call_s is None:
+            sync(devices=True)  # work queued before must not be billed to the first call
+            self.first_call_s = self._sample(1)
         for _ in range(warmup):
-            sync_fn(fn())
-        samples = []
-        with profiled(profile_dir, name):
-            for _ in range(steps):
-                t0 = clock()
-                out = fn()
-                sync_fn(out)
-                samples.append(clock() - t0)
-        return BenchmarkResult.from_samples(
-            name, samples, items_per_step=items_per_step, first_call_s=first_call_s
-        )
+            self.sync_fn(self.fn())
+        if self.block_size == "auto":
+            self.block_size = self._calibrate_block()
+        return self.first_call_s
+
+    def _calibrate_block(self) -> int:
+        """The smallest power of two of calls whose block takes 100x the sync overhead (at least 1 ms)."""
+        target = max(1e-3, 100 * self.overhead_s())
+        calls = 1
+        while calls < 1 << 16:
+            if self._sample(calls) >= target:
+                break
+            calls *= 2
+        return calls
+
+    def overhead_s(self) -> float | None:
+        """The sync and clock cost per sample, or None when a custom sync or clock makes it unknowable."""
+        if self._custom_sync or self.clock is not time.perf_counter:
+            return None
+        return sync_overhead_s(self._devices, 1)
+
+    def take(self, samples: int) -> list[float]:
+        """`samples` clock readings of `block_size` calls each (after `start`)."""
+        if self.first_call_s is None:
+            self.start()
+        return [self._sample(self.block_size) for _ in range(samples)]
+
+    def measure(self, steps: int | None = None, *, warmup: int = 1, min_time_s: float = 0.2,
+                min_samples: int = 10, max_samples: int = 100_000, profile_dir: str | None = None) -> Measurement:
+        """The first call, warm-up, then `steps` samples; with steps=None, samples until `min_time_s` has passed.
+
+        `profile_dir` traces a separate pass after the samples are taken: a profiler slows what it
+        watches, so its steps are never the recorded ones.
+        """
+        if steps is not None and steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
+        self.start(warmup)
+        if steps is not None:
+            samples = self.take(steps)
+        else:
+            samples, spent = [], 0.0
+            while len(samples) < max_samples and (spent < min_time_s or len(samples) < min_samples):
+                samples.append(self._sample(self.block_size))
+                spent += samples[-1]
+        self.profile(profile_dir, steps=min(len(samples), 10))
+        return self._measurement(samples, rounds=1)
+
+    def profile(self, profile_dir: str | None, *, steps: int = 10) -> None:
+        """A TensorBoard trace of `steps` more samples in profile_dir/<name>; nothing when profile_dir is None."""
+        if profile_dir is None:
+            return
+        with profiled(profile_dir, self.name):
+            self.take(steps)
+
+    def _measurement(self, samples: Sequence[float], *, rounds: int) -> Measurement:
+        return Measurement(name=self.name, samples_s=tuple(float(s) for s in samples), block_size=int(self.block_size),
+                           items_per_call=self.items_per_call, rounds=rounds, first_call_s=self.first_call_s,
+                           overhead_s=self.overhead_s())
+
+
+def interleave(timers: Sequence[Timer], *, rounds: int = 10, steps_per_round: int | None = None,
+               warmup: int = 1, min_time_s: float = 0.5, seed: int = 0,
+               profile_dir: str | None = None) -> list[Measurement]:
+    """Measure alternatives in `rounds` rounds, each taking `steps_per_round` samples of every timer in a
+    shuffled order, so that slow phases of the machine fall on all of them alike.
+
+    With steps_per_round=None, it is chosen from the warm-up so that all rounds of one timer take
+    about `min_time_s`. Compare the results with `versus`, which pairs them round by round.
+    """
+    if not timers:
+        raise ValueError("interleave needs at least one timer")
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    names = [t.name for t in timers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"timers need distinct names, got {names}")
+    for t in timers:
+        t.start(warmup)
+    if steps_per_round is None:
+        slowest = max(float(np.median(t.take(3))) for t in timers)
+        steps_per_round = max(1, int(min_time_s / rounds / max(slowest, 1e-9)))
+    if steps_per_round < 1:
+        raise ValueError(f"steps_per_round must be at least 1, got {steps_per_round}")
+    rng = np.random.default_rng(seed)
+    samples: list[list[float]] = [[] for _ in timers]
+    for _ in range(rounds):
+        for i in rng.permutation(len(timers)):
+            samples[i].extend(timers[i].take(steps_per_round))
+    for t in timers:
+        t.profile(profile_dir, steps=min(10, steps_per_round * rounds))
+    return [t._measurement(s, rounds=rounds) for t, s in zip(timers, samples)]
 
 
 @contextlib.contextmanager
 def synchronous_execution(enabled: bool) -> Iterator[None]:
     """Temporarily switch eager execution between synchronous and asynchronous."""
     before = tf.config.experimental.get_synchronous_execution()
-    sync()
+    sync(devices=True)
     tf.config.experimental.set_synchronous_execution(enabled)
     try:
         yield
     finally:
-        sync()
+        sync(devices=True)
         tf.config.experimental.set_synchronous_execution(before)
 
 
-def matmul_flops_per_s(
-    n: int = 1024, *, dtype: tf.DType = tf.float32, steps: int = 10, warmup: int = 2
-) -> float:
+def matmul_flops_per_s(n: int = 1024, *, dtype: tf.DType = tf.float32, steps: int | None = None) -> float:
     """Measured FLOP/s of an n x n x n matmul in a tf.function: the compute roof for dense layers."""
-    a = tf.random.normal([n, n], dtype=tf.float32, seed=1)
-    a = tf.cast(a, dtype)
+    a = tf.cast(tf.random.normal([n, n], dtype=tf.float32, seed=1), dtype)
     b = tf.cast(tf.random.normal([n, n], dtype=tf.float32, seed=2), dtype)
     matmul = tf.function(tf.linalg.matmul)
-    r = Benchmark.run(lambda: matmul(a, b), steps=steps, warmup=warmup, name=f"matmul{n}")
-    return 2.0 * n**3 / r.median_s
+    m = Timer(lambda: matmul(a, b), name=f"matmul{n}").measure(steps, warmup=2, min_time_s=0.1, min_samples=5)
+    return 2.0 * n**3 / m.median_s
 
 
 def peak_matmul_flops_per_s(sizes: tuple[int, ...] = (512, 1024, 2048), *, dtype: tf.DType = tf.float32,
-                            steps: int = 10) -> float:
+                            steps: int | None = None) -> float:
     """The best matmul FLOP/s over a few sizes: one size can miss the shape the library likes best."""
     return max(matmul_flops_per_s(n, dtype=dtype, steps=steps) for n in sizes)
 
 
-def timing_ms(result: BenchmarkResult) -> dict[str, float | None]:
-    """The usual columns of a timing table, in milliseconds per step."""
+def timing_ms(m: Measurement) -> dict[str, float | None]:
+    """The usual columns of a timing table, in milliseconds per call."""
     return {
-        "first_call_ms": None if result.first_call_s is None else result.first_call_s * 1e3,
-        "median_ms": result.median_s * 1e3,
-        "p90_ms": result.p90_s * 1e3,
-        "p99_ms": result.p99_s * 1e3,
+        "first_call_ms": None if m.first_call_s is None else m.first_call_s * 1e3,
+        "median_ms": m.median_s * 1e3,
+        "p90_ms": m.p90_s * 1e3,
+        "p99_ms": m.p99_s * 1e3,
     }

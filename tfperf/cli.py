@@ -116,15 +116,38 @@ def _records(path: str) -> list[dict]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Print, row by row, how run B compares with run A."""
-    from tfperf.report import compare, fmt
+    """Row by row, how run B compares with run A; exit 1 when a row regressed significantly."""
+    from tfperf.compare import IMPROVED, REGRESSED, compare_runs
+    from tfperf.report import fmt
 
-    rows = compare(_records(args.a), _records(args.b))
-    if not rows:
+    a, b = _records(args.a), _records(args.b)
+    result = compare_runs(a, b, threshold=args.threshold)
+    if not result.rows and not result.metric_mismatches:
         raise UserError(f"{args.a} and {args.b} share no (recipe, table, row): nothing to compare")
-    print(f"| table | row | metric | A | B | B vs A |\n|---|---|---|---|---|---|")
-    for table, row, metric, a, b, ratio in rows:
-        print(f"| {table} | {row} | {metric} | {fmt(a)} | {fmt(b)} | {ratio:.2f}x |")
+    for name, (va, vb) in {**result.env_differences, **result.args_differences}.items():
+        print(f"warning: {name} differs: {va!r} in A, {vb!r} in B", file=sys.stderr)
+    print(f"| table | row | metric | A | B | B vs A (95% CI) | p | change |\n|---|---|---|---|---|---|---|---|")
+    for r in result.rows:
+        ci = f" ({r.ci95[0]:.2f}-{r.ci95[1]:.2f})" if r.ci95 else ""
+        p = f"{r.p_value:.3g}" if r.p_value is not None else "-"
+        status = r.status + (" (no samples)" if r.ci95 is None else "")
+        print(f"| {r.key[0]}: {r.key[1]} | {r.key[2]} | {r.metric} | {fmt(r.a)} | {fmt(r.b)} | "
+              f"{r.ratio:.3f}x{ci} | {p} | {status} |")
+    for label, keys in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
+        for key in keys:
+            print(f"{label}: {' / '.join(key)}")
+    for line in result.metric_mismatches:
+        print(f"not compared: {line}")
+    if result.geometric_mean is not None:
+        print(f"geometric mean of B vs A: {result.geometric_mean:.3f}x over {len(result.rows)} rows")
+    improved = [r for r in result.rows if r.status == IMPROVED]
+    print(f"{len(improved)} improved, {len(result.regressions)} regressed beyond {args.threshold:.0%} "
+          f"(significance {0.05}), {len(result.rows) - len(improved) - len(result.regressions)} without a "
+          f"significant change")
+    if result.regressions:
+        print("regressed: " + "; ".join(f"{r.key[1]} / {r.key[2]} ({1 / r.ratio:.2f}x worse)"
+                                        for r in result.regressions), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -244,6 +267,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0 if report.safe else 1
 
 
+def fraction(text: str) -> float:
+    """A non-negative fraction such as 0.05."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number such as 0.05, got {text!r}") from None
+    if not 0 <= value < 10:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 10, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `tfperf` parser with its subcommands."""
     p = flags.ArgumentParser(prog="tfperf", description=__doc__)
@@ -260,9 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir", nargs="?", default="results")
     report.set_defaults(func=cmd_report)
 
-    comp = sub.add_parser("compare", help="ratio of two runs' records, row by row")
-    comp.add_argument("a", help="records of run A (.jsonl)")
+    comp = sub.add_parser("compare", help="two runs' records row by row, with CIs; exit 1 on a significant regression")
+    comp.add_argument("a", help="records of run A, the baseline (.jsonl)")
     comp.add_argument("b", help="records of run B (.jsonl)")
+    comp.add_argument("--threshold", type=fraction, default=0.05,
+                      help="smallest change that counts, as a fraction (default 0.05: 5%%)")
     comp.set_defaults(func=cmd_compare)
 
     train = sub.add_parser("train", help="train a model with checkpoints; a rerun resumes from the latest")

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tfperf import stats
 from tfperf.results import atomic_write_text, read_records
 
 Record = Mapping[str, Any]
@@ -45,20 +46,71 @@ def group_tables(records: Iterable[Record]) -> dict[tuple[str, str], list[Record
     return tables
 
 
+def row_ratio(record: Record, baseline: Record) -> tuple[float, tuple[float, float] | None, str | None]:
+    """`record` against `baseline`: (speedup on the primary metric, its 95% CI, verdict).
+
+    A row that carries its own comparison (measured interleaved with its `versus` row) uses it;
+    otherwise, when both rows kept their samples, the CI is bootstrapped from them as independent
+    sets; rows without samples get no CI and no verdict.
+    """
+    point = speedup(record, baseline)
+    if record.get("verdict") and record.get("versus") == baseline["row"]:
+        return float(record["ratio"]), tuple(record["ratio_ci95"]), record["verdict"]
+    if record is baseline or not (record.get("samples_s") and baseline.get("samples_s")) or not math.isfinite(point):
+        return point, None, None
+    a, b = per_call_samples(baseline), per_call_samples(record)
+    per_call, (low, high) = stats.ratio_ci(a, b)
+    # The primary metric is proportional to the time per call (or its inverse), so its ratio is the
+    # per-call ratio times a constant: scale the interval by the same constant.
+    scale = point / per_call
+    ci = (low * scale, high * scale)
+    return point, ci, stats.verdict(ci)
+
+
+def per_call_samples(record: Record) -> list[float]:
+    """A timed record's samples as seconds per call (blocks divided by their size)."""
+    block = (record.get("timing") or {}).get("block_size", 1)
+    return [s / block for s in record["samples_s"]]
+
+
 def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = None) -> str:
-    """A Markdown table of one recipe table, with a speedup column against its first row when that means something."""
+    """A Markdown table of one recipe table: metrics, the primary metric's 95% CI, and each row against
+    the row it was compared with (or the first row) with the ratio's CI and verdict."""
     if not records:
         raise ValueError("no records to tabulate")
     if columns is None:
         columns = list(dict.fromkeys(k for r in records for k in r["metrics"]))
     ratios = len(records) > 1 and records[0].get("versus_first", True)
-    header = ["", *columns, *([f"speedup vs {records[0]['row']}"] if ratios else [])]
+    with_ci = any(r.get("ci95") for r in records)
+    compared = any(r.get("verdict") for r in records)
+    header = ["", *columns, *([f"{records[0]['primary']} 95% CI"] if with_ci else []),
+              *([f"speedup vs {records[0]['row']}"] if ratios and not compared else []),
+              *(["speedup (95% CI): verdict"] if compared else [])]
+    by_row = {r["row"]: r for r in records}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    notes = []
     for r in records:
-        cells = [r["row"], *(fmt(r["metrics"].get(c)) for c in columns),
-                 *([f"{speedup(r, records[0]):.2f}x"] if ratios else [])]
+        warnings = (r.get("timing") or {}).get("warnings") or []
+        name = r["row"] + (" (!)" if warnings else "")
+        notes += [f"(!) {r['row']}: {w}" for w in warnings]
+        cells = [name, *(fmt(r["metrics"].get(c)) for c in columns)]
+        if with_ci:
+            cells.append(f"{fmt(r['ci95'][0])}-{fmt(r['ci95'][1])}" if r.get("ci95") else "-")
+        if compared:
+            base = by_row.get(r.get("versus")) if r.get("versus") else None
+            cells.append(_ratio_cell(r, base, name_baseline=True) if base is not None else "-")
+        elif ratios:
+            cells.append(_ratio_cell(r, records[0], name_baseline=False))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _ratio_cell(record: Record, baseline: Record, *, name_baseline: bool) -> str:
+    point, ci, word = row_ratio(record, baseline)
+    if ci is None:
+        return f"{point:.2f}x"
+    than = f" than {baseline['row']}" if name_baseline and word != stats.NO_DIFFERENCE else ""
+    return f"{point:.2f}x ({ci[0]:.2f}-{ci[1]:.2f}): {word}{than}"
 
 
 def slug(text: str) -> str:
@@ -185,17 +237,3 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = ()) -> Path:
     report = results_dir / "report.md"
     atomic_write_text(report, "\n".join(parts))
     return report
-
-
-def compare(a: Sequence[Record], b: Sequence[Record]) -> list[tuple[str, str, str, float, float, float]]:
-    """Rows present in both runs: (table, row, metric, value in A, value in B, B's speedup over A)."""
-    index = {(r["recipe"], r["table"], r["row"]): r for r in a}
-    rows = []
-    for r in b:
-        base = index.get((r["recipe"], r["table"], r["row"]))
-        if base is None:
-            continue
-        key = r["primary"]
-        rows.append((f"{r['recipe']}: {r['table']}", r["row"], key,
-                     float(base["metrics"][key]), float(r["metrics"][key]), speedup(r, base)))
-    return rows

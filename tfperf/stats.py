@@ -1,0 +1,168 @@
+"""Statistics for timings: confidence intervals of medians and ratios, a rank test, and verdicts.
+
+NumPy only, no TensorFlow: `tfperf compare` uses it on stored samples and answers at once.
+Timings are skewed (a floor, and a tail of interruptions), so everything here is built on medians
+and ranks, never on means and standard deviations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+FASTER, SLOWER, NO_DIFFERENCE = "faster", "slower", "no measurable difference"
+# torch.utils.benchmark's rule: an interquartile range over 10% of the median means the machine moved.
+UNSTABLE_IQR = 0.10
+
+
+def _log_binom_half_cdf(n: int) -> np.ndarray:
+    """log P(X <= k) for k = 0..n, X ~ Binomial(n, 1/2), in log space so that large n does not underflow."""
+    log_pmf = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in range(n + 1)])
+    return np.logaddexp.accumulate(log_pmf - n * math.log(2))
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median, from order statistics.
+
+    The number of samples below the true median is Binomial(n, 1/2) whatever the distribution, so
+    the interval [x_(k), x_(n-k+1)] covers it with probability 1 - 2 P(X < k). With too few samples
+    for the confidence asked (n < 6 at 95%), the interval is the whole range [min, max].
+    """
+    x = np.sort(np.asarray(samples, dtype=np.float64))
+    n = len(x)
+    if n == 0:
+        raise ValueError("no samples: a confidence interval needs at least one")
+    alpha = 1.0 - confidence
+    # The largest k (1-based) with P(X <= k - 1) <= alpha / 2, at most n // 2.
+    k = min(int(np.sum(_log_binom_half_cdf(n) <= math.log(alpha / 2))), n // 2)
+    if k == 0:
+        return float(x[0]), float(x[-1])
+    return float(x[k - 1]), float(x[n - k])
+
+
+def _rounds(samples: np.ndarray, rounds: int) -> np.ndarray:
+    if rounds < 1 or len(samples) % rounds:
+        raise ValueError(f"{len(samples)} samples do not split into {rounds} equal rounds")
+    return samples.reshape(rounds, -1)
+
+
+def ratio_ci(
+    baseline: Sequence[float],
+    candidate: Sequence[float],
+    *,
+    rounds: int | None = None,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, tuple[float, float]]:
+    """median(baseline) / median(candidate), with a percentile-bootstrap confidence interval.
+
+    With `rounds`, both sample sets were taken in that many interleaved rounds (round i of one beside
+    round i of the other, equal samples per round): the bootstrap then draws whole rounds, the same
+    ones for both, so that a drift of the machine's speed moves both sides together and cancels in
+    the ratio. Without it the two sets are independent (two separate runs) and are drawn apart.
+    For times, the ratio is how many times faster the candidate is.
+    """
+    a = np.asarray(baseline, dtype=np.float64)
+    b = np.asarray(candidate, dtype=np.float64)
+    if len(a) == 0 or len(b) == 0:
+        raise ValueError("a ratio needs samples on both sides")
+    point = float(np.median(a) / np.median(b))
+    rng = np.random.default_rng(seed)
+    if rounds is not None:
+        ra, rb = _rounds(a, rounds), _rounds(b, rounds)
+        picks = rng.integers(0, rounds, size=(resamples, rounds))
+        med_a = np.median(ra[picks].reshape(resamples, -1), axis=1)
+        med_b = np.median(rb[picks].reshape(resamples, -1), axis=1)
+    else:
+        med_a = np.median(a[rng.integers(0, len(a), size=(resamples, len(a)))], axis=1)
+        med_b = np.median(b[rng.integers(0, len(b), size=(resamples, len(b)))], axis=1)
+    ratios = med_a / med_b
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return point, (float(low), float(high))
+
+
+def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of the Mann-Whitney U test (normal approximation with tie correction)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("the rank test needs samples on both sides")
+    both = np.concatenate([x, y])
+    order = both.argsort(kind="mergesort")
+    ranks = np.empty(len(both))
+    sorted_values = both[order]
+    # Average ranks for ties.
+    i = 0
+    while i < len(both):
+        j = i
+        while j + 1 < len(both) and sorted_values[j + 1] == sorted_values[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    _, counts = np.unique(both, return_counts=True)
+    n = n1 + n2
+    variance = n1 * n2 / 12 * ((n + 1) - (counts**3 - counts).sum() / (n * (n - 1) if n > 1 else 1))
+    if variance <= 0:
+        return 1.0
+    z = (abs(u - n1 * n2 / 2) - 0.5) / math.sqrt(variance)  # with continuity correction
+    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+
+
+def verdict(ci: tuple[float, float], *, threshold: float = 0.0) -> str:
+    """"faster" when the whole speedup CI is above 1 + threshold, "slower" when below 1 / (1 + threshold)."""
+    low, high = ci
+    if low > 1.0 + threshold:
+        return FASTER
+    if high < 1.0 / (1.0 + threshold):
+        return SLOWER
+    return NO_DIFFERENCE
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """How many times faster a candidate is than a baseline, with its CI and the verdict it supports."""
+
+    baseline: str
+    candidate: str
+    ratio: float
+    ci95: tuple[float, float]
+    verdict: str
+    paired: bool
+
+    def describe(self) -> str:
+        """'1.42x faster (95% CI 1.31-1.55x)' or 'no measurable difference (0.97x, CI 0.91-1.04x)'."""
+        low, high = self.ci95
+        if self.verdict == FASTER:
+            return f"{self.ratio:.2f}x faster (95% CI {low:.2f}-{high:.2f}x)"
+        if self.verdict == SLOWER:
+            return f"{1 / self.ratio:.2f}x slower (95% CI {1 / high:.2f}-{1 / low:.2f}x)"
+        return f"no measurable difference ({self.ratio:.2f}x, 95% CI {low:.2f}-{high:.2f}x)"
+
+
+def compare_times(
+    baseline: Sequence[float],
+    candidate: Sequence[float],
+    *,
+    names: tuple[str, str] = ("baseline", "candidate"),
+    rounds: int | None = None,
+    threshold: float = 0.0,
+    seed: int = 0,
+) -> Comparison:
+    """Compare two sets of times (seconds per item): the candidate's speedup over the baseline."""
+    ratio, ci = ratio_ci(baseline, candidate, rounds=rounds, seed=seed)
+    return Comparison(baseline=names[0], candidate=names[1], ratio=ratio, ci95=ci,
+                      verdict=verdict(ci, threshold=threshold), paired=rounds is not None)
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """The geometric mean: the right average of ratios (a 2x and a 0.5x cancel)."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0 or np.any(v <= 0):
+        raise ValueError("a geometric mean needs positive values")
+    return float(np.exp(np.log(v).mean()))

@@ -25,7 +25,7 @@ import sys
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Benchmark
+from tfperf.bench import Timer
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     kinds = {"large matmuls (1024, 4 ops)": (1024, 4), "small chain (64, 400 ops)": (64, 400)}
 
     def measure(table, row, fn, **extra):
-        r = Benchmark.run(fn, steps=args.steps, warmup=args.warmup, name=row, profile_dir=args.profile)
+        r = Timer(fn, name=row).measure(args.steps, warmup=args.warmup, profile_dir=args.profile)
         rec.add(table, row, {"ms": r.median_s * 1e3, "p90_ms": r.p90_s * 1e3, **extra}, primary="ms",
-                lower_is_better=True)
+                lower_is_better=True, measurement=r)
         return r.median_s
 
     # Each job alone, then both in one graph: the executor starts whatever is ready ------------------

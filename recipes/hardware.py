@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Benchmark, matmul_flops_per_s
+from tfperf.bench import Timer, matmul_flops_per_s
 from tfperf.catalog import MODEL_NAMES
 from tfperf.models import activation_bytes, flops, get_net
 from tfperf.report import markdown_table, save_figure, write_conclusion
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
     numpy_copy = best_of(lambda: np.copyto(dst, src), args.steps)
     x = tf.ones([n])
     total = tf.function(tf.reduce_sum)  # reads every float once and writes one: a pure read stream
-    tf_stream = Benchmark.run(lambda: total(x), steps=args.steps, warmup=args.warmup, name="stream",
-                              profile_dir=args.profile).min_s
+    tf_stream = Timer(lambda: total(x), name="stream").measure(args.steps, warmup=args.warmup,
+                                                               profile_dir=args.profile).min_s
     rec.add(MEMORY, "NumPy copy (one core, read + write)", {"gb_per_s": 2 * 4 * n / numpy_copy / 1e9,
                                                             "mb": args.stream_mb}, primary="gb_per_s",
             lower_is_better=False)
@@ -182,8 +182,8 @@ def main(argv=None) -> int:
         batch = 64
         xb = tf.random.normal([batch, *model.input_shape[1:]])
         forward = tf.function(lambda x: model(x, training=False))
-        r = Benchmark.run(lambda: forward(xb), steps=max(3, args.steps // 2), warmup=args.warmup, name=name,
-                          profile_dir=args.profile)
+        r = Timer(lambda: forward(xb), name=name).measure(max(3, args.steps // 2), warmup=args.warmup,
+                                                          profile_dir=args.profile)
         work = flops(model) * batch
         traffic = 4 * model.count_params() + activation_bytes(model, batch) + xb.numpy().nbytes
         intensity = work / traffic

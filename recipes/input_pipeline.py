@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Benchmark, profiled
+from tfperf.bench import Timer, profiled
 from tfperf.models import get_net
 from tfperf.report import markdown_table, timeline_chart, write_conclusion
 from tfperf.results import Recorder
@@ -56,8 +56,8 @@ def main(argv=None) -> int:
 
     # The model step alone, data already in memory: the lower bound --------------------------------
     x0, y0 = tf.constant(images[:args.batch_size]), tf.constant(labels[:args.batch_size])
-    step = Benchmark.run(lambda: train_step(x0, y0), steps=args.steps, warmup=args.warmup, name="model step",
-                         items_per_step=args.batch_size)
+    step = Timer(lambda: train_step(x0, y0), name="model step", items_per_call=args.batch_size).measure(
+        args.steps, warmup=args.warmup)
     load_s = (args.load_ms / 1e3) if args.load_ms else 2 * step.median_s
     print(f"model step {step.median_s * 1e3:.1f} ms; loading one batch {load_s * 1e3:.1f} ms", flush=True)
 

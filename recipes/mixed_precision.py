@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Benchmark, matmul_flops_per_s
+from tfperf.bench import Timer, matmul_flops_per_s
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
 from tfperf.models import activation_bytes, get_net
 from tfperf.precision import dtype_policy, hardware_summary
@@ -94,8 +94,8 @@ def main(argv=None) -> int:
         if gpu:
             tf.config.experimental.reset_memory_stats("GPU:0")
         x0, y0 = batches[0]
-        speed = Benchmark.run(lambda: train_step(x0, y0), steps=args.steps, warmup=args.warmup, name=policy,
-                              items_per_step=args.batch_size, profile_dir=args.profile)
+        speed = Timer(lambda: train_step(x0, y0), name=policy, items_per_call=args.batch_size).measure(
+            args.steps, warmup=args.warmup, profile_dir=args.profile)
         losses = [float(train_step(x, y)) for x, y in batches]  # continues from the timed steps' weights
         tail = float(np.mean(losses[-10:]))
         dtype = tf.float16 if policy == "mixed_float16" else tf.bfloat16 if policy == "mixed_bfloat16" else tf.float32

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Benchmark, timing_ms
+from tfperf.bench import Timer, interleave, timing_ms, versus
 from tfperf.models import default_input_shape, get_net
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
@@ -88,17 +88,22 @@ def main(argv=None) -> None:
                 primary="seconds", lower_is_better=True)
 
         # Steady state: the same batch through both, p50 and p99 ------------------------------------
-        outputs_match = True
+        outputs_match, reloaded_vs = True, {}
         for batch in args.batches:
             x = tf.random.normal([batch, *shape], seed=args.seed)
             want, got = in_process(x)["probabilities"].numpy(), signature(inputs=x)["probabilities"].numpy()
             outputs_match &= bool(np.allclose(want, got, rtol=1e-5, atol=1e-6))
-            for row, fn in ((f"in-process, batch {batch}", lambda: in_process(x)),
-                            (f"reloaded, batch {batch}", lambda: signature(inputs=x))):
-                r = Benchmark.run(fn, steps=args.steps, warmup=args.warmup, name=row, items_per_step=batch,
-                                  profile_dir=args.profile)
-                rec.add(LATENCY, row, {"us_per_row": r.median_per_item_s * 1e6, **timing_ms(r)},
-                        primary="us_per_row", lower_is_better=True)
+            # Both in the same interleaved rounds, so that the ratio is not the machine's drift.
+            mine, theirs = interleave([Timer(lambda: in_process(x), name=f"in-process, batch {batch}",
+                                             items_per_call=batch),
+                                       Timer(lambda: signature(inputs=x), name=f"reloaded, batch {batch}",
+                                             items_per_call=batch)],
+                                      samples=args.steps, warmup=args.warmup, seed=args.seed,
+                                      profile_dir=args.profile)
+            reloaded_vs[batch] = versus(mine, theirs)
+            for m, c in ((mine, None), (theirs, reloaded_vs[batch])):
+                rec.add(LATENCY, m.name, {"us_per_row": m.median_per_item_s * 1e6, **timing_ms(m)},
+                        primary="us_per_row", lower_is_better=True, measurement=m, comparison=c)
         retraces = in_process.experimental_get_tracing_count() - 1
 
     # Results --------------------------------------------------------------------------------------
@@ -110,16 +115,15 @@ def main(argv=None) -> None:
 
     # Conclusion, from this run's numbers -----------------------------------------------------------
     lat = {r["row"]: r["metrics"] for r in rec.table(LATENCY)}
-    ratios = [lat[f"reloaded, batch {b}"]["median_ms"] / lat[f"in-process, batch {b}"]["median_ms"]
-              for b in args.batches]
     p99_over_p50 = max(m["p99_ms"] / m["median_ms"] for m in lat.values())
     small, large = args.batches[0], args.batches[-1]
     conclusion = (
         f"A fresh serving process needs {cold['import_s']:.1f} s to import TensorFlow and "
         f"{cold['load_s'] + cold['first_call_s']:.2f} s to load the {args.model} SavedModel and answer its "
         f"first request, so keep servers warm and send a warm-up request before taking traffic. Once warm, "
-        f"the reloaded signature runs at {min(ratios):.2f}-{max(ratios):.2f}x the in-process model's median "
-        f"latency: it is the same graph, without Keras. Batching is the lever: "
+        f"the reloaded signature against the in-process model: "
+        f"{'; '.join(f'at batch {b}, {c.describe()}' for b, c in reloaded_vs.items())}. It is the same graph, "
+        f"without Keras. Batching is the lever: "
         f"{lat[f'reloaded, batch {small}']['us_per_row']:.0f} us per row at batch {small} against "
         f"{lat[f'reloaded, batch {large}']['us_per_row']:.1f} at batch {large}. The worst p99 is "
         f"{p99_over_p50:.1f}x its median on this shared machine: quote tails, not just medians. Outputs "

@@ -53,7 +53,7 @@ def probe_compute(batch_size: int, steps: int) -> dict:
     import keras
     import tensorflow as tf
 
-    from tfperf.bench import Benchmark
+    from tfperf.bench import Timer
     from tfperf.data import load_arrays
     from tfperf.models import get_net
     from tfperf.train import make_train_step
@@ -66,7 +66,7 @@ def probe_compute(batch_size: int, steps: int) -> dict:
     x, y = tf.constant(data.x_train[:batch_size]), tf.constant(data.y_train[:batch_size])
 
     step = make_train_step(model, optimizer, loss_fn)
-    r = Benchmark.run(lambda: step(x, y), steps=steps, warmup=5, name="t1")
+    r = Timer(lambda: step(x, y), name="t1").measure(steps, warmup=5)
     return {"t1_s": r.median_s, "gradient_bytes": 4 * model.count_params()}
 
 

@@ -1,8 +1,8 @@
 """The training ladder: one model, one data set, one change at a time from plain `model.fit`.
 
-Each rung adds one technique to the best configuration so far and keeps it only if it is faster and
-no less accurate, so the last kept rung is the best configuration this machine found, with the price
-of each step on the way.
+Each rung adds one technique to the best configuration so far and keeps it only if it is measurably
+faster and no less accurate, so the last kept rung is the best configuration this machine found, with
+the price of each step on the way.
 
 Run:   python recipes/training_ladder.py --quick          (about two minutes on 2 CPU cores)
        python recipes/training_ladder.py --model resnet18 (slow on a CPU)
@@ -16,6 +16,11 @@ depends on the model and the machine, so this recipe measures them in order on t
 data. Every rung trains from the same initial weights for the same number of epochs (the same
 examples seen), so its test accuracy shows a rung that is faster but worse. MFU (model FLOPs
 utilisation) is the training FLOPs per second over the matmul FLOP/s measured in this same run.
+
+A rung is judged against the best configuration so far trained beside it: one epoch of each in turn,
+in shuffled order, for several rounds, so that the machine's drift falls on both. The rung is kept
+only when the 95% confidence interval of its speedup lies above 1 + MIN_GAIN; a rerun may then find
+"no measurable difference" where this one found a gain, but never the opposite verdict.
 """
 
 import os
@@ -25,24 +30,23 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import dataclasses
 import math
 import sys
-import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import peak_matmul_flops_per_s, profiled
+from tfperf.bench import Elapsed, Timer, interleave, peak_matmul_flops_per_s, versus
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
 from tfperf.models import flops, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder
-from tfperf.train import accuracy, fit_timed
+from tfperf.stats import FASTER
+from tfperf.train import EpochTimer, accuracy
 
-TABLE = "training ladder"
+TABLE, FINAL = "training ladder", "best configuration vs plain fit"
 ACCURACY_TOLERANCE = 0.05  # a rung may lose at most this much test accuracy against plain fit
-KEEP_IF_FASTER = 1.05  # and must be at least 5% faster than the best so far: smaller gains are noise here
+MIN_GAIN = 0.02  # and its speedup's CI must clear 1.02: gains smaller than this are not worth a change
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,48 +59,58 @@ class Config:
     custom_loop: bool = False
 
 
-def train(cfg: Config, model_name: str, data, epochs: int, lr: float, seed: int, profile: str | None, row: str):
-    """Train from the seed's initial weights; (epoch times, final training loss, test accuracy, model)."""
-    keras.utils.set_random_seed(seed)
-    with dtype_policy(cfg.policy):
-        model = get_net(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
-    # Larger batches take fewer steps per epoch; the square-root rule keeps Adam's progress per epoch similar.
-    optimizer = keras.optimizers.Adam(lr * math.sqrt(cfg.batch / 32))
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    ds = to_dataset(data.x_train, data.y_train, batch_size=cfg.batch, seed=seed).cache()
-    if cfg.custom_loop:
-        if cfg.policy == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # fit adds it itself; a loop must
+class Trainer:
+    """One configuration from the seed's initial weights; each call of `epoch` trains one more epoch."""
 
-        @tf.function(jit_compile=cfg.jit is True)
-        def train_epoch(ds):  # the whole epoch is one graph call: no Python between steps
-            total, count = tf.constant(0.0), tf.constant(0.0)
-            for x, y in ds:
-                with tf.GradientTape() as tape:
-                    loss = loss_fn(y, model(x, training=True))
-                    scaled = optimizer.scale_loss(loss)
-                grads = tape.gradient(scaled, model.trainable_variables)
-                optimizer.apply_gradients(zip(grads, model.trainable_variables))
-                total, count = total + loss, count + 1.0
-            return total / count
+    def __init__(self, cfg: Config, model_name: str, data, lr: float, seed: int):
+        self.cfg, self.data, self.losses = cfg, data, []
+        keras.utils.set_random_seed(seed)
+        with dtype_policy(cfg.policy):
+            self.model = get_net(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
+        # Larger batches take fewer steps per epoch; the square-root rule keeps Adam's progress per epoch similar.
+        optimizer = keras.optimizers.Adam(lr * math.sqrt(cfg.batch / 32))
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.ds = to_dataset(data.x_train, data.y_train, batch_size=cfg.batch, seed=seed).cache()
+        if cfg.custom_loop:
+            if cfg.policy == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # fit adds it itself; a loop must
+            model = self.model
 
-        epoch_s, loss = [], float("nan")
-        for epoch in range(epochs):
-            with profiled(profile if epoch > 0 else None, row):
-                t0 = time.perf_counter()
-                loss = float(train_epoch(ds))
-                epoch_s.append(time.perf_counter() - t0)
-    else:
-        model.compile(optimizer=optimizer, loss=loss_fn, metrics=["accuracy"], jit_compile=cfg.jit,
-                      steps_per_execution=cfg.steps_per_execution)
-        x = ds if cfg.pipeline == "tf.data" else data.x_train
-        y = None if cfg.pipeline == "tf.data" else data.y_train
-        batch = None if cfg.pipeline == "tf.data" else cfg.batch
-        shuffle = cfg.pipeline != "tf.data"  # a tf.data pipeline shuffles itself
-        history, timer = fit_timed(model, x, y, epochs=epochs, profile_dir=profile, profile_name=row,
-                                   batch_size=batch, verbose=0, shuffle=shuffle)
-        epoch_s, loss = timer.epoch_s, history.history["loss"][-1]
-    return epoch_s, float(loss), accuracy(model, data.x_test, data.y_test), model
+            # A custom loop: the whole epoch is one graph call, no Python between steps
+            @tf.function(jit_compile=cfg.jit is True)
+            def train_epoch(ds):
+                total, count = tf.constant(0.0), tf.constant(0.0)
+                for x, y in ds:
+                    with tf.GradientTape() as tape:
+                        loss = loss_fn(y, model(x, training=True))
+                        scaled = optimizer.scale_loss(loss)
+                    grads = tape.gradient(scaled, model.trainable_variables)
+                    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                    total, count = total + loss, count + 1.0
+                return total / count
+
+            self.train_epoch = train_epoch
+        else:
+            self.model.compile(optimizer=optimizer, loss=loss_fn, jit_compile=cfg.jit,
+                               steps_per_execution=cfg.steps_per_execution)
+            self.timer = EpochTimer()
+
+    def epoch(self):
+        """One epoch; `fit` reports the epoch's own time, without the set-up each `fit` call does."""
+        if self.cfg.custom_loop:
+            loss = self.train_epoch(self.ds)
+            self.losses.append(loss)
+            return loss
+        tf_data = self.cfg.pipeline == "tf.data"
+        history = self.model.fit(self.ds if tf_data else self.data.x_train, None if tf_data else self.data.y_train,
+                                 batch_size=None if tf_data else self.cfg.batch, shuffle=not tf_data, epochs=1,
+                                 verbose=0, callbacks=[self.timer])
+        self.losses.append(history.history["loss"][-1])
+        return Elapsed(self.timer.epoch_s[-1])
+
+    @property
+    def xla(self) -> bool:
+        return self.cfg.jit is True if self.cfg.custom_loop else bool(self.model.jit_compile)
 
 
 def main(argv=None) -> int:
@@ -104,11 +118,12 @@ def main(argv=None) -> int:
     p = flags.parser(__doc__)
     flags.add_model_flag(p, "cnn")
     flags.add_dataset_flag(p, "mnist-5k")
-    p.add_argument("--epochs", type=flags.positive_int, help="epochs per rung; the first is not timed")
+    p.add_argument("--rounds", type=flags.positive_int,
+                   help="timed epochs of each configuration per comparison, after one untimed (compiling) epoch")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate at batch 32")
     p.add_argument("--batches", type=flags.positive_int, nargs="+", help="batch sizes of the sweep")
     p.add_argument("--train-size", type=flags.positive_int, help="training examples used (default: all)")
-    args = flags.parse(p, argv, sizes={"epochs": (5, 3), "train_size": (10**9, 10**9)})
+    args = flags.parse(p, argv, sizes={"rounds": (10, 6), "train_size": (10**9, 10**9)})
     args.batches = args.batches or [64, 128, 256]
     try:
         data = load_arrays(args.dataset, seed=args.seed)
@@ -120,66 +135,91 @@ def main(argv=None) -> int:
     rec = Recorder("training_ladder", vars(args))
     peak = peak_matmul_flops_per_s()
     train_flops = 3 * flops(get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes))
-    print(f"{args.model} on {args.dataset}: {len(data.x_train)} training examples, {args.epochs} epochs per rung; "
-          f"{train_flops / 1e6:.1f} MFLOP per training example; matmul peak {peak / 1e9:.0f} GFLOP/s; "
-          f"{hardware_summary()}", flush=True)
+    examples = len(data.x_train)
+    print(f"{args.model} on {args.dataset}: {examples} training examples, {args.rounds} timed epochs per "
+          f"configuration and comparison; {train_flops / 1e6:.1f} MFLOP per training example; matmul peak "
+          f"{peak / 1e9:.0f} GFLOP/s; {hardware_summary()}", flush=True)
+
+    def race(a: tuple[str, Config], b: tuple[str, Config]):
+        """Train both from the same initial weights, an epoch of each in turn: their Measurements and Trainers."""
+        trainers = [Trainer(cfg, args.model, data, args.lr, args.seed) for _, cfg in (a, b)]
+        timers = [Timer(t.epoch, name=row, items_per_call=examples) for (row, _), t in zip((a, b), trainers)]
+        # --profile traces one more epoch of each, after the timed ones.
+        return interleave(timers, rounds=args.rounds, samples=args.rounds, warmup=0, seed=args.seed,
+                          profile_dir=args.profile, profile_steps=1), trainers
+
+    def record(table, row, m, trainer, comparison=None, kept=None):
+        loss = float(trainer.losses[-1])
+        acc = accuracy(trainer.model, data.x_test, data.y_test)
+        metrics = {"samples_per_s": m.items_per_s, "mfu": train_flops * m.items_per_s / peak,
+                   "first_epoch_s": m.first_call_s, "final_loss": loss, "test_accuracy": acc,
+                   "xla": trainer.xla, "batch": trainer.cfg.batch}
+        if kept is not None:
+            metrics["kept"] = kept
+        rec.add(table, row, metrics, primary="samples_per_s", lower_is_better=False, measurement=m,
+                comparison=comparison)
+        return metrics
 
     # The ladder: each rung changes one thing in the best configuration so far ---------------------
-    rungs = [("plain fit", lambda c: Config()),
-             ("jit_compile=True", lambda c: dataclasses.replace(c, jit=True)),  # XLA: fuse the step's ops
+    rungs = [("jit_compile=True", lambda c: dataclasses.replace(c, jit=True)),  # XLA: fuse the step's ops
              ("steps_per_execution=16", lambda c: dataclasses.replace(c, steps_per_execution=16)),
              *[(f"batch {b}", lambda c, b=b: dataclasses.replace(c, batch=b)) for b in args.batches],
              ("tf.data input (cache, prefetch)", lambda c: dataclasses.replace(c, pipeline="tf.data")),
              (mixed, lambda c: dataclasses.replace(c, policy=mixed)),
              ("custom tf.function loop", lambda c: dataclasses.replace(c, custom_loop=True))]
-    best, best_rate, previous_rate, plain = None, 0.0, None, None
+    best = ("plain fit", Config())
+    plain = None
+    verdicts = {}
     for row, change in rungs:
-        cfg = change(best or Config())
-        epoch_s, loss, acc, model = train(cfg, args.model, data, args.epochs, args.lr, args.seed, args.profile, row)
-        steady = float(np.median(epoch_s[1:] or epoch_s))
-        rate = len(data.x_train) / steady
-        plain = plain or {"rate": rate, "accuracy": acc}
-        ok = math.isfinite(loss) and acc >= plain["accuracy"] - ACCURACY_TOLERANCE
-        kept = best is None or (ok and rate > best_rate * KEEP_IF_FASTER)
-        rec.add(TABLE, row, {
-            "samples_per_s": rate, "vs_previous": rate / previous_rate if previous_rate else 1.0,
-            "vs_best_so_far": rate / best_rate if best_rate else 1.0, "mfu": train_flops * rate / peak,
-            "first_epoch_s": epoch_s[0], "final_loss": loss, "test_accuracy": acc, "accurate_enough": ok,
-            "kept": kept, "xla": bool(model.jit_compile) if not cfg.custom_loop else cfg.jit is True,
-            "batch": cfg.batch}, primary="samples_per_s", lower_is_better=False)
-        print(f"{row:<34} {rate:8,.0f} samples/s  acc {acc:.3f}  {'kept' if kept else 'dropped'}", flush=True)
-        previous_rate = rate
+        (m_best, m_rung), (t_best, t_rung) = race(best, (row, change(best[1])))
+        if plain is None:  # the first race's baseline is plain fit itself
+            plain = record(TABLE, "plain fit", m_best, t_best, kept=True)
+        c = versus(m_best, m_rung, threshold=MIN_GAIN)
+        metrics = record(TABLE, row, m_rung, t_rung, comparison=c, kept=False)
+        accurate = math.isfinite(metrics["final_loss"]) and metrics["test_accuracy"] >= (
+            plain["test_accuracy"] - ACCURACY_TOLERANCE)
+        kept = c.verdict == FASTER and accurate
+        rec.records[-1]["metrics"]["kept"] = kept
+        rec.records[-1]["metrics"]["accurate_enough"] = accurate
+        verdicts[row] = (c, accurate, best[0])
+        print(f"{row:<34} {m_rung.items_per_s:8,.0f} samples/s, acc {metrics['test_accuracy']:.3f}; against "
+              f"{best[0]}: {c.describe()}; {'kept' if kept else 'not kept'}", flush=True)
         if kept:
-            best, best_rate = cfg, rate
+            best = (row, change(best[1]))
+
+    # The headline: the best configuration against plain fit, side by side ------------------------
+    kept = ["plain fit", *[r for r, (c, ok, _) in verdicts.items() if c.verdict == FASTER and ok]]
+    if best[0] != "plain fit":
+        (m_plain, m_top), (t_plain, t_top) = race(("plain fit", Config()), (f"best: {best[0]}", best[1]))
+        record(FINAL, "plain fit", m_plain, t_plain)
+        headline = versus(m_plain, m_top)
+        top = record(FINAL, f"best: {best[0]}", m_top, t_top, comparison=headline)
+        plain_mfu = train_flops * m_plain.items_per_s / peak
+    else:
+        headline, top, plain_mfu = None, plain, plain["mfu"]
 
     # Results ----------------------------------------------------------------------------------
     rec.save(args.out)
-    rows = rec.table(TABLE)
-    print(f"\n## {TABLE}\n\n{markdown_table(rows)}\n")
-    kept = [r["row"] for r in rows if r["metrics"]["kept"]]
-    ratio = best_rate / plain["rate"]
-    best_row = next(r for r in rows if r["row"] == kept[-1])
-    print(f"best configuration: {' + '.join(kept)}: {best_rate:,.0f} samples/s = {ratio:.2f}x plain fit, "
-          f"MFU {best_row['metrics']['mfu']:.1%} (plain fit {rows[0]['metrics']['mfu']:.1%})")
+    print(f"\n## {TABLE}\n\n{markdown_table(rec.table(TABLE))}\n")
+    if headline:
+        print(f"## {FINAL}\n\n{markdown_table(rec.table(FINAL))}\n")
+    summary = headline.describe() if headline else "nothing was measurably faster than plain fit"
+    print(f"best configuration: {' + '.join(kept)}: {top['samples_per_s']:,.0f} samples/s, {summary}; "
+          f"MFU {top['mfu']:.1%} (plain fit {plain_mfu:.1%})")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
-    m = {r["row"]: r["metrics"] for r in rows}
-    dropped = [f"{r} ({m[r]['vs_best_so_far']:.2f}x the best so far"
-               f"{', accuracy ' + format(m[r]['test_accuracy'], '.3f') if not m[r]['accurate_enough'] else ''})"
-               for r in m if not m[r]["kept"]]
-    goal = "reaching" if ratio >= 1.5 else "short of"
-    xla = m["jit_compile=True"]["vs_previous"]
-    xla_note = (f"XLA ran at {xla:.2f}x plain fit" + (
+    dropped = [f"{row} (against {base}: {c.describe()}{'' if ok else ', and less accurate'})"
+               for row, (c, ok, base) in verdicts.items() if row not in kept]
+    xla, _, _ = verdicts["jit_compile=True"]
+    xla_note = f"XLA against plain fit: {xla.describe()}" + (
         ": on a CPU, XLA calls its own (Eigen) convolutions instead of the oneDNN kernels TensorFlow's ops use, "
-        "so a convnet can lose more than fusion gains." if xla < 1 / KEEP_IF_FASTER and not gpu else
-        ": fusing the step's element-wise ops saved memory passes." if xla > KEEP_IF_FASTER else
-        ", within noise of it."))
+        "so a convnet can lose more than fusion gains." if xla.verdict == "slower" and not gpu else
+        ": fusing the step's element-wise ops saved memory passes and dispatches." if xla.verdict == FASTER else
+        ".")
     write_conclusion(args.out, "training_ladder", (
-        f"The best configuration kept {', '.join(kept[1:]) or 'nothing beyond plain fit'} and ran "
-        f"{ratio:.2f}x plain fit ({best_rate:,.0f} against {plain['rate']:,.0f} samples/s), {goal} the 1.5x goal, "
-        f"at {best_row['metrics']['mfu']:.1%} MFU. Dropped: {'; '.join(dropped) or 'none'}. "
-        f"{xla_note} "
-        f"At {best_row['metrics']['mfu']:.0%} MFU most of a step is not matmul arithmetic: this {args.model}'s "
+        f"The best configuration kept {', '.join(kept[1:]) or 'nothing beyond plain fit'}: {summary} "
+        f"({top['samples_per_s']:,.0f} samples/s), at {top['mfu']:.1%} MFU. Not kept: {'; '.join(dropped) or 'none'}. "
+        f"{xla_note} At {top['mfu']:.0%} MFU most of a step is not matmul arithmetic: this {args.model}'s "
         f"layers are small, so per-step dispatch, the optimizer update and memory-bound ops weigh; the kept rungs "
         f"attack exactly that. {mixed}: {hardware_summary()}."))
     return 0

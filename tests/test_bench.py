@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tfperf import stats
-from tfperf.bench import Measurement, Timer, interleave, synchronous_execution, timing_ms, versus
+from tfperf.bench import Elapsed, Measurement, Timer, interleave, synchronous_execution, timing_ms, versus
 
 
 class FakeClock:
@@ -144,7 +144,7 @@ def test_interleave_alternates_shuffled_rounds_and_versus_pairs_them():
     for t in timers:
         inner = t.fn
         t.fn = (lambda inner, name: lambda: (order.append(name), inner()))(inner, t.name)
-    slow, fast = interleave(timers, rounds=6, steps_per_round=2, warmup=0)
+    slow, fast = interleave(timers, rounds=6, samples=12, warmup=0)
     assert slow.rounds == fast.rounds == 6 and slow.n == fast.n == 12
     timed = order[2:]  # after each first call
     assert set(timed[:4]) == {"slow", "fast"}  # both ran within the first round
@@ -153,22 +153,37 @@ def test_interleave_alternates_shuffled_rounds_and_versus_pairs_them():
     assert c.paired and c.ratio == pytest.approx(2.0) and c.verdict == stats.FASTER
     assert versus(fast, slow).verdict == stats.SLOWER
     with pytest.raises(ValueError, match="distinct names"):
-        interleave([fake_timer([1.0]), fake_timer([1.0])], rounds=1, steps_per_round=1)
+        interleave([fake_timer([1.0]), fake_timer([1.0])], rounds=1, samples=1)
 
 
 def test_identical_alternatives_show_no_measurable_difference():
     x = tf.random.normal([256, 256])
     f = tf.function(lambda: tf.matmul(x, x))
-    a, b = interleave([Timer(f, name="a"), Timer(f, name="b")], rounds=8, steps_per_round=5)
+    a, b = interleave([Timer(f, name="a"), Timer(f, name="b")], rounds=8, samples=40)
     # A 95% CI misses the true ratio (1) in one run of twenty by design; a 10% threshold asks only
     # that interleaving gives neither side a systematic advantage, so the test cannot flake.
     assert versus(a, b, threshold=0.10).verdict == stats.NO_DIFFERENCE
+
+
+def test_interleave_without_samples_gives_each_timer_an_equal_share_of_time():
+    slow = fake_timer([1.0] + [0.1] * 1000, name="slow")
+    fast = fake_timer([1.0] + [0.01] * 1000, name="fast")
+    s, f = interleave([slow, fast], rounds=5, min_time_s=1.0, warmup=0)
+    assert (s.n, f.n) == (10, 100)  # 1 s each: 2 and 20 samples a round
+    assert versus(s, f).paired and versus(s, f).ratio == pytest.approx(10.0)
 
 
 def test_per_item_comparison_uses_items_per_call():
     big = Measurement("batch 4", (4.0,) * 10, items_per_call=4)
     small = Measurement("batch 1", (2.0,) * 10)
     assert versus(small, big).ratio == pytest.approx(2.0)  # 1 s per item against 2 s per item
+
+
+def test_a_function_may_time_its_own_inner_part():
+    m = Timer(lambda: Elapsed(0.25, result=tf.constant(1.0))).measure(3, warmup=0)
+    assert m.samples_s == (0.25,) * 3 and m.first_call_s == 0.25
+    with pytest.raises(ValueError, match="block_size 1"):
+        Timer(lambda: Elapsed(0.1), block_size=2).measure(1)
 
 
 def test_timing_ms_columns():

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from tfperf.report import bar_chart, build_report, compare, markdown_table, speedup, write_conclusion
+from tfperf.bench import Measurement, versus
+from tfperf.report import bar_chart, build_report, markdown_table, speedup, write_conclusion
 from tfperf.results import Recorder, environment, make_record, read_records, write_records
 
 ENV = {"cpu": "test cpu", "cores": 2, "gpus": [], "python": "3.11", "tensorflow": "2.21.0",
@@ -19,8 +20,11 @@ def rec(row, value, *, table="t", lower=True, recipe="demo"):
 def test_environment_names_what_a_figure_depends_on():
     env = environment()
     for key in ("tensorflow", "keras", "python", "cpu", "cores", "gpus", "intra_op_threads",
-                "xla_auto_jit", "tfperf", "git_commit"):
+                "xla_auto_jit", "tfperf", "git_commit", "git_dirty", "load_average", "cpu_frequency", "variables"):
         assert key in env
+    assert len(env["load_average"]) == 3 and isinstance(env["git_dirty"], bool)
+    assert all(k.startswith(("TF_", "ONEDNN_", "DNNL_", "OMP_", "KMP_", "MKL_", "XLA_", "KERAS_", "CUDA_"))
+               for k in env["variables"])
     assert env["cores"] >= 1 and env["tensorflow"].startswith("2.")
     json.dumps(env)
 
@@ -84,9 +88,51 @@ def test_report_without_records_says_what_to_do(tmp_path):
         build_report(tmp_path)
 
 
-def test_compare_matches_rows_and_gives_ratios():
-    rows = compare([rec("a", 2.0), rec("b", 1.0)], [rec("a", 1.0), rec("z", 5.0)])
-    assert rows == [("demo: t", "a", "ms", 2.0, 1.0, 2.0)]
+def test_a_timed_record_keeps_its_samples_and_the_primary_metrics_interval():
+    m = Measurement("fast", tuple(1e-3 * (1 + 0.01 * i) for i in range(20)), items_per_call=10)
+    low, high = m.ci95_s
+    ms = make_record("demo", "t", "fast", {"ms": m.median_s * 1e3}, primary="ms", lower_is_better=True,
+                     env=ENV, measurement=m)
+    assert ms["samples_s"] == list(m.samples_s) and ms["n"] == 20
+    assert ms["ci95"] == pytest.approx([low * 1e3, high * 1e3])
+    rate = make_record("demo", "t", "fast", {"rows_per_s": m.items_per_s}, primary="rows_per_s",
+                       lower_is_better=False, env=ENV, measurement=m)
+    assert rate["ci95"] == pytest.approx([10 / high, 10 / low])  # the slow end of the time is the low rate
+    assert rate["timing"]["block_size"] == 1 and rate["timing"]["warnings"] == []
+
+
+def measured(row, scale, *, rounds=5):
+    samples = tuple(scale * (1 + 0.02 * (i % 7)) for i in range(20))
+    return Measurement(row, samples, rounds=rounds)
+
+
+def test_a_compared_record_carries_ratio_ci_and_verdict_and_the_table_shows_them():
+    slow, fast = measured("slow", 2.0), measured("fast", 1.0)
+    c = versus(slow, fast)
+    records = [make_record("demo", "t", m.name, {"ms": m.median_s * 1e3}, primary="ms", lower_is_better=True,
+                           env=ENV, measurement=m, comparison=cmp) for m, cmp in ((slow, None), (fast, c))]
+    fast_record = records[1]
+    assert fast_record["versus"] == "slow" and fast_record["verdict"] == "faster"
+    assert fast_record["ratio"] == pytest.approx(2.0, rel=0.05)
+    assert fast_record["ratio_ci95"][0] > 1.0
+    table = markdown_table(records)
+    assert "ms 95% CI" in table and "speedup (95% CI): verdict" in table
+    assert ": faster than slow |" in table
+
+
+def test_rows_with_samples_get_a_bootstrapped_ci_against_the_first_row():
+    records = [make_record("demo", "t", m.name, {"ms": m.median_s * 1e3}, primary="ms", lower_is_better=True,
+                           env=ENV, measurement=m) for m in (measured("a", 1.0), measured("b", 1.0),
+                                                             measured("c", 3.0))]
+    lines = markdown_table(records).splitlines()
+    assert "no measurable difference" in lines[3] and "slower" in lines[4]
+
+
+def test_unstable_rows_are_flagged_under_the_table():
+    noisy = Measurement("noisy", tuple([1.0, 2.0] * 10))
+    table = markdown_table([make_record("demo", "t", "noisy", {"ms": 1.5}, primary="ms", lower_is_better=True,
+                                        env=ENV, measurement=noisy)])
+    assert "| noisy (!) |" in table and "(!) noisy: unstable" in table
 
 
 def test_recorder_keeps_tables_apart(tmp_path):

@@ -12,8 +12,10 @@ _LAZY = {
     "get_net": "tfperf.models",
     "flops": "tfperf.models",
     "MODEL_NAMES": "tfperf.models",
-    "Benchmark": "tfperf.bench",
-    "BenchmarkResult": "tfperf.bench",
+    "Timer": "tfperf.bench",
+    "Measurement": "tfperf.bench",
+    "interleave": "tfperf.bench",
+    "versus": "tfperf.bench",
     "sync": "tfperf.bench",
 }
 

@@ -58,6 +58,15 @@ def sync(result: Any = None, *, devices: bool | None = None) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Elapsed:
+    """What a timed function returns when only part of its call is the work: `fit` for one epoch
+    returns the epoch's own time (from a callback), without the data adapter and callbacks it sets up."""
+
+    seconds: float
+    result: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Measurement:
     """Raw samples of one timed function and what they say; times are seconds per call unless named per item.
 
@@ -196,9 +205,9 @@ def versus(baseline: Measurement, candidate: Measurement, *, threshold: float = 
            seed: int = 0) -> stats.Comparison:
     """How many times faster `candidate` is than `baseline` per item, with a bootstrap 95% CI and a verdict.
 
-    Measurements taken by the same `interleave` (same rounds, same counts) are compared round by round.
+    Measurements taken by the same `interleave` (the same rounds) are compared round by round.
     """
-    paired = baseline.rounds > 1 and baseline.rounds == candidate.rounds and baseline.n == candidate.n
+    paired = baseline.rounds > 1 and baseline.rounds == candidate.rounds
     return stats.compare_times(baseline.per_item_s, candidate.per_item_s, names=(baseline.name, candidate.name),
                                rounds=baseline.rounds if paired else None, threshold=threshold, seed=seed)
 
@@ -266,6 +275,11 @@ class Timer:
         out = None
         for _ in range(calls):
             out = self.fn()
+        if isinstance(out, Elapsed):
+            if calls != 1:
+                raise ValueError(f"{self.name}: a function that times itself (Elapsed) needs block_size 1")
+            self.sync_fn(out.result)
+            return out.seconds
         self.sync_fn(out)
         return self.clock() - t0
 
@@ -305,7 +319,8 @@ class Timer:
         return [self._sample(self.block_size) for _ in range(samples)]
 
     def measure(self, steps: int | None = None, *, warmup: int = 1, min_time_s: float = 0.2,
-                min_samples: int = 10, max_samples: int = 100_000, profile_dir: str | None = None) -> Measurement:
+                min_samples: int = 10, max_samples: int = 100_000, profile_dir: str | None = None,
+                profile_steps: int = 10) -> Measurement:
         """The first call, warm-up, then `steps` samples; with steps=None, samples until `min_time_s` has passed.
 
         `profile_dir` traces a separate pass after the samples are taken: a profiler slows what it
@@ -321,7 +336,7 @@ class Timer:
             while len(samples) < max_samples and (spent < min_time_s or len(samples) < min_samples):
                 samples.append(self._sample(self.block_size))
                 spent += samples[-1]
-        self.profile(profile_dir, steps=min(len(samples), 10))
+        self.profile(profile_dir, steps=profile_steps)
         return self._measurement(samples, rounds=1)
 
     def profile(self, profile_dir: str | None, *, steps: int = 10) -> None:
@@ -337,37 +352,39 @@ class Timer:
                            overhead_s=self.overhead_s())
 
 
-def interleave(timers: Sequence[Timer], *, rounds: int = 10, steps_per_round: int | None = None,
+def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None = None,
                warmup: int = 1, min_time_s: float = 0.5, seed: int = 0,
-               profile_dir: str | None = None) -> list[Measurement]:
-    """Measure alternatives in `rounds` rounds, each taking `steps_per_round` samples of every timer in a
-    shuffled order, so that slow phases of the machine fall on all of them alike.
+               profile_dir: str | None = None, profile_steps: int = 10) -> list[Measurement]:
+    """Measure alternatives in `rounds` rounds; each round takes a share of every timer's samples, the
+    timers in a shuffled order, so that slow phases of the machine fall on all of them alike.
 
-    With steps_per_round=None, it is chosen from the warm-up so that all rounds of one timer take
-    about `min_time_s`. Compare the results with `versus`, which pairs them round by round.
+    `samples` is each timer's total (rounded up to whole rounds); with None, each timer takes as many
+    as fill about `min_time_s`, estimated from three calls after its warm-up. Compare the results with
+    `versus`, which pairs them round by round.
     """
     if not timers:
         raise ValueError("interleave needs at least one timer")
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if samples is not None and samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
     names = [t.name for t in timers]
     if len(set(names)) != len(names):
         raise ValueError(f"timers need distinct names, got {names}")
     for t in timers:
         t.start(warmup)
-    if steps_per_round is None:
-        slowest = max(float(np.median(t.take(3))) for t in timers)
-        steps_per_round = max(1, int(min_time_s / rounds / max(slowest, 1e-9)))
-    if steps_per_round < 1:
-        raise ValueError(f"steps_per_round must be at least 1, got {steps_per_round}")
+    if samples is not None:
+        per_round = [-(-samples // rounds)] * len(timers)
+    else:
+        per_round = [max(1, round(min_time_s / rounds / max(float(np.median(t.take(3))), 1e-9))) for t in timers]
     rng = np.random.default_rng(seed)
-    samples: list[list[float]] = [[] for _ in timers]
+    taken: list[list[float]] = [[] for _ in timers]
     for _ in range(rounds):
         for i in rng.permutation(len(timers)):
-            samples[i].extend(timers[i].take(steps_per_round))
+            taken[i].extend(timers[i].take(per_round[i]))
     for t in timers:
-        t.profile(profile_dir, steps=min(10, steps_per_round * rounds))
-    return [t._measurement(s, rounds=rounds) for t, s in zip(timers, samples)]
+        t.profile(profile_dir, steps=profile_steps)
+    return [t._measurement(s, rounds=rounds) for t, s in zip(timers, taken)]
 
 
 @contextlib.contextmanager

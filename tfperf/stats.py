@@ -134,15 +134,17 @@ class Comparison:
     ci95: tuple[float, float]
     verdict: str
     paired: bool
+    threshold: float = 0.0
 
     def describe(self) -> str:
-        """'1.42x faster (95% CI 1.31-1.55x)' or 'no measurable difference (0.97x, CI 0.91-1.04x)'."""
+        """'1.42x faster (95% CI 1.31-1.55x)' or 'no measurable difference (0.97x, 95% CI 0.91-1.04x)'."""
         low, high = self.ci95
         if self.verdict == FASTER:
             return f"{self.ratio:.2f}x faster (95% CI {low:.2f}-{high:.2f}x)"
         if self.verdict == SLOWER:
             return f"{1 / self.ratio:.2f}x slower (95% CI {1 / high:.2f}-{1 / low:.2f}x)"
-        return f"no measurable difference ({self.ratio:.2f}x, 95% CI {low:.2f}-{high:.2f}x)"
+        below = f", under the {self.threshold:.0%} that counts" if self.threshold and (low > 1 or high < 1) else ""
+        return f"no measurable difference ({self.ratio:.2f}x, 95% CI {low:.2f}-{high:.2f}x{below})"
 
 
 def compare_times(
@@ -157,7 +159,7 @@ def compare_times(
     """Compare two sets of times (seconds per item): the candidate's speedup over the baseline."""
     ratio, ci = ratio_ci(baseline, candidate, rounds=rounds, seed=seed)
     return Comparison(baseline=names[0], candidate=names[1], ratio=ratio, ci95=ci,
-                      verdict=verdict(ci, threshold=threshold), paired=rounds is not None)
+                      verdict=verdict(ci, threshold=threshold), paired=rounds is not None, threshold=threshold)
 
 
 def geometric_mean(values: Sequence[float]) -> float:

@@ -220,4 +220,4 @@ def test_profile_traces_a_separate_pass_per_measurement(tmp_path):
         assert m.n == 4
     traces = sorted(p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*.xplane.pb"))
     assert traces == ["first-run", "second-run"]
-    assert calls["n"] == 2 * (1 + 4 + 4)  # first call, 4 recorded, then 4 more under the profiler
+    assert calls["n"] == 2 * (1 + 4 + 10)  # first call, 4 recorded, then 10 more under the profiler

@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf import hvd as thvd
-from tfperf.bench import profiled
+from tfperf.bench import Measurement, profiled
 from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
 from tfperf.devices import usable_cores
 from tfperf.models import get_net
@@ -43,6 +43,37 @@ from tfperf.train import accuracy
 
 TARGET_ACCURACY = {"mnist-5k": 0.95, "mnist": 0.98}  # after a full-size run (10 epochs)
 THROUGHPUT, RESULT = "throughput per rank and in total", "training result"
+
+
+def input_batches(data, batch_size: int, seed: int, rank: int, size: int):
+    """This rank's endless stream of batches."""
+    # Horovod: each rank reads its own shard (dataset.shard(size, rank)), so an epoch is split across ranks
+    return iter(to_dataset(data.x_train, data.y_train, batch_size=batch_size, seed=seed + rank,
+                           repeat=True, drop_remainder=True, shard=(size, rank)))
+
+
+def make_optimizer(lr: float, size: int, warmup_steps: int):
+    """Adam whose learning rate ramps up to lr x size."""
+    # Horovod: the global batch is size x larger, so the rate is scaled by size after a linear warm-up
+    schedule = thvd.WarmupScaledLearningRate(lr, size, warmup_steps)
+    return keras.optimizers.Adam(schedule)
+
+
+def make_train_step(model, optimizer, loss_fn, *, communicate: bool = True):
+    """One training step; communicate=False leaves out the all-reduce (scaling_model times that as t1)."""
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        if communicate:
+            # Horovod: gradient() returns the average over ranks
+            tape = hvd.DistributedGradientTape(tape)
+        grads = thvd.gradients(tape, loss, model.trainable_variables)  # Keras 3: via the tf.Variables
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step
 
 
 def main(argv=None) -> int:
@@ -75,12 +106,9 @@ def main(argv=None) -> int:
     if steps_per_epoch < 1:
         sys.exit(f"mnist_hvd: error: {len(data.x_train)} training examples cannot fill one batch of "
                  f"{args.batch_size} on each of {size} ranks: use a smaller --batch-size")
-    # Horovod: each rank reads its own shard (dataset.shard(size, rank)), so an epoch is split across ranks
-    batches = iter(to_dataset(data.x_train, data.y_train, batch_size=args.batch_size, seed=args.seed + rank,
-                              repeat=True, drop_remainder=True, shard=(size, rank)))
-    # Horovod: the global batch is size x larger, so the rate is scaled by size after a linear warm-up
-    schedule = thvd.WarmupScaledLearningRate(args.lr, size, round(args.warmup_epochs * steps_per_epoch))
-    optimizer = keras.optimizers.Adam(schedule)
+    batches = input_batches(data, args.batch_size, args.seed, rank, size)
+    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+    optimizer = make_optimizer(args.lr, size, warmup_steps)
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -99,16 +127,8 @@ def main(argv=None) -> int:
     if chief:
         print(f"{size} rank(s), {devices} each; {steps_per_epoch} steps/epoch of {args.batch_size} per rank "
               f"(global batch {args.batch_size * size}); lr {args.lr} -> {args.lr * size} over "
-              f"{schedule.warmup_steps} steps", flush=True)
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        tape = hvd.DistributedGradientTape(tape)  # Horovod: gradient() returns the average over ranks
-        grads = thvd.gradients(tape, loss, model.trainable_variables)  # Keras 3: via the tf.Variables
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+              f"{warmup_steps} steps", flush=True)
+    train_step = make_train_step(model, optimizer, loss_fn)
 
     # Training ---------------------------------------------------------------------------------
     step_times, started = [], time.perf_counter()
@@ -151,9 +171,11 @@ def main(argv=None) -> int:
     for r, rate in enumerate(per_rank):
         rec.add(THROUGHPUT, f"rank {r}", {"samples_per_s": rate, "ms_per_step": args.batch_size / rate * 1e3},
                 primary="samples_per_s", lower_is_better=False)
+    # Rank 0's steps stand for the spread of all: the total's interval is theirs, scaled.
+    steps = Measurement(f"rank 0 steps, np={size}", tuple(float(t) for t in timed), items_per_call=args.batch_size)
     rec.add(THROUGHPUT, f"total, np={size}", {"samples_per_s": float(per_rank.sum()),
                                                "ms_per_step": float(np.median(timed)) * 1e3},
-            primary="samples_per_s", lower_is_better=False)
+            primary="samples_per_s", lower_is_better=False, measurement=steps)
     rec.add(RESULT, f"np={size}", {
         "test_accuracy": test_accuracy, "final_loss": mean_loss, "weight_drift": drift, "epochs": int(epoch.numpy()),
         "global_batch": args.batch_size * size, "updates": len(step_times), "wall_s": time.perf_counter() - started},

@@ -9,11 +9,13 @@ Needs: Horovod 0.28.1 with TensorFlow and Gloo (`make install`); it launches hor
 Introduction
 ------------
 Seed 002's course notes split a data-parallel step into t1, the forward and backward pass, and t2, the
-synchronisation of gradients. Both are measured here, not assumed: t1 by timing the training step of
-recipes/mnist_hvd.py without any communication, in as many processes at once as there will be ranks,
-each with the threads a rank gets (ranks on one host share its cores); t2 by timing Horovod's all-reduce over a range of sizes and fitting the ring model,
-where each of n ranks sends and receives 2(n-1) chunks of S/n bytes: t2 = 2(n-1)(alpha + S/(n beta)).
-Then the recipe runs mnist_hvd.py with np = 1, 2, 4 and compares. Finally it projects, on paper, to
+synchronisation of gradients. Both are measured here, not assumed: t1 by timing the very training step
+of recipes/mnist_hvd.py (its functions, imported) with the all-reduce left out, on as many ranks under
+horovodrun as there will be, each with the threads a rank gets (ranks on one host share its cores); t2
+by timing Horovod's all-reduce over a range of sizes and fitting the ring model, where each of n ranks
+sends and receives 2(n-1) chunks of S/n bytes: t2 = 2(n-1)(alpha + S/(n beta)). Then the recipe runs
+mnist_hvd.py with np = 1, 2, 4, each run right after its own probes (this host's speed drifts over
+minutes), and compares, with a 95% interval for each error. Finally it projects, on paper, to
 8, 64 and 512 workers, the regime of Horovod's published 90% scaling efficiency.
 """
 
@@ -32,42 +34,56 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import ClusterError, LocalCluster, parse_result, result_line
+from tfperf.cluster import RESULT_PREFIX, result_line
 from tfperf.devices import usable_cores
 from tfperf.report import markdown_table, write_conclusion
 from tfperf.results import Recorder, read_records
+from tfperf.stats import median_ci
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 ALLREDUCE, PREDICTED, PROJECTION = ("all-reduce time by size (Horovod, gloo, np=2)",
                                     "predicted vs measured (mnist_hvd)", "projection on paper")
 GOAL = 0.15
+# With one rank there is no communication at all: t1 alone must predict the run, or t1 is not its step.
+NP1_GOAL = 0.10
 # Published figures the projection is compared with (Horovod's README and paper, Sergeev & Del Balso 2018):
 # 90% scaling efficiency for ResNet-101 on 512 Pascal GPUs over 25 Gbit/s RoCE. A ResNet-101 step of
 # batch 64 at about 130 images/s per P100 (tf_cnn_benchmarks) is t1 = 0.49 s: an assumption, not measured here.
 RESNET101_BYTES, RESNET101_T1, HOP_LATENCY_S = 44.5e6 * 4, 64 / 130, 50e-6
 
 
-def probe_compute(batch_size: int, steps: int) -> dict:
-    """t1: mnist_hvd's training step, with no communication, at this process's thread count."""
+def probe_compute(batch_size: int, min_time_s: float) -> dict:
+    """t1 on one rank (run under horovodrun): the step mnist_hvd runs (its input shard, optimizer, schedule,
+    train_step and the float() that reads the loss), with the all-reduce left out, beside Horovod's own
+    threads and launcher and the other ranks computing at the same time, as in the run."""
+    import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
 
+    import mnist_hvd  # beside this file: the step that the run executes, not a look-alike
+    from tfperf import hvd as thvd
     from tfperf.bench import Timer
     from tfperf.data import load_arrays
     from tfperf.models import get_net
-    from tfperf.train import make_train_step
 
-    model = get_net("cnn")
-    optimizer = keras.optimizers.Adam(1e-3)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    # mnist_hvd's own data: the step's time depends on it (MNIST is mostly zeros, and runs faster than noise).
+    hvd.init()
+    thvd.pin_to_local_gpu()  # the run's threads per rank
     data = load_arrays("mnist-5k")
-    x, y = tf.constant(data.x_train[:batch_size]), tf.constant(data.y_train[:batch_size])
-
-    step = make_train_step(model, optimizer, loss_fn)
-    r = Timer(lambda: step(x, y), name="t1").measure(steps, warmup=5)
-    return {"t1_s": r.median_s, "gradient_bytes": 4 * model.count_params()}
+    model = get_net("cnn", input_shape=data.input_shape, num_classes=data.num_classes)
+    optimizer = mnist_hvd.make_optimizer(1e-3, hvd.size(), warmup_steps=10)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    batches = mnist_hvd.input_batches(data, batch_size, seed=0, rank=hvd.rank(), size=hvd.size())
+    step = mnist_hvd.make_train_step(model, optimizer, loss_fn, communicate=False)
+    # Throughput mode, blocks of steps per clock read: with more ranks than cores a rank is descheduled for
+    # whole time slices, which a median of single steps would skip and a block includes, as the run does
+    # (its all-reduce waits for the slowest rank every step).
+    timer = Timer(lambda: float(step(*next(batches))), name="t1", block_size=8)
+    timer.start(warmup=5)
+    # Horovod: one all-reduce as a starting gun, so that the ranks' timed windows overlap as in the run.
+    hvd.allreduce(tf.constant(0.0), name="t1_start").numpy()
+    m = timer.measure(warmup=0, min_time_s=min_time_s)
+    return {"t1_s": m.median_s, "samples_s": [float(s) for s in m.per_call_s], "gradient_bytes": 4 * model.count_params()}
 
 
 def probe_allreduce(sizes: list[int], reps: int) -> list[dict]:
@@ -75,16 +91,17 @@ def probe_allreduce(sizes: list[int], reps: int) -> list[dict]:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    from tfperf.bench import Timer
+
     hvd.init()
     rows = []
     for size in sizes:
         t = tf.ones([max(1, size // 4)], tf.float32)
-        times = []
-        for i in range(reps + 2):
-            t0 = time.perf_counter()
-            hvd.allreduce(t, op=hvd.Sum, name=f"probe_{size}").numpy()
-            times.append(time.perf_counter() - t0)
-        rows.append({"bytes": size, "s": float(np.median(times[2:]))})  # the first two negotiate and allocate
+        # A fixed count on every rank (no autorange): each all-reduce needs all ranks. The first call and the
+        # warm-up negotiate and allocate. The result is read back: the collective's end is when it arrives.
+        m = Timer(lambda: hvd.allreduce(t, op=hvd.Sum, name=f"probe_{size}"), name=f"allreduce {size}",
+                  sync_fn=lambda r: r.numpy()).measure(reps, warmup=2)
+        rows.append({"bytes": size, "s": m.median_s, "ci95_s": list(m.ci95_s), "samples_s": list(m.samples_s)})
     return rows if hvd.rank() == 0 else []
 
 
@@ -108,11 +125,12 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", type=flags.positive_int, nargs="+", help="np values to predict and run")
     p.add_argument("--probe", choices=["compute", "allreduce"], help=argparse.SUPPRESS)  # internal: the probes run in their own processes
     p.add_argument("--probe-bytes", type=int, nargs="+", help=argparse.SUPPRESS)
-    args = flags.parse(p, argv, sizes={"steps": (50, 20), "warmup": (5, 5), "batch_size": (64, 64)})
+    p.add_argument("--pairs", type=flags.positive_int, help="probe-then-run pairs per rank count")
+    args = flags.parse(p, argv, sizes={"steps": (50, 20), "warmup": (5, 5), "batch_size": (64, 64), "pairs": (3, 2)})
     args.ranks = args.ranks or [1, 2, 4]
     sizes = [2 ** k for k in range(10, 27, 2)] if not args.quick else [2 ** k for k in range(10, 25, 2)]
     if args.probe == "compute":
-        print(result_line(probe_compute(args.batch_size, args.steps)))
+        print(result_line(probe_compute(args.batch_size, min_time_s=1.0 if args.quick else 3.0)))
         return 0
     if args.probe == "allreduce":
         for row in probe_allreduce(args.probe_bytes or sizes, args.steps):
@@ -123,28 +141,6 @@ def main(argv=None) -> int:
     cores = usable_cores()
     rec = Recorder("scaling_model", vars(args))
     me = [sys.executable, __file__, "--batch-size", args.batch_size, "--steps", args.steps]
-
-    # t1: one step's compute at each thread count a rank can get -------------------------------
-    # Ranks on one host compete for its cores, caches and memory bus, so t1 for n ranks is measured with n
-    # probe processes computing at once (each with the threads a rank gets), and no communication at all.
-    threads_for = {n: max(1, cores // n) for n in args.ranks}
-    t1_of = {}
-    with tempfile.TemporaryDirectory() as logs:
-        for n in args.ranks:
-            k = threads_for[n]
-            with LocalCluster(Path(logs) / f"np{n}") as probes:
-                for i in range(n):
-                    probes.start(f"probe{i}", [*me, "--probe", "compute"], {
-                        "TF_NUM_INTRAOP_THREADS": str(k), "TF_NUM_INTEROP_THREADS": str(min(2, k)),
-                        "TF_CPP_MIN_LOG_LEVEL": "2"})
-                try:
-                    probes.wait(timeout=600)
-                except ClusterError as exc:
-                    sys.exit(f"scaling_model: error: {exc}")
-                found = [parse_result(probes.output(f"probe{i}"), f"probe{i}") for i in range(n)]
-            t1_of[n] = float(np.median([f["t1_s"] for f in found]))
-            gradient_bytes = found[0]["gradient_bytes"]
-            print(f"t1 with {n} rank(s) computing at once, {k} thread(s) each: {t1_of[n] * 1e3:.1f} ms", flush=True)
 
     # t2: the all-reduce, measured by size, fitted to the ring model ----------------------------
     out = launch([BIN / "horovodrun", "-np", "2", *me, "--probe", "allreduce"])
@@ -159,35 +155,68 @@ def main(argv=None) -> int:
             "ms": r["s"] * 1e3, "ring_model_ms": ring_t2(2, r["bytes"], alpha, beta) * 1e3,
             "gb_per_s": r["bytes"] / r["s"] / 1e9}, primary="ms", lower_is_better=True, versus_first=False)
     print(f"ring fit: alpha {alpha * 1e6:.0f} us per message, beta {beta / 1e9:.2f} GB/s", flush=True)
-    # t2 for the model's own gradients at each rank count, measured: with more ranks than cores a ring step
-    # also waits for its neighbour to be scheduled, which no fit from 2 ranks can know.
-    t2_of = {1: 0.0}
-    for n in args.ranks:
-        if n > 1:
-            out = launch([BIN / "horovodrun", "-np", n, *me, "--probe", "allreduce", "--probe-bytes", gradient_bytes])
-            t2_of[n] = next(json.loads(line.split(":", 1)[1])["s"] for line in out.splitlines()
-                            if line.startswith("[0]<stdout>:{"))
-            print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
-                  f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)
 
-    # Predict, then run --------------------------------------------------------------------------
+    def probe_t1(n: int) -> tuple[list[float], int]:
+        """t1's samples from n ranks under horovodrun computing at once (ranks on one host compete for its
+        cores, caches and memory bus), each with the threads a rank gets, and no communication while timed."""
+        out = launch([BIN / "horovodrun", "-np", n, *me, *(["--quick"] if args.quick else []), "--probe", "compute"])
+        found = [json.loads(line.split(RESULT_PREFIX, 1)[1]) for line in out.splitlines() if RESULT_PREFIX in line]
+        if len(found) != n:
+            sys.exit(f"scaling_model: error: {len(found)} of {n} t1 probes reported a result")
+        return [s for f in found for s in f["samples_s"]], found[0]["gradient_bytes"]
+
+    def run_hvd(n: int, out: Path) -> dict:
+        """mnist_hvd.py on n ranks: its record of the total throughput (rank 0's step samples inside)."""
+        launch([BIN / "horovodrun", "-np", n, sys.executable, HERE / "mnist_hvd.py", "--quick",
+                "--batch-size", args.batch_size, "--warmup", args.warmup, "--out", out,
+                "--checkpoint-dir", out / "ckpt", *(["--profile", Path(args.profile).resolve()] if args.profile else [])])
+        return next(r for r in read_records(out / "mnist_hvd.jsonl") if r["row"] == f"total, np={n}")
+
+    # Predict, then run: each probe right before its run ------------------------------------------
+    # This host's speed drifts by tens of percent over minutes; a probe taken a minute before its run
+    # would measure another machine. So each run follows its own probe, in `--pairs` pairs.
+    threads_for = {n: max(1, cores // n) for n in args.ranks}
+    t1_of, t2_of = {}, {1: 0.0}
+    gradient_bytes = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.ranks:
-            k, t1, t2 = threads_for[n], t1_of[n], t2_of[n]
+            k = threads_for[n]
+            t1_samples, step_samples, totals, t2_ci = [], [], [], (0.0, 0.0)
+            for pair in range(args.pairs):
+                samples, gradient_bytes = probe_t1(n)
+                t1_samples += samples
+                if n > 1 and pair == 0:
+                    # t2 for the model's own gradients, measured at this rank count: with more ranks than
+                    # cores a ring step also waits for its neighbour to be scheduled, which no fit can know.
+                    out = launch([BIN / "horovodrun", "-np", n, *me, "--probe", "allreduce",
+                                  "--probe-bytes", gradient_bytes])
+                    probe = next(json.loads(line.split(":", 1)[1]) for line in out.splitlines()
+                                 if line.startswith("[0]<stdout>:{"))
+                    t2_of[n], t2_ci = probe["s"], tuple(probe["ci95_s"])
+                    print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
+                          f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)
+                total = run_hvd(n, Path(tmp) / f"np{n}-{pair}")
+                totals.append(total["metrics"]["samples_per_s"])
+                step_samples += total["samples_s"]
+            t1_of[n], t1_ci = float(np.median(t1_samples)), median_ci(t1_samples)
+            t1, t2 = t1_of[n], t2_of[n]
+            print(f"t1 with {n} rank(s) computing at once, {k} thread(s) each: {t1 * 1e3:.1f} ms", flush=True)
             predicted = n * args.batch_size / (t1 + t2)
-            launch([BIN / "horovodrun", "-np", n, sys.executable, HERE / "mnist_hvd.py", "--quick",
-                    "--batch-size", args.batch_size, "--warmup", args.warmup, "--out", Path(tmp) / f"np{n}",
-                    "--checkpoint-dir", Path(tmp) / "ckpt",
-                    *(["--profile", Path(args.profile).resolve()] if args.profile else [])])
-            rows = {r["row"]: r["metrics"] for r in read_records(Path(tmp) / f"np{n}" / "mnist_hvd.jsonl")}
-            measured = rows[f"total, np={n}"]["samples_per_s"]
+            measured = float(np.exp(np.mean(np.log(totals))))  # the pairs' geometric mean
+            # The error's 95% interval, from the intervals of its parts (t1, t2 and the runs' median step):
+            # the fastest prediction against the slowest run, and the other way round.
+            step_median, (step_low, step_high) = float(np.median(step_samples)), median_ci(step_samples)
+            measured_low, measured_high = measured * step_median / step_high, measured * step_median / step_low
+            predicted_high = n * args.batch_size / (t1_ci[0] + t2_ci[0])
+            predicted_low = n * args.batch_size / (t1_ci[1] + t2_ci[1])
+            error_ci = [predicted_low / measured_high - 1, predicted_high / measured_low - 1]
             rec.add(PREDICTED, f"np={n}", {
                 "threads_per_rank": k, "t1_ms": t1 * 1e3, "t2_ms": t2 * 1e3,
                 "t2_ring_model_ms": ring_t2(n, gradient_bytes, alpha, beta) * 1e3, "predicted_samples_per_s": predicted,
-                "samples_per_s": measured, "error": predicted / measured - 1},
+                "samples_per_s": measured, "error": predicted / measured - 1, "error_ci95": error_ci},
                 primary="samples_per_s", lower_is_better=False)
-            print(f"np={n}: predicted {predicted:,.0f} samples/s, measured {measured:,.0f} "
-                  f"({predicted / measured - 1:+.0%})", flush=True)
+            print(f"np={n}: predicted {predicted:,.0f} samples/s, measured {measured:,.0f}: error "
+                  f"{predicted / measured - 1:+.0%} (95% CI {error_ci[0]:+.0%} to {error_ci[1]:+.0%})", flush=True)
 
     # On paper: many workers, for stated link bandwidths ----------------------------------------
     t1_host = t1_of[min(t1_of)]  # one rank per host, all its cores
@@ -210,14 +239,25 @@ def main(argv=None) -> int:
     within = all(abs(e) <= GOAL for e in errors.values())
     print(f"\nlargest prediction error: {errors[worst]:+.0%} at {worst}; goal +-{GOAL:.0%}: "
           f"{'met' if within else 'NOT met'}")
+    if "np=1" in errors:
+        print(f"np=1 (t1 alone): error {errors['np=1']:+.1%}; goal +-{NP1_GOAL:.0%}: "
+              f"{'met' if abs(errors['np=1']) <= NP1_GOAL else 'NOT met'}")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     paper = {r["row"]: r["metrics"] for r in rec.table(PROJECTION)}
+    crowded = {n: errors[f"np={n}"] for n in args.ranks if n > cores and abs(errors[f"np={n}"]) > GOAL}
+    crowding = (
+        f" Where ranks outnumber the {cores} cores ({', '.join(f'np={n}: {e:+.0%}' for n, e in crowded.items())}) "
+        f"t1 and t2 measured apart do not add up to the run's step: every all-reduce waits for the slowest rank "
+        f"to be scheduled again, and the ranks' Horovod threads compete with the compute for the same cores, "
+        f"which probes that never communicate while timed cannot see. The model holds while each rank has "
+        f"cores of its own." if crowded else "")
+
     r101 = paper["ResNet-101 on P100s (assumed t1), 25 Gbit/s, 512 workers"]
     write_conclusion(args.out, "scaling_model", (
         f"On this {cores}-core host the model t1 + t2 predicted mnist_hvd's throughput within "
         f"{', '.join(f'{e:+.0%} ({row})' for row, e in errors.items())}: the goal of +-{GOAL:.0%} was "
-        f"{'met' if within else 'not met'}. t1 dominates here: {', '.join(f'{t1_of[n] * 1e3:.0f} ms at np={n}' for n in t1_of)}, "
+        f"{'met' if within else 'not met'}.{crowding} t1 dominates here: {', '.join(f'{t1_of[n] * 1e3:.0f} ms at np={n}' for n in t1_of)}, "
         f"growing as ranks share the same cores; t2 for this CNN's {gradient_bytes / 1e6:.1f} MB of gradients is "
         f"small over loopback (alpha {alpha * 1e6:.0f} us, beta {beta / 1e9:.2f} GB/s). On paper, ResNet-101 "
         f"on 512 GPUs over 25 Gbit/s would spend {r101['t2_ms']:.0f} ms in the all-reduce against a "

@@ -102,14 +102,16 @@ def test_mirrored_resnet_runs_on_one_and_two_devices(tmp_path):
 @pytest.mark.slow
 def test_scaling_model_predicts_and_measures(tmp_path):
     out = run([sys.executable, recipe("scaling_model"), "--quick", "--steps", "3", "--ranks", "1", "2",
-               "--out", tmp_path]).stdout
-    assert "largest prediction error" in out and "ring fit" in out
+               "--pairs", "1", "--out", tmp_path]).stdout
+    assert "largest prediction error" in out and "ring fit" in out and "np=1 (t1 alone): error" in out
     records = read_records(tmp_path / "scaling_model.jsonl")
     predicted = {r["row"]: r["metrics"] for r in records if r["table"].startswith("predicted")}
     assert set(predicted) == {"np=1", "np=2"}
     for m in predicted.values():
         assert m["predicted_samples_per_s"] > 0 and m["samples_per_s"] > 0
         assert m["error"] == pytest.approx(m["predicted_samples_per_s"] / m["samples_per_s"] - 1)
+        low, high = m["error_ci95"]
+        assert low <= m["error"] <= high
     assert predicted["np=1"]["t2_ms"] == 0 and predicted["np=2"]["t2_ms"] > 0
     sweep = [r["metrics"] for r in records if r["table"].startswith("all-reduce")]
     assert len(sweep) >= 5 and sweep[-1]["ms"] > sweep[0]["ms"]  # 16 MiB takes longer than 1 KiB

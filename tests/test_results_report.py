@@ -101,7 +101,7 @@ def test_a_timed_record_keeps_its_samples_and_the_primary_metrics_interval():
     assert rate["timing"]["block_size"] == 1 and rate["timing"]["warnings"] == []
 
 
-def measured(row, scale, *, rounds=5):
+def measured(row, scale, *, rounds=10):
     samples = tuple(scale * (1 + 0.02 * (i % 7)) for i in range(20))
     return Measurement(row, samples, rounds=rounds)
 
@@ -141,3 +141,19 @@ def test_recorder_keeps_tables_apart(tmp_path):
     r.add("u", "b", {"ms": 2.0}, primary="ms", lower_is_better=True)
     assert [x["row"] for x in r.table("u")] == ["b"]
     assert len(read_records(r.save(tmp_path))) == 2
+
+
+def test_the_report_shows_the_spread_and_verdicts_across_reruns():
+    from tfperf.report import markdown_table
+
+    def run(ms, verdict):
+        base = make_record("demo", "t", "a", {"ms": 10.0}, primary="ms", lower_is_better=True, env={})
+        row = make_record("demo", "t", "b", {"ms": ms}, primary="ms", lower_is_better=True, env={})
+        row.update(versus="a", ratio=10.0 / ms, ratio_ci95=[1.1, 1.3], verdict=verdict)
+        return [base, row]
+
+    first = run(8.0, "faster")
+    table = markdown_table(first, reruns=[run(9.0, "faster"), run(10.0, "no measurable difference")])
+    assert "ms across 3 runs" in table
+    line = next(l for l in table.splitlines() if l.startswith("| b |"))
+    assert "8-10 (spread 22%)" in line and "faster 2/3, no measurable difference 1/3" in line

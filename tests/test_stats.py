@@ -84,3 +84,13 @@ def test_geometric_mean_cancels_reciprocal_ratios():
     assert stats.geometric_mean([2.0, 0.5]) == pytest.approx(1.0)
     with pytest.raises(ValueError):
         stats.geometric_mean([])
+
+
+def test_too_few_rounds_or_samples_never_make_a_verdict():
+    # Two samples each that do not overlap: a bootstrap interval alone would call this a 2x speedup.
+    few = stats.compare_times([2.0, 2.1], [1.0, 1.05])
+    assert few.verdict == stats.NO_DIFFERENCE and few.too_few and "too few to judge" in few.describe()
+    paired = stats.compare_times([2.0, 2.1] * 3, [1.0, 1.05] * 3, rounds=3)
+    assert paired.verdict == stats.NO_DIFFERENCE and paired.units == 3
+    enough = stats.compare_times([2.0, 2.1, 1.9] * 4, [1.0, 1.05, 0.95] * 4, rounds=stats.MIN_UNITS)
+    assert enough.verdict == stats.FASTER and not enough.too_few

@@ -114,6 +114,12 @@ def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
     return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
 
 
+# The fewest independent units (rounds when paired, samples per side otherwise) a verdict may rest on:
+# with fewer, a bootstrap interval is far too narrow (two samples each that happen not to overlap would
+# "prove" a speedup), and no rank test could reach significance either.
+MIN_UNITS = 6
+
+
 def verdict(ci: tuple[float, float], *, threshold: float = 0.0) -> str:
     """"faster" when the whole speedup CI is above 1 + threshold, "slower" when below 1 / (1 + threshold)."""
     low, high = ci
@@ -135,10 +141,20 @@ class Comparison:
     verdict: str
     paired: bool
     threshold: float = 0.0
+    units: int | None = None  # the rounds (paired) or the smaller side's samples the interval rests on
+
+    @property
+    def too_few(self) -> bool:
+        """Too few rounds or samples for any verdict but 'no measurable difference'."""
+        return self.units is not None and self.units < MIN_UNITS
 
     def describe(self) -> str:
         """'1.42x faster (95% CI 1.31-1.55x)' or 'no measurable difference (0.97x, 95% CI 0.91-1.04x)'."""
         low, high = self.ci95
+        if self.too_few:
+            what = "rounds" if self.paired else "samples"
+            return (f"no measurable difference ({self.ratio:.2f}x from {self.units} {what}: "
+                    f"too few to judge, {MIN_UNITS} needed)")
         if self.verdict == FASTER:
             return f"{self.ratio:.2f}x faster (95% CI {low:.2f}-{high:.2f}x)"
         if self.verdict == SLOWER:
@@ -158,8 +174,10 @@ def compare_times(
 ) -> Comparison:
     """Compare two sets of times (seconds per item): the candidate's speedup over the baseline."""
     ratio, ci = ratio_ci(baseline, candidate, rounds=rounds, seed=seed)
-    return Comparison(baseline=names[0], candidate=names[1], ratio=ratio, ci95=ci,
-                      verdict=verdict(ci, threshold=threshold), paired=rounds is not None, threshold=threshold)
+    units = rounds if rounds is not None else min(len(baseline), len(candidate))
+    judged = verdict(ci, threshold=threshold) if units >= MIN_UNITS else NO_DIFFERENCE
+    return Comparison(baseline=names[0], candidate=names[1], ratio=ratio, ci95=ci, verdict=judged,
+                      paired=rounds is not None, threshold=threshold, units=units)
 
 
 def geometric_mean(values: Sequence[float]) -> float:

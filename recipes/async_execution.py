@@ -30,8 +30,7 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf.bench import profiled, sync, synchronous_execution
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe
 
 QUEUE, MEMORY = "front end vs back end (loop of ops)", "memory while the queue runs ahead"
 
@@ -69,12 +68,12 @@ def peak_rss_growth(body, iters: int, sync_every_step: bool) -> float:
     return peak[0] / 2**20
 
 
-def main(argv=None) -> int:
-    # Setup ------------------------------------------------------------------------------------
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     p.add_argument("--size", type=flags.positive_int, help="matrix size of the seed's matmul benchmark")
-    args = flags.parse(p, argv, sizes={"steps": (100, 30), "size": (1000, 1000)})
-    rec = Recorder("async_execution", vars(args))
+
+
+def measure(args, rec) -> dict:
+    # Setup ------------------------------------------------------------------------------------
     n = args.size
     a = np.random.default_rng(args.seed).normal(size=(n, n)).astype(np.float32)
     x = tf.constant(a)
@@ -112,12 +111,14 @@ def main(argv=None) -> int:
         rec.add(MEMORY, row, {"peak_rss_growth_mib": mib, "buffer_mib": n * n * 4 / 2**20},
                 primary="peak_rss_growth_mib", lower_is_better=True, versus_first=False)
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    for table in (QUEUE, MEMORY):
-        print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
-    print(f"\ntiming without a sync says {wrong * 1e3:.1f} ms, with one {right * 1e3:.1f} ms: "
-          f"{right / wrong:.1f}x too optimistic")
+    return {"wrong": wrong, "right": right, "ahead": ahead, "bounded": bounded}
+
+
+def conclude(args, rec, found) -> Conclusion:
+    wrong, right, ahead, bounded = found["wrong"], found["right"], found["ahead"], found["bounded"]
+    n = args.size
+    line = (f"timing without a sync says {wrong * 1e3:.1f} ms, with one {right * 1e3:.1f} ms: "
+            f"{right / wrong:.1f}x too optimistic")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     m = {r["row"]: r["metrics"] for r in rec.table(QUEUE)}
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
                   f"output). TensorFlow's queue holds op handles and allocates each output when its op runs, and "
                   f"new inputs from the host wait for the queue (above), so the pile-up of inputs the seed warns "
                   f"about cannot form; reading the loss each step still bounds the queue, at no cost here.")
-    write_conclusion(args.out, "async_execution", (
+    return Conclusion((
         f"NumPy and synchronous TensorFlow return only when the work is done (the loop of {args.steps} matmul "
         f"chains took {m['NumPy matmul chain']['results_ready_ms']:.0f} and "
         f"{m['tf.function, synchronous']['results_ready_ms']:.0f} ms). Asynchronous, the loop returned after "
@@ -142,9 +143,12 @@ def main(argv=None) -> int:
         f"calls an eager op whose Python wrapper needs the pending result's shape "
         f"({m['async, new tf.constant each step']['front_end_ahead']:.0%} and "
         f"{m['async, eager tf.matmul']['front_end_ahead']:.0%} ahead), so in TensorFlow only graph calls and raw "
-        f"ops really run ahead. {memory}"))
-    return 0
+        f"ops really run ahead. {memory}"), [line])
 
+
+# --steps here is the length of the loop of calls whose clock is read before and after the sync.
+RECIPE = Recipe(name="async_execution", doc=__doc__, order=50, measure=measure, conclude=conclude,
+                add_flags=add_flags, uses=("steps",), sizes={"steps": (100, 30), "size": (1000, 1000)})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

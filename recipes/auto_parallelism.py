@@ -24,11 +24,10 @@ import sys
 
 import tensorflow as tf
 
-from tfperf import flags
-from tfperf.bench import Timer
+from tfperf.bench import Timer, interleave, one_after_another, versus
 from tfperf.devices import compute_devices, usable_cores
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Recipe
+from tfperf.stats import FASTER
 
 TOGETHER, OVERLAP = "two independent jobs: alone vs together", "compute y[i] while y[i-1] is copied"
 
@@ -41,38 +40,51 @@ def job(device: str, x: tf.Tensor, w: tf.Tensor, ops: int) -> tf.Tensor:
     return x
 
 
-def main(argv=None) -> int:
+def measure(args, rec) -> dict:
     # Setup: devices first, before any op fixes them -------------------------------------------
-    p = flags.parser(__doc__)
-    args = flags.parse(p, argv, sizes={"steps": (30, 10), "warmup": (3, 2)})
     devices = compute_devices(2)
     d0, d1 = devices
-    rec = Recorder("auto_parallelism", vars(args))
     kinds = {"large matmuls (1024, 4 ops)": (1024, 4), "small chain (64, 400 ops)": (64, 400)}
 
-    def measure(table, row, fn, **extra):
-        r = Timer(fn, name=row).measure(args.steps, warmup=args.warmup, profile_dir=args.profile)
-        rec.add(table, row, {"ms": r.median_s * 1e3, "p90_ms": r.p90_s * 1e3, **extra}, primary="ms",
-                lower_is_better=True, measurement=r)
-        return r.median_s
+    def race(table, timers, against):
+        """Interleave the timers; record each, judged against the Measurement `against` maps its name to."""
+        found = dict(zip([t.name for t in timers], interleave(
+            timers, samples=args.steps, warmup=args.warmup, seed=args.seed, profile_dir=args.profile)))
+        verdicts = {}
+        for row, m in found.items():
+            c = verdicts[row] = versus(against(found)[row], m) if row in against(found) else None
+            rec.add(table, row, {"ms": m.median_s * 1e3, "p90_ms": m.p90_s * 1e3}, primary="ms",
+                    lower_is_better=True, measurement=m, comparison=c)
+        return found, verdicts
 
     # Each job alone, then both in one graph: the executor starts whatever is ready ------------------
+    together = {}
     for kind, (n, ops) in kinds.items():
         with tf.device(d0):
             x0, w0 = tf.random.normal([n, n]), tf.random.normal([n, n], stddev=n ** -0.5)
         with tf.device(d1):
             x1, w1 = tf.random.normal([n, n]), tf.random.normal([n, n], stddev=n ** -0.5)
-        alone0 = measure(TOGETHER, f"{kind}: job on {d0} alone", tf.function(lambda: job(d0, x0, w0, ops)))
-        alone1 = measure(TOGETHER, f"{kind}: job on {d1} alone", tf.function(lambda: job(d1, x1, w1, ops)))
-        # Parallelism: two independent jobs in one graph; nothing orders them, so they run concurrently
-        both = measure(TOGETHER, f"{kind}: both, one on each device",
-                       tf.function(lambda: (job(d0, x0, w0, ops), job(d1, x1, w1, ops))))
-        same = measure(TOGETHER, f"{kind}: both on {d0}", tf.function(lambda: (job(d0, x0, w0, ops),
-                                                                              job(d0, x1, w1, ops))))
+        alone0, alone1 = f"{kind}: job on {d0} alone", f"{kind}: job on {d1} alone"
+        both, same = f"{kind}: both, one on each device", f"{kind}: both on {d0}"
+        timers = [Timer(tf.function(lambda: job(d0, x0, w0, ops)), name=alone0),
+                  Timer(tf.function(lambda: job(d1, x1, w1, ops)), name=alone1),
+                  # Parallelism: two independent jobs in one graph; nothing orders them, so they run concurrently
+                  Timer(tf.function(lambda: (job(d0, x0, w0, ops), job(d1, x1, w1, ops))), name=both),
+                  Timer(tf.function(lambda: (job(d0, x0, w0, ops), job(d0, x1, w1, ops))), name=same)]
+
+        def in_sequence(found, alone0=alone0, alone1=alone1, both=both, same=same):
+            # Together is judged against the two alone one after the other, sample by sample in the same rounds.
+            summed = one_after_another([found[alone0], found[alone1]], name="sum of the two alone")
+            return {both: summed, same: summed}
+
+        found, verdicts = race(TOGETHER, timers, in_sequence)
+        summed_s = found[alone0].median_s + found[alone1].median_s
         for r in rec.table(TOGETHER)[-2:]:
-            r["metrics"]["vs_sum_of_alone"] = r["metrics"]["ms"] / ((alone0 + alone1) * 1e3)
-        print(f"{kind}: alone {alone0 * 1e3:.1f} + {alone1 * 1e3:.1f} ms, together {both * 1e3:.1f} ms "
-              f"(two devices), {same * 1e3:.1f} ms (one device)", flush=True)
+            r["metrics"]["vs_sum_of_alone"] = r["metrics"]["ms"] / (summed_s * 1e3)
+        together[kind] = {"both": verdicts[both], "same": verdicts[same]}
+        print(f"{kind}: alone {found[alone0].median_s * 1e3:.1f} + {found[alone1].median_s * 1e3:.1f} ms, together "
+              f"{found[both].median_s * 1e3:.1f} ms (two devices), {found[same].median_s * 1e3:.1f} ms (one device)",
+              flush=True)
 
     # Overlap: copy each result while the next one is computed -----------------------------------------
     n, steps = 1024, 8
@@ -89,47 +101,49 @@ def main(argv=None) -> int:
                 copies.append(tf.raw_ops.DeepCopy(x=y))  # a real copy to the other device's memory
         return copies
 
-    serial = measure(OVERLAP, "compute, then copy, each step", tf.function(lambda: pipeline(False)))
-    overlapped = measure(OVERLAP, "copy y[i-1] while computing y[i]", tf.function(lambda: pipeline(True)))
+    serial, overlapped = "compute, then copy, each step", "copy y[i-1] while computing y[i]"
+    found, verdicts = race(OVERLAP, [Timer(tf.function(lambda: pipeline(False)), name=serial),
+                                     Timer(tf.function(lambda: pipeline(True)), name=overlapped)],
+                           lambda found: {overlapped: found[serial]})
+    return {"d0": d0, "kinds": list(kinds), "together": together, "overlap": verdicts[overlapped]}
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    for table in (TOGETHER, OVERLAP):
-        print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
+
+def conclude(args, rec, found) -> str:
     m = {r["row"]: r["metrics"] for r in rec.table(TOGETHER)}
-    large, small = list(kinds)
-    ratio = {k: m[f"{k}: both, one on each device"]["vs_sum_of_alone"] for k in kinds}
+    d0, (large, small), together, overlap = found["d0"], found["kinds"], found["together"], found["overlap"]
+    ratio = {k: m[f"{k}: both, one on each device"]["vs_sum_of_alone"] for k in (large, small)}
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     cores = usable_cores()
     on_cpu = d0.startswith("/CPU")
-    same_small = m[f"{small}: both on {d0}"]["vs_sum_of_alone"]
+    same_small, split_small = together[small]["same"], together[small]["both"]
     if not on_cpu:
         devices_text = "Each GPU has its own compute, so independent jobs on two GPUs overlap. "
     else:
         devices_text = (
             f"This machine has {cores} cores. One large matmul already spreads over all of them, so two at once "
             f"share them and take about the sum. A chain of small dependent ops keeps one core busy at a time: "
-            f"two such chains in one graph on the same device took {same_small:.2f}x the sum, "
-            + ("the second filling the idle core, " if same_small < 0.8 else "no better, ")
-            + f"and split over two logical devices {ratio[small]:.2f}x. "
+            f"two such chains in one graph on the same device, against the two one after the other: "
+            f"{same_small.describe()}, " + ("the second filling the idle core; " if same_small.verdict == FASTER
+                                            else "no gain; ")
+            + f"split over two logical devices: {split_small.describe()}. "
             + ("Where two chains did not overlap, TensorFlow's executor ran cheap ops inline on the thread that "
                "produced their input, which can put both chains on one thread: for cheap ops, concurrency is up "
                "to the scheduler. Logical CPU devices share the same cores and thread pools; they are for "
-               "testing placement code, not a source of cores. " if max(same_small, ratio[small]) > 0.8 else
-               "Logical CPU devices share the same cores: the gain is the idle core, not the device label. "))
-    copy = overlapped / serial
-    copy_text = (f"Copying each result while the next is computed took {copy:.2f}x the time of compute then copy "
-                 f"({overlapped * 1e3:.1f} against {serial * 1e3:.1f} ms)"
-                 + (": the copy hid behind the compute." if copy < 0.9 else
+               "testing placement code, not a source of cores. " if FASTER not in (same_small.verdict, split_small.verdict)
+               else "Logical CPU devices share the same cores: the gain is the idle core, not the device label. "))
+    copy_text = (f"Copying each result while the next is computed, against compute then copy: {overlap.describe()}"
+                 + (": the copy hid behind the compute." if overlap.verdict == FASTER else
                     ": no gain here, because on a CPU the copy is a memcpy on the same cores and memory bus as "
                     "the compute; a GPU's copy engines move data next to its compute units, which is where this "
                     "overlap pays."))
-    write_conclusion(args.out, "auto_parallelism", (
-        f"Two independent jobs in one graph, one per device, took {ratio[large]:.2f}x the sum of their times "
-        f"alone for large matmuls and {ratio[small]:.2f}x for the chain of small ops. {devices_text}{copy_text}"))
-    return 0
+    return (f"Two independent jobs in one graph, one per device, took {ratio[large]:.2f}x the sum of their times "
+            f"alone for large matmuls (against one after the other: {together[large]['both'].describe()}) and "
+            f"{ratio[small]:.2f}x for the chain of small ops. {devices_text}{copy_text}")
 
+
+RECIPE = Recipe(name="auto_parallelism", doc=__doc__, order=60, measure=measure, conclude=conclude,
+                uses=("steps", "warmup"), sizes={"steps": (30, 10), "warmup": (3, 2)})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

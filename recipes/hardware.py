@@ -36,8 +36,8 @@ from tfperf import flags
 from tfperf.bench import Timer, interleave, matmul_flops_per_s, versus
 from tfperf.catalog import MODEL_NAMES
 from tfperf.models import activation_bytes, flops, get_net
-from tfperf.report import markdown_table, save_figure, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe
+from tfperf.report import save_figure
 
 MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY = (
     "memory bandwidth", "working-set sweep: latency of a dependent load", "matmul FLOP/s by dtype and size",
@@ -98,11 +98,11 @@ def tcp_round_trip_s(reps: int = 200) -> float:
     return float(np.median(times))
 
 
-def main(argv=None) -> int:
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     p.add_argument("--stream-mb", type=flags.positive_int, help="array size of the streaming benchmarks (MB)")
-    args = flags.parse(p, argv, sizes={"steps": (20, 8), "warmup": (2, 1), "stream_mb": (512, 256)})
-    rec = Recorder("hardware", vars(args))
+
+
+def measure(args, rec) -> dict:
     caches = cache_sizes()
 
     # Memory bandwidth: stream a large array that no cache can hold -------------------------------
@@ -229,19 +229,24 @@ def main(argv=None) -> int:
                                "how": notes.get(row, "measured") if measured.get(row) else "not measured"},
                 primary="classic_ns", lower_is_better=True, versus_first=False)
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    for table in (MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY):
-        print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
+    return {"clock_ratio": clock_ratio, "size": size, "tf_gflops": tf_gflops, "numpy_gflops": numpy_gflops,
+            "numpy_vs_tf": numpy_vs_tf, "figure": figure, "ridge": ridge, "bandwidth": bandwidth, "peak": peak,
+            "at_level": at_level, "dispatch": dispatch}
+
+
+def conclude(args, rec, found) -> Conclusion:
+    clock_ratio, numpy_vs_tf, ridge, bandwidth, peak, at_level, dispatch = (
+        found[k] for k in ("clock_ratio", "numpy_vs_tf", "ridge", "bandwidth", "peak", "at_level", "dispatch"))
     agree = abs(clock_ratio - 1) <= AGREEMENT
-    print(f"\nmatmul float32 {size}: the per-call clock and {CHAIN} chained matmuls read back "
-          f"{'agree' if agree else 'DISAGREE'} within {AGREEMENT:.0%} ({clock_ratio:.2f}x); TensorFlow "
-          f"{tf_gflops:.1f} GFLOP/s, NumPy {numpy_gflops:.1f} GFLOP/s: NumPy {numpy_vs_tf.describe()}")
-    print(f"roofline: {figure}; ridge point {ridge:.1f} FLOP/byte")
+    lines = [f"matmul float32 {found['size']}: the per-call clock and {CHAIN} chained matmuls read back "
+             f"{'agree' if agree else 'DISAGREE'} within {AGREEMENT:.0%} ({clock_ratio:.2f}x); TensorFlow "
+             f"{found['tf_gflops']:.1f} GFLOP/s, NumPy {found['numpy_gflops']:.1f} GFLOP/s: NumPy "
+             f"{numpy_vs_tf.describe()}",
+             f"roofline: {found['figure']}; ridge point {ridge:.1f} FLOP/byte"]
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     r = {row["row"]: row["metrics"] for row in rec.table(ROOFLINE)}
-    write_conclusion(args.out, "hardware", (
+    return Conclusion((
         f"This machine streams {bandwidth / 1e9:.1f} GB/s from memory (the faster of NumPy's copy and "
         f"TensorFlow's reduce_sum) and multiplies "
         f"float32 matrices at up to {peak / 1e9:.0f} GFLOP/s (the per-call clock "
@@ -257,8 +262,8 @@ def main(argv=None) -> int:
         + ", ".join(f"{name} {m['flops_per_byte']:.0f} FLOP/B ({m['bound']}-bound, {m['share_of_roof']:.0%} of "
                     f"its roof)" for name, m in r.items())
         + ". A model far below its roof is limited by something else: dispatch, small kernels, or the "
-        f"memory traffic of element-wise layers that the FLOP count ignores."))
-    return 0 if agree else 1
+        "memory traffic of element-wise layers that the FLOP count ignores."), lines,
+        "" if agree else "the per-call clock disagrees with chained matmuls read back")
 
 
 def roofline_plot(points, peak: float, bandwidth: float, path: Path) -> Path:
@@ -282,5 +287,8 @@ def roofline_plot(points, peak: float, bandwidth: float, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+RECIPE = Recipe(name="hardware", doc=__doc__, order=70, measure=measure, conclude=conclude, add_flags=add_flags,
+                uses=("steps", "warmup"), sizes={"steps": (20, 8), "warmup": (2, 1), "stream_mb": (512, 256)})
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

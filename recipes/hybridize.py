@@ -24,6 +24,7 @@ difference".
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -33,8 +34,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf.bench import Timer, interleave, peak_matmul_flops_per_s, timing_ms, versus
 from tfperf.models import flops, get_net
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe
 
 LADDER, FUSION = "overhead ladder (MLP, batch 1)", "element-wise chain (memory-bound)"
 ONE_PASS, NUMPY_COPY = "x + 1 (one memory pass)", "NumPy copy (the bandwidth yardstick)"
@@ -49,24 +49,23 @@ def said(helps: list[str], hurts: list[str], same: list[str]) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def main(argv=None) -> None:
-    # Setup ------------------------------------------------------------------------------------
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     p.add_argument("--loop-iters", type=flags.positive_int, help="forward passes inside one graph call")
     p.add_argument("--chain-size", type=flags.positive_int, help="elements in the element-wise chain")
-    p.add_argument("--min-time", type=float, help="seconds of samples per alternative (when --steps is not given)")
-    args = flags.parse(p, argv, sizes={"warmup": (20, 5), "batch_size": (4096, 2048),
-                                       "loop_iters": (1000, 200), "chain_size": (1 << 24, 1 << 22)})
-    args.min_time = args.min_time or (2.0 if not args.quick else 0.6)
+    p.add_argument("--min-time", type=flags.positive_float,
+                   help="seconds of samples per alternative (when --steps is not given)")
+
+
+def measure(args, rec) -> dict:
+    # Setup ------------------------------------------------------------------------------------
     tf.random.set_seed(args.seed)
-    rec = Recorder("hybridize", vars(args))
     net = get_net("mlp")
     x = tf.random.normal([1, 512])
 
     def forward(x):
         return net(x, training=False)
 
-    def measure(table, timers, baselines, metrics, primary):
+    def race(table, timers, baselines, metrics, primary):
         """Interleave the table's timers; record each row (metrics(m, all)) against the row named in `baselines`."""
         found = dict(zip([t.name for t in timers], interleave(
             timers, rounds=ROUNDS, samples=args.steps, warmup=args.warmup, min_time_s=args.min_time,
@@ -114,7 +113,7 @@ def main(argv=None) -> None:
     baselines = {"tf.function": "eager", "concrete function": "tf.function", "XLA jit_compile": "tf.function",
                  "graph loop (tf.while_loop)": "tf.function", "XLA loop (tf.while_loop)": "graph loop (tf.while_loop)",
                  batched_graph: "tf.function", batched_xla: batched_graph}
-    ladder, lc = measure(LADDER, timers, baselines, lambda m, _: {
+    ladder, lc = race(LADDER, timers, baselines, lambda m, _: {
         "us_per_sample": m.median_per_item_s * 1e6, "samples_per_call": m.items_per_call, **timing_ms(m)},
         "us_per_sample")
 
@@ -141,21 +140,27 @@ def main(argv=None) -> None:
               Timer(tf.function(lambda: gelu(c)), name="GELU chain, tf.function")]
     # XLA: fuse the nine element-wise ops into one loop
     timers.append(Timer(tf.function(lambda: gelu(c), jit_compile=True), name="GELU chain, XLA"))
-    chains, cc = measure(FUSION, timers, {ONE_PASS: NUMPY_COPY, "GELU chain, tf.function": "GELU chain, eager",
+    chains, cc = race(FUSION, timers, {ONE_PASS: NUMPY_COPY, "GELU chain, tf.function": "GELU chain, eager",
                                           "GELU chain, XLA": "GELU chain, tf.function"}, lambda m, found: {
         "ms_per_call": m.median_s * 1e3, "effective_gb_per_s": chain_bytes / m.median_s / 1e9,
         "memory_passes": m.median_s / found[ONE_PASS].median_s, "p90_ms": m.p90_s * 1e3}, "ms_per_call")
 
+    return {"ladder": ladder, "lc": lc, "chains": chains, "cc": cc, "limit_us": limit_us, "peak": peak,
+            "model_flops": model_flops, "chain_bytes": chain_bytes}
+
+
+def conclude(args, rec, found) -> Conclusion:
     # Results --------------------------------------------------------------------------------------
-    rec.save(args.out)
-    print(f"## {LADDER}\n\n{markdown_table(rec.table(LADDER))}\n\n## {FUSION}\n\n{markdown_table(rec.table(FUSION))}\n")
+    ladder, lc, chains, cc = found["ladder"], found["lc"], found["chains"], found["cc"]
+    batched_xla = f"batched XLA ({args.batch_size} rows)"
+    limit_us, peak, model_flops, chain_bytes = found["limit_us"], found["peak"], found["model_flops"], found["chain_bytes"]
     us = {row: m.median_per_item_s * 1e6 for row, m in ladder.items()}
     best = min(us, key=us.get)
-    print(f"best rung: {best}, {us[best]:.2f} us/sample = {us[best] / limit_us:.2f}x the compute limit "
-          f"({limit_us:.2f} us: {model_flops:,} FLOPs at {peak / 1e9:.1f} GFLOP/s)")
     bandwidth = {row: chain_bytes / m.median_s / 1e9 for row, m in chains.items()}
-    print(f"one memory pass: {bandwidth[ONE_PASS]:.1f} GB/s = {bandwidth[ONE_PASS] / bandwidth[NUMPY_COPY]:.2f}x "
-          f"a NumPy copy ({bandwidth[NUMPY_COPY]:.1f} GB/s)")
+    lines = [f"best rung: {best}, {us[best]:.2f} us/sample = {us[best] / limit_us:.2f}x the compute limit "
+             f"({limit_us:.2f} us: {model_flops:,} FLOPs at {peak / 1e9:.1f} GFLOP/s)",
+             f"one memory pass: {bandwidth[ONE_PASS]:.1f} GB/s = {bandwidth[ONE_PASS] / bandwidth[NUMPY_COPY]:.2f}x "
+             f"a NumPy copy ({bandwidth[NUMPY_COPY]:.1f} GB/s)"]
 
     # Conclusion, from this run's numbers -----------------------------------------------------------
     xla_says = {"a batch-1 call": lc["XLA jit_compile"], "the large batch": lc[batched_xla],
@@ -178,9 +183,13 @@ def main(argv=None) -> None:
         f"On this machine XLA {said(helps, hurts, same)}: it pays where fusing "
         f"ops saves memory passes or dispatches, not where one big matmul already runs at the library's speed."
     )
-    write_conclusion(args.out, "hybridize", conclusion)
-    print(conclusion)
+    return Conclusion(conclusion, lines)
 
+
+RECIPE = Recipe(name="hybridize", doc=__doc__, order=10, measure=measure, conclude=conclude, add_flags=add_flags,
+                uses=("steps", "warmup", "batch_size"),
+                sizes={"warmup": (20, 5), "batch_size": (4096, 2048), "loop_iters": (1000, 200),
+                       "chain_size": (1 << 24, 1 << 22), "min_time": (2.0, 0.6)})
 
 if __name__ == "__main__":
-    main()
+    sys.exit(RECIPE.main())

@@ -29,23 +29,24 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Timer, profiled
+from tfperf.bench import Timer, versus
 from tfperf.models import get_net
-from tfperf.report import markdown_table, timeline_chart, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe
+from tfperf.report import timeline_chart
 from tfperf.train import make_train_step
 
 TABLE = "input pipeline variants"
 EVENTS: list[tuple[str, float, float]] = []  # (thread, start, end) of every load, written by the loader threads
 
 
-def main(argv=None) -> int:
+def add_flags(p) -> None:
+    p.add_argument("--load-ms", type=flags.positive_float,
+                   help="cost of loading one batch (default: twice the model step)")
+
+
+def measure(args, rec) -> dict:
     # Setup ------------------------------------------------------------------------------------
-    p = flags.parser(__doc__)
-    p.add_argument("--load-ms", type=float, help="cost of loading one batch (default: twice the model step)")
-    args = flags.parse(p, argv, sizes={"steps": (100, 30), "warmup": (5, 3), "batch_size": (64, 64)})
     tf.random.set_seed(args.seed)
-    rec = Recorder("input_pipeline", vars(args))
     model = get_net("cnn")
     optimizer = keras.optimizers.Adam(1e-3)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -86,33 +87,43 @@ def main(argv=None) -> int:
     }
 
     # Each variant: time the steps, including the wait for the batch --------------------------------
-    timelines = {}
+    # One variant after another, not interleaved: a prefetching pipeline keeps loading while it is not
+    # read, so after another variant's turn its buffer would be full and its first steps free.
+    timelines, measured = {}, {}
     for row, ds in variants.items():
         it = iter(ds)
         if row.startswith("cache"):
             for _ in range(16):  # the first pass fills the cache
                 next(it)
-        for _ in range(args.warmup):
-            train_step(*next(it))
+        consumer = []
+
+        def consume(it=it, consumer=consumer):
+            t0 = time.perf_counter()
+            x, y = next(it)
+            t1 = time.perf_counter()
+            loss = train_step(x, y)
+            consumer.append((t0, t1))  # the step's end is the Timer's clock; the wait is kept on the side
+            return loss
+
+        timer = Timer(consume, name=row, items_per_call=args.batch_size)
+        timer.start(args.warmup)
         EVENTS.clear()
-        consumer, t_origin = [], time.perf_counter()
-        with profiled(args.profile, row):
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                x, y = next(it)
-                t1 = time.perf_counter()
-                float(train_step(x, y))  # float() waits for the step
-                consumer.append((t0, t1, time.perf_counter()))
-        waits = np.array([t1 - t0 for t0, t1, _ in consumer])
-        totals = np.array([t2 - t0 for t0, _, t2 in consumer])
+        del consumer[:]
+        t_origin = time.perf_counter()
+        m = measured[row] = timer.measure(args.steps, warmup=0)
+        waits = np.array([t1 - t0 for t0, t1 in consumer[:m.n]])
         rec.add(TABLE, row, {
-            "ms_per_step": float(np.median(totals)) * 1e3, "waiting_for_input_ms": float(np.median(waits)) * 1e3,
-            "input_bound_share": float(waits.sum() / totals.sum()),
-            "samples_per_s": args.batch_size / float(np.median(totals))}, primary="ms_per_step", lower_is_better=True)
-        timelines[row] = (t_origin, consumer, list(EVENTS))
+            "ms_per_step": m.median_s * 1e3, "waiting_for_input_ms": float(np.median(waits)) * 1e3,
+            "input_bound_share": float(waits.sum() / sum(m.samples_s)), "samples_per_s": m.items_per_s},
+            primary="ms_per_step", lower_is_better=True, measurement=m,
+            comparison=versus(measured["naive: map, no overlap"], m) if row != "naive: map, no overlap" else None)
+        # The timeline: each step from its request for a batch to the next request (the last one is left out).
+        timelines[row] = (t_origin, [(t0, t1, t2) for (t0, t1), (t2, _) in zip(consumer, consumer[1:m.n])],
+                          list(EVENTS))
+        timer.profile(args.profile)  # a separate pass, after the recorded one
     rec.add(TABLE, "model alone (data in memory)", {
         "ms_per_step": step.median_s * 1e3, "waiting_for_input_ms": 0.0, "input_bound_share": 0.0,
-        "samples_per_s": step.items_per_s}, primary="ms_per_step", lower_is_better=True)
+        "samples_per_s": step.items_per_s}, primary="ms_per_step", lower_is_better=True, measurement=step)
 
     # Timeline: the first steps of the naive and the tuned pipeline ----------------------------------
     lanes = {}
@@ -131,26 +142,32 @@ def main(argv=None) -> int:
                             colors={"waiting for input": "#C44E52", "training step": "#4C72B0",
                                     "loading a batch": "#55A868"})
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    print(f"\n## {TABLE}\n\n{markdown_table(rec.table(TABLE))}\n\ntimeline: {figure}")
+    return {"figure": figure, "load_s": load_s}
+
+
+def conclude(args, rec, found) -> Conclusion:
     m = {r["row"]: r["metrics"] for r in rec.table(TABLE)}
     naive, tuned, alone = m["naive: map, no overlap"], m["parallel map + prefetch"], m["model alone (data in memory)"]
+    gain = next(r for r in rec.table(TABLE) if r["row"] == "parallel map + prefetch")
+    load_s = found["load_s"]
 
     # Conclusion, from this run's numbers ------------------------------------------------------
-    write_conclusion(args.out, "input_pipeline", (
+    return Conclusion((
         f"With loading at {load_s * 1e3:.0f} ms per batch and a {alone['ms_per_step']:.0f} ms model step, the naive "
         f"pipeline took {naive['ms_per_step']:.0f} ms per step and spent {naive['input_bound_share']:.0%} of its "
         f"time waiting for input: load plus step, one after the other. A one-batch prefetch brought it to "
         f"{m['prefetch']['ms_per_step']:.0f} ms: overlap hides the shorter of the two, but one loader at a time "
         f"still cannot keep up with a load twice the step. Parallel map plus prefetch reached "
-        f"{tuned['ms_per_step']:.0f} ms ({naive['ms_per_step'] / tuned['ms_per_step']:.1f}x the naive pipeline, "
+        f"{tuned['ms_per_step']:.0f} ms ({gain['ratio']:.1f}x the naive pipeline's speed, 95% CI "
+        f"{gain['ratio_ci95'][0]:.1f}-{gain['ratio_ci95'][1]:.1f}x: {gain['verdict']}; "
         f"{tuned['input_bound_share']:.0%} waiting), against {alone['ms_per_step']:.0f} ms for the model alone; "
         f"the cache's second pass took {m['cache (second pass)']['ms_per_step']:.0f} ms. Loads that wait (I/O) "
         f"overlap freely; loads that compute (decoding, augmentation) compete with the model for the same "
-        f"cores, which is when moving them off the training host or caching them pays most."))
-    return 0
+        f"cores, which is when moving them off the training host or caching them pays most."), [f"timeline: {found['figure']}"])
 
+
+RECIPE = Recipe(name="input_pipeline", doc=__doc__, order=40, measure=measure, conclude=conclude, add_flags=add_flags,
+                uses=("steps", "warmup", "batch_size"), sizes={"steps": (100, 30), "warmup": (5, 3), "batch_size": (64, 64)})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

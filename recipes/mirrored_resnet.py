@@ -28,34 +28,33 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf.bench import peak_matmul_flops_per_s
-from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
+from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import flops, get_net
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe, RecipeError
 from tfperf.train import fit_timed
 
 TABLE = "ResNet-18, MirroredStrategy by device count"
 
 
-def main(argv=None) -> int:
-    # Setup: devices first, before any op fixes them -------------------------------------------
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     flags.add_dataset_flag(p, "mnist-5k")
     p.add_argument("--devices", type=flags.positive_int, default=2, help="the most devices to mirror over")
     p.add_argument("--epochs", type=flags.positive_int, help="passes over the training examples")
     p.add_argument("--train-size", type=flags.positive_int, help="training examples used (default: all)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate for one device's batch")
-    p.set_defaults(steps=0)  # --steps caps the steps per epoch (tests); 0 means a full pass
-    args = flags.parse(p, argv, sizes={"epochs": (5, 2), "batch_size": (128, 32), "train_size": (10**9, 128)})
+    p.add_argument("--max-steps", type=flags.positive_int, help="at most this many steps per epoch (tests)")
+
+
+def measure(args, rec) -> dict:
+    # Setup: devices first, before any op fixes them -------------------------------------------
     try:
         devices = compute_devices(args.devices)
-        data = load_arrays(args.dataset, seed=args.seed)
-    except (DatasetUnavailable, ValueError) as exc:
-        sys.exit(f"mirrored_resnet: error: {exc}")
+    except ValueError as exc:
+        raise RecipeError(exc) from None
+    data = load_arrays(args.dataset, seed=args.seed)
     n_train = min(args.train_size, len(data.x_train))
     n_test = min(len(data.x_test), max(n_train // 4, 256))
-    rec = Recorder("mirrored_resnet", vars(args))
     print(f"{n_train} training and {n_test} test examples of {args.dataset}; devices {', '.join(devices)}")
 
     # Baseline: one device; then all of them. The same code, the strategy is the only difference ---
@@ -69,28 +68,30 @@ def main(argv=None) -> int:
             model.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.9),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         train = to_dataset(data.x_train[:n_train], data.y_train[:n_train], batch_size=global_batch, seed=args.seed)
-        train = train.take(args.steps) if args.steps else train
+        train = train.take(args.max_steps) if args.max_steps else train
         history, timer = fit_timed(model, train, epochs=args.epochs, profile_dir=args.profile,
                                    profile_name=f"{n}-devices", verbose=2, shuffle=False)
         test = to_dataset(data.x_test[:n_test], data.y_test[:n_test], batch_size=global_batch, shuffle=False)
         _, test_accuracy = model.evaluate(test, verbose=0)
         rec.add(TABLE, f"{n} device{'s' * (n > 1)}", {
             "s_per_epoch": timer.steady_s, "first_epoch_s": timer.epoch_s[0],
-            "samples_per_s": min(n_train, args.steps * global_batch or n_train) / timer.steady_s, "global_batch": global_batch, "lr": lr,
+            "samples_per_s": min(n_train, (args.max_steps or n_train) * global_batch) / timer.steady_s, "global_batch": global_batch, "lr": lr,
             "final_loss": history.history["loss"][-1], "test_accuracy": test_accuracy},
             primary="s_per_epoch", lower_is_better=True)
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    print(f"\n## {TABLE}\n\n{markdown_table(rec.table(TABLE))}\n")
-    rows = {r["row"]: r["metrics"] for r in rec.table(TABLE)}
-    one, many = rows["1 device"], rows[f"{args.devices} devices"] if args.devices > 1 else rows["1 device"]
-    ratio = one["s_per_epoch"] / many["s_per_epoch"]
     model_gflop = 3 * flops(model) / 1e9  # forward + backward is about 3x the forward pass
     with tf.device(devices[0]):
         peak = peak_matmul_flops_per_s() / 1e9
+    return {"devices": devices, "n_train": n_train, "model_gflop": model_gflop, "peak": peak}
+
+
+def conclude(args, rec, found) -> Conclusion:
+    devices, n_train, model_gflop, peak = found["devices"], found["n_train"], found["model_gflop"], found["peak"]
+    rows = {r["row"]: r["metrics"] for r in rec.table(TABLE)}
+    one, many = rows["1 device"], rows[f"{args.devices} devices"] if args.devices > 1 else rows["1 device"]
+    ratio = one["s_per_epoch"] / many["s_per_epoch"]
     used = model_gflop * one["samples_per_s"]
-    print(f"{args.devices} devices vs 1: {ratio:.2f}x the speed; training costs about {model_gflop:.1f} GFLOP per "
+    line = (f"{args.devices} devices vs 1: {ratio:.2f}x the speed; training costs about {model_gflop:.1f} GFLOP per "
           f"example: one device ran {used:.0f} GFLOP/s, {used / peak:.0%} of the {peak:.0f} GFLOP/s matmul peak "
           f"measured now")
 
@@ -109,13 +110,16 @@ def main(argv=None) -> int:
                f"peak), so mirroring adds the all-reduce and the batch split without adding compute.")
     short = (" Accuracy after so few examples says little: run without --quick for the seed's comparison."
              if n_train < 2048 else "")
-    write_conclusion(args.out, "mirrored_resnet", (
+    return Conclusion((
         f"Mirroring ResNet-18 over {args.devices} devices ran an epoch {ratio:.2f}x as fast as one device "
         f"({many['s_per_epoch']:.1f} s against {one['s_per_epoch']:.1f} s for {n_train} examples), with the "
         f"global batch {many['global_batch']} and the rate scaled to {many['lr']:g}. {why} Test accuracy "
-        f"{one['test_accuracy']:.3f} on one device and {many['test_accuracy']:.3f} on {args.devices}.{short}"))
-    return 0
+        f"{one['test_accuracy']:.3f} on one device and {many['test_accuracy']:.3f} on {args.devices}.{short}"), [line])
 
+
+RECIPE = Recipe(name="mirrored_resnet", doc=__doc__, order=90, measure=measure, conclude=conclude,
+                add_flags=add_flags, uses=("batch_size",),
+                sizes={"epochs": (5, 2), "batch_size": (128, 32), "train_size": (10**9, 128)})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

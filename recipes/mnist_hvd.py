@@ -34,11 +34,10 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf import hvd as thvd
 from tfperf.bench import Measurement, profiled
-from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
+from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import usable_cores
 from tfperf.models import get_net
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe, RecipeError
 from tfperf.train import accuracy
 
 TARGET_ACCURACY = {"mnist-5k": 0.95, "mnist": 0.98}  # after a full-size run (10 epochs)
@@ -76,15 +75,7 @@ def make_train_step(model, optimizer, loss_fn, *, communicate: bool = True):
     return train_step
 
 
-def main(argv=None) -> int:
-    hvd.init()  # Horovod: start the ranks' communication; rank and size come from horovodrun
-    devices = thvd.pin_to_local_gpu()  # Horovod: one GPU per rank, or a share of the CPU cores
-    rank, size = hvd.rank(), hvd.size()
-    chief = rank == 0  # Horovod: rank 0 alone prints, writes records and checkpoints
-    peers = thvd.peer_processes()  # Horovod: who runs where, so that a rank that dies can be named
-
-    # Setup ------------------------------------------------------------------------------------
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     flags.add_model_flag(p, "cnn")
     flags.add_dataset_flag(p, "mnist-5k")
     p.add_argument("--epochs", type=flags.positive_int, help="passes over the training set")
@@ -92,20 +83,27 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-epochs", type=float, default=1.0, help="epochs to ramp the rate up to lr x size")
     p.add_argument("--checkpoint-dir", default="checkpoints/mnist_hvd", help="each run writes a new folder here")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue from the latest checkpoint in a run folder")
-    p.set_defaults(steps=0)  # --steps here caps the steps per epoch (tests); 0 means a full pass
-    args = flags.parse(p, argv, sizes={"epochs": (10, 2), "warmup": (5, 5), "batch_size": (64, 64)})
-    try:
-        data = load_arrays(args.dataset, seed=args.seed)
-    except (DatasetUnavailable, ValueError) as exc:
-        sys.exit(f"mnist_hvd: error: {exc}")
+    p.add_argument("--max-steps", type=flags.positive_int, help="at most this many steps per epoch (tests)")
+
+
+def measure(args, rec) -> dict:
+    hvd.init()  # Horovod: start the ranks' communication; rank and size come from horovodrun
+    devices = thvd.pin_to_local_gpu()  # Horovod: one GPU per rank, or a share of the CPU cores
+    rank, size = hvd.rank(), hvd.size()
+    chief = rank == 0  # Horovod: rank 0 alone prints, writes records and checkpoints
+    peers = thvd.peer_processes()  # Horovod: who runs where, so that a rank that dies can be named
+
+    # Setup ------------------------------------------------------------------------------------
+    rec.args["np"] = size
+    data = load_arrays(args.dataset, seed=args.seed)
     model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
     # Horovod: every rank sees the same number of steps, or the last all-reduce would wait forever
     steps_per_epoch = len(data.x_train) // (args.batch_size * size)
-    if args.steps:
-        steps_per_epoch = min(steps_per_epoch, args.steps)
+    if args.max_steps:
+        steps_per_epoch = min(steps_per_epoch, args.max_steps)
     if steps_per_epoch < 1:
-        sys.exit(f"mnist_hvd: error: {len(data.x_train)} training examples cannot fill one batch of "
-                 f"{args.batch_size} on each of {size} ranks: use a smaller --batch-size")
+        raise RecipeError(f"{len(data.x_train)} training examples cannot fill one batch of "
+                          f"{args.batch_size} on each of {size} ranks: use a smaller --batch-size")
     batches = input_batches(data, args.batch_size, args.seed, rank, size)
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
     optimizer = make_optimizer(args.lr, size, warmup_steps)
@@ -117,8 +115,8 @@ def main(argv=None) -> int:
     if args.resume and chief:  # Horovod: rank 0 restores; the broadcast below hands its state to the others
         latest = tf.train.latest_checkpoint(args.resume)
         if latest is None:
-            sys.exit(f"mnist_hvd: error: no checkpoint in {args.resume}: pass a run folder under "
-                     f"{args.checkpoint_dir} that holds ckpt-* files")
+            raise RecipeError(f"no checkpoint in {args.resume}: pass a run folder under "
+                              f"{args.checkpoint_dir} that holds ckpt-* files")
         ckpt.restore(latest).assert_existing_objects_matched()
         run_dir = Path(args.resume)
     # Horovod: start every rank from rank 0's weights and optimizer state (random init differs per rank)
@@ -131,12 +129,14 @@ def main(argv=None) -> int:
     train_step = make_train_step(model, optimizer, loss_fn)
 
     # Training ---------------------------------------------------------------------------------
-    step_times, started = [], time.perf_counter()
+    step_times, started, traced = [], time.perf_counter(), 0
     try:
         while int(epoch.numpy()) < args.epochs:
             losses = []
-            last = int(epoch.numpy()) == args.epochs - 1  # --profile traces rank 0's last epoch: warm, measured
-            with profiled(args.profile if chief and last else None, f"rank0-np{size}"):
+            # --profile traces rank 0's last epoch, whose steps are then left out of the samples.
+            trace = bool(args.profile) and chief and int(epoch.numpy()) == args.epochs - 1 and args.epochs > 1
+            traced = steps_per_epoch if trace else traced
+            with profiled(args.profile if trace else None, f"rank0-np{size}"):
                 for _ in range(steps_per_epoch):
                     t0 = time.perf_counter()
                     losses.append(float(train_step(*next(batches))))  # float() waits for the step to finish
@@ -153,10 +153,11 @@ def main(argv=None) -> int:
         print(f"mnist_hvd: error: rank {rank} of {size} lost its peers at epoch {int(epoch.numpy()) + 1}, step "
               f"{len(step_times) + 1}: {thvd.describe_failure(peers)} ({type(exc).__name__})",
               file=sys.stderr, flush=True)
-        return 1
+        raise SystemExit(1)
 
     # Results: every rank measures itself, rank 0 prints all -----------------------------------
-    timed = np.array(step_times[args.warmup:] or step_times)  # the first steps include tracing
+    recorded = step_times[:len(step_times) - traced]
+    timed = np.array(recorded[args.warmup:] or recorded)  # the first steps include tracing
     mine = args.batch_size / float(np.median(timed))
     per_rank = hvd.allgather(tf.constant([mine], tf.float64)).numpy()  # Horovod: collect every rank's rate
     # Horovod: test accuracy over the whole test set, each rank scoring its own shard
@@ -166,8 +167,7 @@ def main(argv=None) -> int:
     test_accuracy = counts["correct"] / counts["seen"]
     drift = thvd.max_weight_difference(model.variables)  # Horovod: must be exactly 0 on every rank
     if not chief:
-        return 0 if drift == 0.0 else 1
-    rec = Recorder("mnist_hvd", {**vars(args), "np": size})
+        raise SystemExit(0 if drift == 0.0 else 1)  # Horovod: the other ranks neither record nor print
     for r, rate in enumerate(per_rank):
         rec.add(THROUGHPUT, f"rank {r}", {"samples_per_s": rate, "ms_per_step": args.batch_size / rate * 1e3},
                 primary="samples_per_s", lower_is_better=False)
@@ -180,33 +180,38 @@ def main(argv=None) -> int:
         "test_accuracy": test_accuracy, "final_loss": mean_loss, "weight_drift": drift, "epochs": int(epoch.numpy()),
         "global_batch": args.batch_size * size, "updates": len(step_times), "wall_s": time.perf_counter() - started},
         primary="test_accuracy", lower_is_better=False)
-    rec.save(args.out)
-    for table in (THROUGHPUT, RESULT):
-        print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
-    print(f"samples/s per rank: {per_rank.mean():.0f} (median step), total on {size} rank(s): {per_rank.sum():.0f}")
-    print(f"test accuracy {test_accuracy:.4f} on {counts['seen']:.0f} images; checkpoint {manager.latest_checkpoint}")
-    print(f"weights identical on all ranks: {drift == 0.0} (largest difference from rank 0: {drift:g})")
+    return {"size": size, "per_rank": per_rank, "test_accuracy": test_accuracy, "seen": counts["seen"],
+            "checkpoint": manager.latest_checkpoint, "drift": drift, "epochs": int(epoch.numpy())}
+
+
+def conclude(args, rec, found) -> Conclusion:
+    size, per_rank, test_accuracy, drift = found["size"], found["per_rank"], found["test_accuracy"], found["drift"]
+    lines = [f"samples/s per rank: {per_rank.mean():.0f} (median step), total on {size} rank(s): {per_rank.sum():.0f}",
+             f"test accuracy {test_accuracy:.4f} on {found['seen']:.0f} images; checkpoint {found['checkpoint']}",
+             f"weights identical on all ranks: {drift == 0.0} (largest difference from rank 0: {drift:g})"]
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     target = TARGET_ACCURACY.get(args.dataset)
-    full_run = args.epochs >= 10 and not args.steps
+    full_run = args.epochs >= 10 and not args.max_steps
     reached = ("no target is stated for this data set" if target is None else
                f"the full-size target is {target:.2f}: {'reached' if test_accuracy >= target else 'NOT reached'}"
                if full_run else f"a short run; the target of {target:.2f} applies to 10 full epochs")
     cores = usable_cores()
-    write_conclusion(args.out, "mnist_hvd", (
-        f"{size} rank(s) trained {args.model} on {args.dataset} for {int(epoch.numpy())} epoch(s) to test "
+    return Conclusion((
+        f"{size} rank(s) trained {args.model} on {args.dataset} for {found['epochs']} epoch(s) to test "
         f"accuracy {test_accuracy:.3f} ({reached}). Each rank ran {per_rank.mean():.0f} samples/s, "
         f"{per_rank.sum():.0f} in total. On this host's {cores} CPU core(s) the ranks split the same cores, "
         f"so the total cannot grow past one process using all of them; Horovod's gain is on machines with a "
         f"GPU (or a whole host) per rank, where each rank adds its own compute and only the all-reduce is "
         f"shared (see scaling_model). The weights were identical on all ranks after training "
-        f"(largest difference {drift:g})."))
-    if drift != 0.0:
-        print("mnist_hvd: error: ranks ended with different weights", file=sys.stderr)
-        return 1
-    return 0
+        f"(largest difference {drift:g})."), lines, "" if drift == 0.0 else "ranks ended with different weights")
 
+
+# Horovod's ranks are separate processes that its launcher starts. The main job runs two: enough for a real
+# all-reduce, and no more than the 2 cores CI has (scaling_model runs 1, 2 and 4).
+RECIPE = Recipe(name="mnist_hvd", doc=__doc__, order=120, measure=measure, conclude=conclude, add_flags=add_flags,
+                launcher=("horovodrun", "-np", "2"), uses=("warmup", "batch_size"),
+                sizes={"epochs": (10, 2), "warmup": (5, 5), "batch_size": (64, 64)})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

@@ -23,19 +23,17 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import sys
-import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import profiled
-from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
+from tfperf.bench import Timer, interleave, versus
+from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import get_net
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe, RecipeError
 
 SPEED, AGREEMENT = "training by hand, same global batch", "agreement with one device"
 AGREEMENT_STEPS, TOLERANCE = 10, 1e-4
@@ -98,27 +96,27 @@ def accuracy(model, params, x, y):
     return float(np.mean(np.argmax(logits, -1) == y))
 
 
-def main(argv=None) -> int:
-    # Setup: devices first, before any op fixes them -------------------------------------------
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     flags.add_dataset_flag(p, "mnist-5k")
     p.add_argument("--devices", type=flags.positive_int, default=2, help="devices to split each batch over")
-    p.add_argument("--epochs", type=flags.positive_int, help="passes over the training set")
+    p.add_argument("--epochs", type=flags.positive_int, help="passes over the training set (the first untimed)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    p.set_defaults(steps=0)  # --steps caps the steps per epoch (tests); 0 means a full pass
-    args = flags.parse(p, argv, sizes={"epochs": (10, 3), "batch_size": (256, 256)})
+    p.add_argument("--max-steps", type=flags.positive_int, help="at most this many steps per epoch (tests)")
+
+
+def measure(args, rec) -> dict:
+    # Setup: devices first, before any op fixes them -------------------------------------------
     try:
         devices = compute_devices(args.devices)
-        data = load_arrays(args.dataset, seed=args.seed)
-    except (DatasetUnavailable, ValueError) as exc:
-        sys.exit(f"multi_device_scratch: error: {exc}")
+    except ValueError as exc:
+        raise RecipeError(exc) from None
+    data = load_arrays(args.dataset, seed=args.seed)
     if args.batch_size % args.devices:
-        sys.exit(f"multi_device_scratch: error: --batch-size {args.batch_size} does not split evenly over "
-                 f"{args.devices} devices: use a multiple of {args.devices}")
+        raise RecipeError(f"--batch-size {args.batch_size} does not split evenly over {args.devices} devices: "
+                          f"use a multiple of {args.devices}")
     keras.utils.set_random_seed(args.seed)
     model = get_net("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
     initial = [v.numpy() for v in model.trainable_variables]
-    rec = Recorder("multi_device_scratch", vars(args))
     print(f"devices: {', '.join(devices)}; global batch {args.batch_size}")
 
     # Agreement: the same batches through one device and through all of them ----------------------
@@ -140,54 +138,62 @@ def main(argv=None) -> int:
 
     # Baseline (one device) and data parallel (all devices): time per epoch, test accuracy -----------
     steps_per_epoch = len(data.x_train) // args.batch_size
-    steps_per_epoch = min(steps_per_epoch, args.steps) if args.steps else steps_per_epoch
+    steps_per_epoch = min(steps_per_epoch, args.max_steps) if args.max_steps else steps_per_epoch
+    trainers = {}
     for n in sorted({1, args.devices}):
         replicas = replicate(initial, devices[:n])
         step = make_train_step(model, devices[:n], replicas, args.lr)
-        ds = to_dataset(data.x_train, data.y_train, batch_size=args.batch_size, seed=args.seed, repeat=True,
-                        drop_remainder=True)
-        it, epoch_s, loss = iter(ds), [], float("nan")
-        for epoch in range(args.epochs):
-            with profiled(args.profile if epoch > 0 else None, f"{n}-devices-epoch{epoch}"):  # measured epochs
-                t0 = time.perf_counter()
-                for _ in range(steps_per_epoch):
-                    loss = step(*next(it))
-                loss = float(loss)  # waits for the last step: the epoch's clock stops when the work is done
-                epoch_s.append(time.perf_counter() - t0)
-        timed = epoch_s[1:] or epoch_s  # the first epoch includes tracing
-        rec.add(SPEED, f"{n} device{'s' * (n > 1)}", {
-            "s_per_epoch": float(np.median(timed)), "first_epoch_s": epoch_s[0],
-            "samples_per_s": steps_per_epoch * args.batch_size / float(np.median(timed)),
-            "final_loss": loss, "test_accuracy": accuracy(model, replicas[0], data.x_test, data.y_test)},
-            primary="s_per_epoch", lower_is_better=True)
-        print(f"{n} device(s): {args.epochs} epochs, loss {loss:.4f}", flush=True)
+        it = iter(to_dataset(data.x_train, data.y_train, batch_size=args.batch_size, seed=args.seed,
+                             repeat=True, drop_remainder=True))
+        losses = []
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    for table in (AGREEMENT, SPEED):
-        print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
-    speed = {r["row"]: r["metrics"] for r in rec.table(SPEED)}
-    ratio = speed["1 device"]["s_per_epoch"] / speed[f"{args.devices} devices"]["s_per_epoch"]
+        def epoch(step=step, it=it, losses=losses):
+            for _ in range(steps_per_epoch):
+                loss = step(*next(it))
+            losses.append(float(loss))  # waits for the last step: the epoch's clock stops when the work is done
+
+        trainers[n] = (Timer(epoch, name=f"{n} device{'s' * (n > 1)}", items_per_call=steps_per_epoch * args.batch_size),
+                       replicas, losses)
+    # An epoch of each in turn (the first, which traces, timed apart), so that drift falls on both alike.
+    timed = interleave([t for t, _, _ in trainers.values()], rounds=max(1, args.epochs - 1),
+                       samples=max(1, args.epochs - 1), warmup=0, seed=args.seed, profile_dir=args.profile,
+                       profile_steps=1)
+    found = dict(zip(trainers, timed))
+    comparison = versus(found[1], found[args.devices]) if args.devices > 1 else None
+    for n, m in found.items():
+        _, replicas, losses = trainers[n]
+        rec.add(SPEED, m.name, {
+            "s_per_epoch": m.median_s, "first_epoch_s": m.first_call_s, "samples_per_s": m.items_per_s,
+            "final_loss": losses[-1], "test_accuracy": accuracy(model, replicas[0], data.x_test, data.y_test)},
+            primary="s_per_epoch", lower_is_better=True, measurement=m, comparison=comparison if n > 1 else None)
+        print(f"{n} device(s): {args.epochs} epochs, loss {losses[-1]:.4f}", flush=True)
+    return {"devices": devices, "weight_diff": weight_diff, "replica_diff": replica_diff, "batches": len(batches),
+            "comparison": comparison}
+
+
+def conclude(args, rec, found) -> Conclusion:
+    weight_diff, replica_diff, comparison = found["weight_diff"], found["replica_diff"], found["comparison"]
+    speed = comparison.describe() if comparison else "the same as one device (one device asked for)"
     agrees = weight_diff <= TOLERANCE and replica_diff == 0.0
-    print(f"\n{args.devices} devices vs 1: {ratio:.2f}x the speed; same training as one device: {agrees} "
-          f"(max weight difference {weight_diff:.2g}, tolerance {TOLERANCE:g})")
+    line = (f"{args.devices} devices vs 1: {speed}; same training as one device: {agrees} "
+            f"(max weight difference {weight_diff:.2g}, tolerance {TOLERANCE:g})")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     cpu_note = (f"Here the {args.devices} devices are logical devices carved out of {usable_cores()} CPU cores: "
                 f"they share the same cores and memory, so splitting the batch adds copies and a reduction "
-                f"without adding compute. " if devices[0].startswith("/CPU") else "")
-    write_conclusion(args.out, "multi_device_scratch", (
+                f"without adding compute. " if found["devices"][0].startswith("/CPU") else "")
+    text = (
         f"Splitting each batch of {args.batch_size} over {args.devices} devices trained the same model as one "
-        f"device: after {len(batches)} steps the weights differ by at most {weight_diff:.2g} (float32 rounding "
-        f"of a sum taken in a different order) and the replicas by {replica_diff:g}. It ran {ratio:.2f}x the "
-        f"speed of one device. {cpu_note}Data parallelism pays when each device brings its own compute and "
+        f"device: after {found['batches']} steps the weights differ by at most {weight_diff:.2g} (float32 rounding "
+        f"of a sum taken in a different order) and the replicas by {replica_diff:g}. Against one device, an "
+        f"epoch on {args.devices} devices: {speed}. {cpu_note}Data parallelism pays when each device brings its own compute and "
         f"the per-device slice is large enough that the all-reduce (here through the first device, a "
-        f"bottleneck that ring all-reduce removes) is small next to the step."))
-    if not agrees:
-        print("multi_device_scratch: error: data-parallel training diverged from one device", file=sys.stderr)
-        return 1
-    return 0
+        f"bottleneck that ring all-reduce removes) is small next to the step.")
+    return Conclusion(text, [line], "" if agrees else "data-parallel training diverged from one device")
 
+
+RECIPE = Recipe(name="multi_device_scratch", doc=__doc__, order=80, measure=measure, conclude=conclude,
+                add_flags=add_flags, uses=("batch_size",), sizes={"epochs": (10, 7), "batch_size": (256, 256)})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

@@ -32,10 +32,9 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.bench import profiled
-from tfperf.cluster import ClusterError, LocalCluster, local_cluster, parse_result, result_line, tf_config
+from tfperf.cluster import LocalCluster, local_cluster, parse_result, result_line, tf_config
 from tfperf.devices import usable_cores
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe, RecipeError
 
 TRAINING, ALLREDUCE = "training, same global batch", "collective all-reduce by size"
 AGREEMENT_STEPS, TOLERANCE = 5, 1e-4
@@ -129,33 +128,26 @@ def run_workers(n: int, args, tmp: Path) -> dict:
         return parse_result(procs.output("worker0"), "worker0")
 
 
-def main(argv=None) -> int:
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     flags.add_cluster_flags(p, sizes_help="all-reduce sizes in bytes")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)  # internal: a started worker
     p.add_argument("--weights-dir", help=argparse.SUPPRESS)
-    args = flags.parse(p, argv, sizes={"steps": (50, 20), "warmup": (5, 3), "batch_size": (128, 128)})
-    args.sizes = args.sizes or [4 ** k for k in range(5, 14 if not args.quick else 13)]
-    if args.role == "worker":
-        worker(args)
-        return 0
+
+
+def measure(args, rec) -> dict:
     if args.batch_size % args.workers:
-        sys.exit(f"multi_worker: error: the global --batch-size {args.batch_size} must split evenly over "
-                 f"{args.workers} workers: use a multiple of {args.workers}")
+        raise RecipeError(f"the global --batch-size {args.batch_size} must split evenly over "
+                          f"{args.workers} workers: use a multiple of {args.workers}")
 
     # Baseline (1 worker), then N workers -------------------------------------------------------
-    rec = Recorder("multi_worker", vars(args))
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         results = {}
-        try:
-            for n in sorted({1, args.workers}):
-                results[n] = run_workers(n, args, tmp)
-                print(f"{n} worker(s): {results[n]['step_s'] * 1e3:.1f} ms per step of {results[n]['global_batch']}",
-                      flush=True)
-        except ClusterError as exc:
-            sys.exit(f"multi_worker: error: {exc}")
+        for n in sorted({1, args.workers}):
+            results[n] = run_workers(n, args, tmp)
+            print(f"{n} worker(s): {results[n]['step_s'] * 1e3:.1f} ms per step of {results[n]['global_batch']}",
+                  flush=True)
         one = dict(np.load(tmp / "n1-worker0.npz"))
         many = [dict(np.load(tmp / f"n{args.workers}-worker{i}.npz")) for i in range(args.workers)]
     weight_diff = max(float(np.max(np.abs(many[0][k] - one[k]))) for k in one)
@@ -170,14 +162,14 @@ def main(argv=None) -> int:
         rec.add(ALLREDUCE, f"{a['bytes'] / 1024:,.0f} KiB", {"ms": a["s"] * 1e3, "gb_per_s": a["bytes"] / a["s"] / 1e9},
                 primary="ms", lower_is_better=True, versus_first=False)
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    for table in (TRAINING, ALLREDUCE):
-        if rec.table(table):
-            print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
+    return {"results": results, "weight_diff": weight_diff, "between": between}
+
+
+def conclude(args, rec, found) -> Conclusion:
+    results, weight_diff, between = found["results"], found["weight_diff"], found["between"]
     agrees = weight_diff <= TOLERANCE and between == 0.0
     ratio = results[1]["step_s"] / results[args.workers]["step_s"]  # same global batch: the throughput ratio
-    print(f"\n{args.workers} workers vs 1: {ratio:.2f}x the samples/s; same training as one process: {agrees} "
+    line = (f"{args.workers} workers vs 1: {ratio:.2f}x the samples/s; same training as one process: {agrees} "
           f"(max weight difference {weight_diff:.2g}, between workers {between:g})")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
@@ -187,14 +179,25 @@ def main(argv=None) -> int:
             f"dominates, and reaches {large['bytes'] / large['s'] / 1e9:.2f} GB/s at {large['bytes'] / 2**20:.0f} "
             f"MiB: in a ring each worker sends 2(n-1)/n of the tensor whatever n is, so the bandwidth term does "
             f"not grow with the number of workers, only the 2(n-1) latency steps do." if sweep else "")
-    write_conclusion(args.out, "multi_worker", (
+    return Conclusion((
         f"{args.workers} worker processes trained {'exactly ' if agrees else 'NOT '}like one process on the same "
         f"global batches (weights within {weight_diff:.2g} after {AGREEMENT_STEPS} steps; workers identical to "
         f"{between:g}), at {ratio:.2f}x its samples/s. On this {usable_cores()}-core host the workers share the cores "
         f"and pay for the collective over gRPC, so they cannot beat one process that uses all cores; across "
-        f"machines each worker brings its own.{ring}"))
-    return 0 if agrees else 1
+        f"machines each worker brings its own.{ring}"), [line],
+        "" if agrees else "the workers did not train like one process")
 
+
+def task(args) -> int:
+    """A started worker (--role worker)."""
+    worker(args)
+    return 0
+
+
+RECIPE = Recipe(name="multi_worker", doc=__doc__, order=100, measure=measure, conclude=conclude, add_flags=add_flags,
+                task=task, uses=("steps", "warmup", "batch_size"),
+                sizes={"steps": (50, 20), "warmup": (5, 3), "batch_size": (128, 128),
+                       "sizes": ([4 ** k for k in range(5, 14)], [4 ** k for k in range(5, 13)])})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

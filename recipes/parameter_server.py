@@ -33,10 +33,9 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.bench import profiled
-from tfperf.cluster import ClusterError, LocalCluster, local_cluster, parse_result, result_line
+from tfperf.cluster import LocalCluster, local_cluster, parse_result, result_line
 from tfperf.devices import usable_cores
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe
 
 TRAINING, KV = "asynchronous training, 1 ps", "key-value store: pull and push by size"
 
@@ -138,32 +137,30 @@ def run_cluster(workers: int, args, tmp: Path) -> dict:
         return parse_result(procs.output("chief"), "the coordinator")
 
 
-def main(argv=None) -> int:
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     flags.add_cluster_flags(p, sizes_help="pull/push sizes in bytes")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     for internal in ("--role", "--cluster", "--job"):  # set by run_cluster for the processes it starts
         p.add_argument(internal, help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, help=argparse.SUPPRESS)
-    args = flags.parse(p, argv, sizes={"steps": (400, 150), "warmup": (5, 2), "batch_size": (64, 64)})
-    args.sizes = args.sizes or [4 ** k for k in range(5, 14 if not args.quick else 13, 2)]
+
+
+def task(args) -> int:
+    """A process of the cluster that run_cluster starts (--role server or coordinator)."""
     if args.role == "server":
         server(args)
         return 0
-    if args.role == "coordinator":
-        print(result_line(coordinator(args)), flush=True)
-        os._exit(0)  # skip teardown: the servers are killed next, and the eager context would try to reach them
+    print(result_line(coordinator(args)), flush=True)
+    os._exit(0)  # skip teardown: the servers are killed next, and the eager context would try to reach them
 
+
+def measure(args, rec) -> dict:
     # Baseline (1 worker), then N workers -------------------------------------------------------
-    rec = Recorder("parameter_server", vars(args))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            for n in sorted({1, args.workers}):
-                results[n] = run_cluster(n, args, Path(tmp))
-                print(f"{n} worker(s): {args.steps} steps in {results[n]['s']:.2f} s", flush=True)
-        except ClusterError as exc:
-            sys.exit(f"parameter_server: error: {exc}")
+        for n in sorted({1, args.workers}):
+            results[n] = run_cluster(n, args, Path(tmp))
+            print(f"{n} worker(s): {args.steps} steps in {results[n]['s']:.2f} s", flush=True)
     for n, r in results.items():
         rec.add(TRAINING, f"{n} worker{'s' * (n > 1)}", {
             "steps_per_s": r["steps"] / r["s"], "samples_per_s": r["steps"] * args.batch_size / r["s"],
@@ -174,13 +171,12 @@ def main(argv=None) -> int:
             "ms": kv["s"] * 1e3, "gb_per_s": kv["bytes"] / kv["s"] / 1e9}, primary="ms", lower_is_better=True,
             versus_first=False)
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    for table in (TRAINING, KV):
-        if rec.table(table):
-            print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
+    return results
+
+
+def conclude(args, rec, results) -> Conclusion:
     placement = results[args.workers]["placement"]
-    print(f"\nthe model's variables live on: {', '.join(placement)}")
+    line = f"the model's variables live on: {', '.join(placement)}"
     one, many = results[1], results[args.workers]
     ratio = one["s"] / many["s"]
 
@@ -192,16 +188,21 @@ def main(argv=None) -> int:
                f"with n workers the ps link carries 2n copies per round while a ring all-reduce sends 2(n-1)/n "
                f"per worker: one ps becomes the bottleneck as workers are added, which is why real deployments "
                f"shard the variables over several ps tasks." if largest else "")
-    write_conclusion(args.out, "parameter_server", (
+    return Conclusion((
         f"The model's variables lived on {', '.join(placement)}; workers pulled and pushed them over gRPC. "
         f"{args.workers} asynchronous workers ran {ratio:.2f}x the steps per second of one (test accuracy "
         f"{many['test_accuracy']:.3f} against {one['test_accuracy']:.3f} after the same number of steps; "
         f"asynchronous workers apply gradients computed on parameters that others have since changed, and one "
         f"short run is noisy). On this "
         f"{usable_cores()}-core host the workers share the cores with the ps and the coordinator, so more "
-        f"workers add contention rather than compute.{traffic}"))
-    return 0
+        f"workers add contention rather than compute.{traffic}"), [line])
 
+
+# --steps here is the length of the training run timed as a whole (asynchronous workers have no common step).
+RECIPE = Recipe(name="parameter_server", doc=__doc__, order=110, measure=measure, conclude=conclude,
+                add_flags=add_flags, task=task, uses=("steps", "warmup", "batch_size"),
+                sizes={"steps": (400, 150), "warmup": (5, 2), "batch_size": (64, 64),
+                       "sizes": ([4 ** k for k in range(5, 14, 2)], [4 ** k for k in range(5, 13, 2)])})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

@@ -31,8 +31,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf.bench import Timer, interleave, timing_ms, versus
 from tfperf.models import default_input_shape, get_net
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe
 from tfperf.serving import SIGNATURE, export, load, serving_function
 
 STARTUP, LATENCY = "start-up: load and first call", "steady-state latency by batch size"
@@ -49,15 +48,14 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_call_s": t3 - t
 """
 
 
-def main(argv=None) -> None:
-    # Setup ------------------------------------------------------------------------------------
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     flags.add_model_flag(p, "cnn")
     p.add_argument("--batches", type=flags.positive_int, nargs="+", help="batch sizes of the latency sweep")
-    args = flags.parse(p, argv, sizes={"steps": (200, 30), "warmup": (20, 5), "batch_size": (64, 64)})
-    args.batches = args.batches or ([1, 8, 64, 256] if not args.quick else [1, 16, 128])
+
+
+def measure(args, rec) -> dict:
+    # Setup ------------------------------------------------------------------------------------
     tf.random.set_seed(args.seed)
-    rec = Recorder("saved_model", vars(args))
     shape = default_input_shape(args.model)
 
     # Baseline: the model in the process that built it ------------------------------------------
@@ -106,12 +104,16 @@ def main(argv=None) -> None:
                         primary="us_per_row", lower_is_better=True, measurement=m, comparison=c)
         retraces = in_process.experimental_get_tracing_count() - 1
 
+    return {"export_s": export_s, "size": size, "outputs_match": outputs_match, "retraces": retraces,
+            "cold": cold, "reloaded_vs": reloaded_vs}
+
+
+def conclude(args, rec, found) -> Conclusion:
     # Results --------------------------------------------------------------------------------------
-    rec.save(args.out)
-    print(f"## {STARTUP}\n\n{markdown_table(rec.table(STARTUP))}\n\n## {LATENCY}\n\n"
-          f"{markdown_table(rec.table(LATENCY))}\n")
-    print(f"export: {export_s:.2f} s, {size / 1e6:.1f} MB on disk; outputs match in-process: {outputs_match}; "
-          f"retraces over {len(args.batches)} batch sizes: {retraces}")
+    outputs_match, retraces, cold, reloaded_vs = (found["outputs_match"], found["retraces"], found["cold"],
+                                                  found["reloaded_vs"])
+    line = (f"export: {found['export_s']:.2f} s, {found['size'] / 1e6:.1f} MB on disk; outputs match in-process: "
+            f"{outputs_match}; retraces over {len(args.batches)} batch sizes: {retraces}")
 
     # Conclusion, from this run's numbers -----------------------------------------------------------
     lat = {r["row"]: r["metrics"] for r in rec.table(LATENCY)}
@@ -130,11 +132,13 @@ def main(argv=None) -> None:
         f"{'match' if outputs_match else 'DO NOT match'} the in-process model and the signature traced once "
         f"for all batch sizes ({retraces} retraces)."
     )
-    write_conclusion(args.out, "saved_model", conclusion)
-    print(conclusion)
-    if not outputs_match or retraces:
-        raise SystemExit("the reloaded model disagrees with the in-process one, or retraced: see above")
+    failure = "" if outputs_match and not retraces else "the reloaded model disagrees with the in-process one, or retraced"
+    return Conclusion(conclusion, [line], failure)
 
+
+RECIPE = Recipe(name="saved_model", doc=__doc__, order=140, measure=measure, conclude=conclude, add_flags=add_flags,
+                uses=("steps", "warmup"),
+                sizes={"steps": (200, 30), "warmup": (20, 5), "batches": ([1, 8, 64, 256], [1, 16, 128])})
 
 if __name__ == "__main__":
-    main()
+    sys.exit(RECIPE.main())

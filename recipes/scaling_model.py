@@ -28,16 +28,15 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import RESULT_PREFIX, result_line
+from tfperf.cluster import RESULT_PREFIX, ClusterError, result_line
 from tfperf.devices import usable_cores
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder, read_records
+from tfperf.recipe import Conclusion, Recipe
+from tfperf.results import read_records
 from tfperf.stats import median_ci
 
 HERE = Path(__file__).resolve().parent
@@ -115,35 +114,41 @@ def launch(cmd: list) -> str:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
-        sys.exit(f"scaling_model: error: {' '.join(map(str, cmd[:4]))} ... exited {proc.returncode}:\n"
-                 f"{proc.stderr[-2000:]}")
+        raise ClusterError(f"{' '.join(map(str, cmd[:4]))} ... exited {proc.returncode}:\n{proc.stderr[-2000:]}")
     return proc.stdout
 
 
-def main(argv=None) -> int:
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     p.add_argument("--ranks", type=flags.positive_int, nargs="+", help="np values to predict and run")
-    p.add_argument("--probe", choices=["compute", "allreduce"], help=argparse.SUPPRESS)  # internal: the probes run in their own processes
-    p.add_argument("--probe-bytes", type=int, nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--reps", type=flags.positive_int, help="all-reduce repetitions per size")
     p.add_argument("--pairs", type=flags.positive_int, help="probe-then-run pairs per rank count")
-    args = flags.parse(p, argv, sizes={"steps": (50, 20), "warmup": (5, 5), "batch_size": (64, 64), "pairs": (3, 2)})
-    args.ranks = args.ranks or [1, 2, 4]
-    sizes = [2 ** k for k in range(10, 27, 2)] if not args.quick else [2 ** k for k in range(10, 25, 2)]
-    if args.probe == "compute":
+    # Internal: the probes run in their own processes under horovodrun.
+    p.add_argument("--role", choices=["compute", "allreduce"], help=argparse.SUPPRESS)
+    p.add_argument("--probe-bytes", type=int, nargs="+", help=argparse.SUPPRESS)
+
+
+def task(args) -> int:
+    """A probe on one rank (--role compute or allreduce): prints its result for the launching process."""
+    if args.role == "compute":
         print(result_line(probe_compute(args.batch_size, min_time_s=1.0 if args.quick else 3.0)))
         return 0
-    if args.probe == "allreduce":
-        for row in probe_allreduce(args.probe_bytes or sizes, args.steps):
-            print(json.dumps(row))
-        return 0
+    for row in probe_allreduce(args.probe_bytes or sweep_sizes(args.quick), args.reps):
+        print(json.dumps(row))
+    return 0
 
+
+def sweep_sizes(quick: bool) -> list[int]:
+    """All-reduce sizes in bytes, 1 KiB up to 64 MiB (16 MiB with --quick)."""
+    return [2 ** k for k in range(10, 25 if quick else 27, 2)]
+
+
+def measure(args, rec) -> dict:
     # Setup ------------------------------------------------------------------------------------
     cores = usable_cores()
-    rec = Recorder("scaling_model", vars(args))
-    me = [sys.executable, __file__, "--batch-size", args.batch_size, "--steps", args.steps]
+    me = [sys.executable, __file__, "--batch-size", args.batch_size, "--reps", args.reps]
 
     # t2: the all-reduce, measured by size, fitted to the ring model ----------------------------
-    out = launch([BIN / "horovodrun", "-np", "2", *me, "--probe", "allreduce"])
+    out = launch([BIN / "horovodrun", "-np", "2", *me, "--role", "allreduce"])
     sweep = [json.loads(line.split(":", 1)[1]) for line in out.splitlines() if line.startswith("[0]<stdout>:{")]
     # For n = 2 the ring model is t = 2 alpha + S / beta: a straight line in S, fitted to relative error
     # (weights 1/t) so that the small sizes, where alpha shows, count as much as the large ones.
@@ -159,7 +164,7 @@ def main(argv=None) -> int:
     def probe_t1(n: int) -> tuple[list[float], int]:
         """t1's samples from n ranks under horovodrun computing at once (ranks on one host compete for its
         cores, caches and memory bus), each with the threads a rank gets, and no communication while timed."""
-        out = launch([BIN / "horovodrun", "-np", n, *me, *(["--quick"] if args.quick else []), "--probe", "compute"])
+        out = launch([BIN / "horovodrun", "-np", n, *me, *(["--quick"] if args.quick else []), "--role", "compute"])
         found = [json.loads(line.split(RESULT_PREFIX, 1)[1]) for line in out.splitlines() if RESULT_PREFIX in line]
         if len(found) != n:
             sys.exit(f"scaling_model: error: {len(found)} of {n} t1 probes reported a result")
@@ -188,7 +193,7 @@ def main(argv=None) -> int:
                 if n > 1 and pair == 0:
                     # t2 for the model's own gradients, measured at this rank count: with more ranks than
                     # cores a ring step also waits for its neighbour to be scheduled, which no fit can know.
-                    out = launch([BIN / "horovodrun", "-np", n, *me, "--probe", "allreduce",
+                    out = launch([BIN / "horovodrun", "-np", n, *me, "--role", "allreduce",
                                   "--probe-bytes", gradient_bytes])
                     probe = next(json.loads(line.split(":", 1)[1]) for line in out.splitlines()
                                  if line.startswith("[0]<stdout>:{"))
@@ -230,18 +235,19 @@ def main(argv=None) -> int:
                     "efficiency_full_overlap": min(1.0, t1 / t2)}, primary="efficiency_no_overlap",
                         lower_is_better=False, versus_first=False)
 
-    # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    for table in (ALLREDUCE, PREDICTED, PROJECTION):
-        print(f"\n## {table}\n\n{markdown_table(rec.table(table))}")
+    return {"cores": cores, "t1_of": t1_of, "gradient_bytes": gradient_bytes, "alpha": alpha, "beta": beta}
+
+
+def conclude(args, rec, found) -> Conclusion:
+    cores, t1_of, gradient_bytes, alpha, beta = (found[k] for k in ("cores", "t1_of", "gradient_bytes", "alpha", "beta"))
     errors = {r["row"]: r["metrics"]["error"] for r in rec.table(PREDICTED)}
     worst = max(errors, key=lambda row: abs(errors[row]))
     within = all(abs(e) <= GOAL for e in errors.values())
-    print(f"\nlargest prediction error: {errors[worst]:+.0%} at {worst}; goal +-{GOAL:.0%}: "
-          f"{'met' if within else 'NOT met'}")
+    lines = [f"largest prediction error: {errors[worst]:+.0%} at {worst}; goal +-{GOAL:.0%}: "
+             f"{'met' if within else 'NOT met'}"]
     if "np=1" in errors:
-        print(f"np=1 (t1 alone): error {errors['np=1']:+.1%}; goal +-{NP1_GOAL:.0%}: "
-              f"{'met' if abs(errors['np=1']) <= NP1_GOAL else 'NOT met'}")
+        lines.append(f"np=1 (t1 alone): error {errors['np=1']:+.1%}; goal +-{NP1_GOAL:.0%}: "
+                     f"{'met' if abs(errors['np=1']) <= NP1_GOAL else 'NOT met'}")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     paper = {r["row"]: r["metrics"] for r in rec.table(PROJECTION)}
@@ -254,7 +260,7 @@ def main(argv=None) -> int:
         f"cores of its own." if crowded else "")
 
     r101 = paper["ResNet-101 on P100s (assumed t1), 25 Gbit/s, 512 workers"]
-    write_conclusion(args.out, "scaling_model", (
+    return Conclusion((
         f"On this {cores}-core host the model t1 + t2 predicted mnist_hvd's throughput within "
         f"{', '.join(f'{e:+.0%} ({row})' for row, e in errors.items())}: the goal of +-{GOAL:.0%} was "
         f"{'met' if within else 'not met'}.{crowding} t1 dominates here: {', '.join(f'{t1_of[n] * 1e3:.0f} ms at np={n}' for n in t1_of)}, "
@@ -264,9 +270,13 @@ def main(argv=None) -> int:
         f"{r101['t1_ms']:.0f} ms step: {r101['efficiency_no_overlap']:.0%} efficiency if the two run one after "
         f"the other, {r101['efficiency_full_overlap']:.0%} if fully overlapped. Horovod's published 90% lies "
         f"between: it starts all-reducing early layers' gradients while backpropagation is still running "
-        f"and fuses small tensors into large messages, which hides most, not all, of t2."))
-    return 0
+        f"and fuses small tensors into large messages, which hides most, not all, of t2."), lines)
 
+
+RECIPE = Recipe(name="scaling_model", doc=__doc__, order=130, measure=measure, conclude=conclude, add_flags=add_flags,
+                task=task, uses=("warmup", "batch_size"),
+                sizes={"reps": (50, 20), "warmup": (5, 5), "batch_size": (64, 64), "pairs": (3, 2),
+                       "ranks": ([1, 2, 4], [1, 2, 4])})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

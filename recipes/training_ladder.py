@@ -36,11 +36,10 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf.bench import Elapsed, Timer, interleave, peak_matmul_flops_per_s, versus
-from tfperf.data import DatasetUnavailable, load_arrays, to_dataset
+from tfperf.data import load_arrays, to_dataset
 from tfperf.models import flops, get_net
 from tfperf.precision import dtype_policy, hardware_summary
-from tfperf.report import markdown_table, write_conclusion
-from tfperf.results import Recorder
+from tfperf.recipe import Conclusion, Recipe
 from tfperf.stats import FASTER
 from tfperf.train import EpochTimer, accuracy
 
@@ -113,9 +112,7 @@ class Trainer:
         return self.cfg.jit is True if self.cfg.custom_loop else bool(self.model.jit_compile)
 
 
-def main(argv=None) -> int:
-    # Setup ------------------------------------------------------------------------------------
-    p = flags.parser(__doc__)
+def add_flags(p) -> None:
     flags.add_model_flag(p, "cnn")
     flags.add_dataset_flag(p, "mnist-5k")
     p.add_argument("--rounds", type=flags.positive_int,
@@ -123,16 +120,14 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate at batch 32")
     p.add_argument("--batches", type=flags.positive_int, nargs="+", help="batch sizes of the sweep")
     p.add_argument("--train-size", type=flags.positive_int, help="training examples used (default: all)")
-    args = flags.parse(p, argv, sizes={"rounds": (10, 6), "train_size": (10**9, 10**9)})
-    args.batches = args.batches or [64, 128, 256]
-    try:
-        data = load_arrays(args.dataset, seed=args.seed)
-    except (DatasetUnavailable, ValueError) as exc:
-        sys.exit(f"training_ladder: error: {exc}")
+
+
+def measure(args, rec) -> dict:
+    # Setup ------------------------------------------------------------------------------------
+    data = load_arrays(args.dataset, seed=args.seed)
     data = dataclasses.replace(data, x_train=data.x_train[:args.train_size], y_train=data.y_train[:args.train_size])
     gpu = bool(tf.config.list_physical_devices("GPU"))
     mixed = "mixed_float16" if gpu else "mixed_bfloat16"  # float16 needs tensor cores; CPUs have bf16 at best
-    rec = Recorder("training_ladder", vars(args))
     peak = peak_matmul_flops_per_s()
     train_flops = 3 * flops(get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes))
     examples = len(data.x_train)
@@ -198,14 +193,16 @@ def main(argv=None) -> int:
     else:
         headline, top, plain_mfu = None, plain, plain["mfu"]
 
+    return {"kept": kept, "verdicts": verdicts, "headline": headline, "top": top, "plain_mfu": plain_mfu,
+            "mixed": mixed, "gpu": gpu}
+
+
+def conclude(args, rec, found) -> Conclusion:
     # Results ----------------------------------------------------------------------------------
-    rec.save(args.out)
-    print(f"\n## {TABLE}\n\n{markdown_table(rec.table(TABLE))}\n")
-    if headline:
-        print(f"## {FINAL}\n\n{markdown_table(rec.table(FINAL))}\n")
+    kept, verdicts, headline, top, gpu = found["kept"], found["verdicts"], found["headline"], found["top"], found["gpu"]
     summary = headline.describe() if headline else "nothing was measurably faster than plain fit"
-    print(f"best configuration: {' + '.join(kept)}: {top['samples_per_s']:,.0f} samples/s, {summary}; "
-          f"MFU {top['mfu']:.1%} (plain fit {plain_mfu:.1%})")
+    line = (f"best configuration: {' + '.join(kept)}: {top['samples_per_s']:,.0f} samples/s, {summary}; "
+            f"MFU {top['mfu']:.1%} (plain fit {found['plain_mfu']:.1%})")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     dropped = [f"{row} (against {base}: {c.describe()}{'' if ok else ', and less accurate'})"
@@ -216,14 +213,17 @@ def main(argv=None) -> int:
         "so a convnet can lose more than fusion gains." if xla.verdict == "slower" and not gpu else
         ": fusing the step's element-wise ops saved memory passes and dispatches." if xla.verdict == FASTER else
         ".")
-    write_conclusion(args.out, "training_ladder", (
+    return Conclusion((
+        
         f"The best configuration kept {', '.join(kept[1:]) or 'nothing beyond plain fit'}: {summary} "
         f"({top['samples_per_s']:,.0f} samples/s), at {top['mfu']:.1%} MFU. Not kept: {'; '.join(dropped) or 'none'}. "
         f"{xla_note} At {top['mfu']:.0%} MFU most of a step is not matmul arithmetic: this {args.model}'s "
         f"layers are small, so per-step dispatch, the optimizer update and memory-bound ops weigh; the kept rungs "
-        f"attack exactly that. {mixed}: {hardware_summary()}."))
-    return 0
+        f"attack exactly that. {found['mixed']}: {hardware_summary()}."), [line])
 
+
+RECIPE = Recipe(name="training_ladder", doc=__doc__, order=20, measure=measure, conclude=conclude,
+                add_flags=add_flags, sizes={"rounds": (10, 6), "train_size": (10**9, 10**9), "batches": ([64, 128, 256],) * 2})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(RECIPE.main())

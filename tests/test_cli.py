@@ -1,5 +1,6 @@
 """The tfperf command and the shared flags: right answers, and one-line errors with exit code 2."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -7,7 +8,9 @@ import pytest
 
 from conftest import recipe, run
 from tfperf import flags
-from tfperf.results import make_record, write_records
+from tfperf.cli import RECIPES_DIR
+from tfperf.recipe import Conclusion, Recipe, RecipeError, read_declaration
+from tfperf.results import make_record, read_records, write_records
 
 ENV = {"cpu": "c", "cores": 2, "gpus": []}
 
@@ -43,21 +46,84 @@ def test_cli_errors_are_one_line_exit_2(tfperf_cli, tmp_path, argv, message):
     (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
 ])
 def test_shared_flags_are_checked_in_one_line(argv, message, capsys):
-    p = flags.parser("demo", prog="demo")
-    flags.add_model_flag(p, "mlp")
-    flags.add_dataset_flag(p, "mnist-5k")
+    def add_flags(p):
+        flags.add_model_flag(p, "mlp")
+        flags.add_dataset_flag(p, "mnist-5k")
+
+    demo = Recipe(name="demo", doc="demo", order=1, measure=None, conclude=None, add_flags=add_flags,
+                  uses=("steps", "warmup", "batch_size"))
     with pytest.raises(SystemExit) as exit_:
-        flags.parse(p, argv, sizes={})
+        demo.parse(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
 def test_quick_picks_the_small_sizes():
-    p = flags.parser("demo")
-    sizes = {"steps": (100, 10), "batch_size": (256, 32)}
-    assert flags.parse(p, ["--quick"], sizes=sizes).steps == 10
-    assert flags.parse(p, [], sizes=sizes).batch_size == 256
-    assert flags.parse(p, ["--quick", "--steps", "7"], sizes=sizes).steps == 7
+    demo = Recipe(name="demo", doc="demo", order=1, measure=None, conclude=None, uses=("steps", "batch_size"),
+                  sizes={"steps": (100, 10), "batch_size": (256, 32)})
+    assert demo.parse(["--quick"]).steps == 10
+    assert demo.parse([]).batch_size == 256
+    assert demo.parse(["--quick", "--steps", "7"]).steps == 7
+
+
+def test_a_recipe_offers_only_the_shared_flags_it_declares(capsys):
+    demo = Recipe(name="demo", doc="demo", order=1, measure=None, conclude=None, uses=("warmup",))
+    with pytest.raises(SystemExit) as exit_:
+        demo.parse(["--steps", "3"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --steps 3" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown shared flags"):
+        Recipe(name="demo", doc="demo", order=1, measure=None, conclude=None, uses=("epochs",))
+
+
+def _measure_rows(args, rec):
+    rec.add("table", "a", {"ms": 2.0}, primary="ms", lower_is_better=True)
+    rec.add("table", "b", {"ms": 1.0}, primary="ms", lower_is_better=True)
+    return {"best": "b"}
+
+
+def test_the_harness_records_prints_and_concludes(tmp_path, capsys):
+    demo = Recipe(name="demo", doc="demo", order=1, measure=_measure_rows,
+                  conclude=lambda args, rec, found: Conclusion(f"{found['best']} wins", ["key line"]))
+    assert demo.main(["--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "## table" in out and "| b |" in out and out.index("key line") < out.index("b wins")
+    assert [r["row"] for r in read_records(tmp_path / "demo.jsonl")] == ["a", "b"]
+    assert (tmp_path / "demo.conclusion.md").read_text() == "b wins\n"
+
+
+def test_the_harness_turns_known_errors_into_one_line_and_failed_checks_into_exit_1(tmp_path, capsys):
+    def refuse(args, rec):
+        raise RecipeError("--devices 3 is more than this machine has: use --devices 2")
+
+    bad = Recipe(name="demo", doc="demo", order=1, measure=refuse, conclude=None)
+    assert bad.main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == "demo: error: --devices 3 is more than this machine has: use --devices 2\n"
+    failed = Recipe(name="demo", doc="demo", order=1, measure=_measure_rows,
+                    conclude=lambda args, rec, found: Conclusion("text", failure="outputs disagree"))
+    assert failed.main(["--out", str(tmp_path)]) == 1
+    assert "demo: FAILED: outputs disagree" in capsys.readouterr().err
+    assert (tmp_path / "demo.jsonl").exists()  # the records of a failed check are kept for inspection
+
+
+def test_every_recipe_declares_itself_and_the_readme_lists_them_in_that_order():
+    from tfperf.cli import recipe_declarations
+
+    found = recipe_declarations()
+    assert {d.name for d in found} == {p.stem for p in RECIPES_DIR.glob("*.py")}
+    assert len({d.order for d in found}) == len(found)  # no two recipes share a place
+    readme = (RECIPES_DIR.parent / "README.md").read_text()
+    listed = [n for n in re.findall(r"^\| `recipes/(\w+)\.py` \|", readme, flags=re.M)]
+    assert listed == [d.name for d in found]
+
+
+def test_a_declaration_must_be_literal_and_named_after_its_file(tmp_path):
+    (tmp_path / "other.py").write_text('RECIPE = Recipe(name="wrong", order=1, measure=m, conclude=c)\n')
+    with pytest.raises(ValueError, match="named after its file"):
+        read_declaration(tmp_path / "other.py")
+    (tmp_path / "late.py").write_text('RECIPE = Recipe(name="late", order=ORDER, measure=m, conclude=c)\n')
+    with pytest.raises(ValueError, match="literal"):
+        read_declaration(tmp_path / "late.py")
 
 
 def test_a_recipe_refuses_a_bad_flag_without_a_traceback():
@@ -70,10 +136,10 @@ def test_version(tfperf_cli):
     assert tfperf_cli("--version").stdout.startswith("tfperf ")
 
 
-def test_main_job_starts_horovod_recipes_through_horovodrun():
-    from tfperf.cli import HOROVOD_RANKS, RECIPES_DIR, recipe_command
+def test_main_job_starts_horovod_recipes_through_their_declared_launcher():
+    from tfperf.cli import recipe_command
 
-    cmd = recipe_command(RECIPES_DIR / "mnist_hvd.py", Path("out"), quick=True)
-    assert Path(cmd[0]).name == "horovodrun" and cmd[1:3] == ["-np", str(HOROVOD_RANKS)]
-    assert cmd[3] == sys.executable and cmd[-1] == "--quick"
-    assert recipe_command(RECIPES_DIR / "hybridize.py", Path("out"), quick=False)[0] == sys.executable
+    cmd = recipe_command(read_declaration(RECIPES_DIR / "mnist_hvd.py"), Path("out"), quick=True)
+    assert Path(cmd[0]).name == "horovodrun" and Path(cmd[0]).parent == Path(sys.executable).parent
+    assert cmd[1:3] == ["-np", "2"] and cmd[3] == sys.executable and cmd[-1] == "--quick"
+    assert recipe_command(read_declaration(RECIPES_DIR / "hybridize.py"), Path("out"), quick=False)[0] == sys.executable

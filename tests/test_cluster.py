@@ -42,7 +42,7 @@ def test_hung_task_hits_the_deadline_and_is_killed(tmp_path):
 
 
 def test_cluster_flags_are_shared():
-    p = flags.parser(None)
+    p = flags.ArgumentParser()
     flags.add_cluster_flags(p, sizes_help="bytes")
     args = p.parse_args(["--workers", "3", "--sizes", "1024", "4096"])
     assert (args.workers, args.sizes, args.timeout) == (3, [1024, 4096], 600)

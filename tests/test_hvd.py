@@ -76,7 +76,7 @@ def test_two_ranks_agree_with_single_device_training(tmp_path):
 @pytest.mark.slow
 def test_mnist_hvd_two_ranks(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = run(horovodrun(2, recipe("mnist_hvd"), "--quick", "--steps", "8", "--warmup", "2",
+    proc = run(horovodrun(2, recipe("mnist_hvd"), "--quick", "--max-steps", "8", "--warmup", "2",
                           "--out", tmp_path, "--checkpoint-dir", ckpt))
     assert "total on 2 rank(s)" in proc.stdout and "weights identical on all ranks: True" in proc.stdout
     assert "[1]<stdout>" not in proc.stdout  # rank 0 alone talks
@@ -93,7 +93,7 @@ def test_mnist_hvd_two_ranks(tmp_path):
         "checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]  # one writer, one checkpoint kept
 
     # --resume continues the run from its checkpoint, on both ranks.
-    proc = run(horovodrun(2, recipe("mnist_hvd"), "--quick", "--steps", "8", "--epochs", "3",
+    proc = run(horovodrun(2, recipe("mnist_hvd"), "--quick", "--max-steps", "8", "--epochs", "3",
                           "--out", tmp_path, "--checkpoint-dir", ckpt, "--resume", runs[0]))
     assert "epoch 3/3" in proc.stdout and "epoch 1/3" not in proc.stdout
     assert read_records(tmp_path / "mnist_hvd.jsonl")[-1]["metrics"]["updates"] == 8
@@ -169,7 +169,7 @@ def test_rank_that_exits_mid_training_ends_the_job_and_is_named(tmp_path):
 @pytest.mark.parametrize("launcher", [[], ["horovodrun", "-np", "1"]], ids=["plain python", "np=1"])
 def test_mnist_hvd_runs_as_one_process(tmp_path, launcher):
     cmd = [BIN / launcher[0], *launcher[1:]] if launcher else []
-    out = run([*cmd, sys.executable, recipe("mnist_hvd"), "--quick", "--steps", "3", "--warmup", "0",
+    out = run([*cmd, sys.executable, recipe("mnist_hvd"), "--quick", "--max-steps", "3", "--warmup", "0",
                "--out", tmp_path, "--checkpoint-dir", tmp_path / "ckpt"]).stdout
     assert "total on 1 rank(s)" in out and "weights identical on all ranks: True" in out
     assert {r["row"] for r in read_records(tmp_path / "mnist_hvd.jsonl")} == {"rank 0", "total, np=1", "np=1"}

@@ -1,5 +1,6 @@
 """Each recipe runs at its smallest size and writes well-formed records; the main job builds the report."""
 
+import importlib.util
 import sys
 
 import numpy as np
@@ -11,12 +12,21 @@ from tfperf.results import read_records
 TINY = ["--quick", "--steps", "2", "--warmup", "0"]
 
 
+def load_recipe(name):
+    """A recipe's declaration, imported from its script: its `measure` then runs in this process."""
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", recipe(name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RECIPE
+
+
 @pytest.mark.slow
-def test_hybridize_writes_its_ladder(tmp_path):
-    out = run([sys.executable, recipe("hybridize"), *TINY, "--loop-iters", "5", "--batch-size", "64",
-               "--chain-size", "4096", "--out", tmp_path]).stdout
-    assert "x the compute limit" in out
-    rows = {(r["table"], r["row"]): r for r in read_records(tmp_path / "hybridize.jsonl")}
+def test_hybridize_measures_its_ladder_in_process(tmp_path):
+    hybridize = load_recipe("hybridize")
+    args = hybridize.parse([*TINY, "--loop-iters", "5", "--batch-size", "64", "--chain-size", "4096",
+                            "--out", str(tmp_path)])
+    rec, found = hybridize.run(args)
+    rows = {(r["table"], r["row"]): r for r in rec.records}
     ladder = [row for (table, row) in rows if table.startswith("overhead ladder")]
     assert ladder[:4] == ["eager", "tf.function", "concrete function", "XLA jit_compile"]
     assert ladder[-1] == "compute limit"
@@ -26,11 +36,13 @@ def test_hybridize_writes_its_ladder(tmp_path):
     assert rows[("overhead ladder (MLP, batch 1)", "graph loop (tf.while_loop)")]["metrics"]["samples_per_call"] == 5
     assert [r for t, r in rows if t.startswith("element-wise")][:2] == [
         "NumPy copy (the bandwidth yardstick)", "x + 1 (one memory pass)"]
-    assert (tmp_path / "hybridize.conclusion.md").read_text().startswith("At batch 1")
-    assert "x a NumPy copy" in out
     compared = rows[("overhead ladder (MLP, batch 1)", "tf.function")]
     assert compared["versus"] == "eager" and len(compared["samples_s"]) == compared["n"] == 10  # 10 rounds
     assert compared["ci95"][0] <= compared["metrics"]["us_per_sample"] <= compared["ci95"][1]
+    conclusion = hybridize.conclude(args, rec, found)
+    assert conclusion.text.startswith("At batch 1") and not conclusion.failure
+    assert any("x the compute limit" in line for line in conclusion.lines)
+    assert any("x a NumPy copy" in line for line in conclusion.lines)
 
 
 @pytest.mark.slow
@@ -53,10 +65,13 @@ def test_compare_finds_no_change_in_a_run_against_itself_and_names_a_slowed_copy
 
 @pytest.mark.slow
 def test_main_job_runs_recipes_and_writes_the_report(tmp_path, tfperf_cli):
-    out = tfperf_cli("run", "--quick", "--only", "hybridize", "--out", tmp_path).stdout
-    assert "[1/1] hybridize" in out and "ok in" in out
+    out = tfperf_cli("run", "--quick", "--only", "hybridize", "--repeat", "2", "--out", tmp_path).stdout
+    assert "[1/1] hybridize (1/2)" in out and "[1/1] hybridize (2/2)" in out and "ok in" in out
+    assert (tmp_path / "repeats" / "2" / "hybridize.jsonl").exists()
     report = (tmp_path / "report.md").read_text()
     assert "## hybridize" in report and ": faster than eager" in report and "us_per_sample 95% CI" in report
+    # The run-to-run spread of every row, and how many of the two runs reached each verdict.
+    assert "us_per_sample across 2 runs" in report and "faster 2/2" in report
     assert (tmp_path / "figures" / "hybridize-overhead-ladder-mlp-batch-1.png").exists()
     assert (tmp_path / "logs" / "hybridize.log").exists()
 
@@ -78,7 +93,8 @@ def test_saved_model_recipe_times_load_and_latency(tmp_path):
 
 @pytest.mark.slow
 def test_multi_device_scratch_trains_like_one_device(tmp_path):
-    out = run([sys.executable, recipe("multi_device_scratch"), *TINY, "--epochs", "2", "--out", tmp_path]).stdout
+    out = run([sys.executable, recipe("multi_device_scratch"), "--quick", "--max-steps", "2", "--epochs", "2",
+               "--out", tmp_path]).stdout
     assert "same training as one device: True" in out
     records = read_records(tmp_path / "multi_device_scratch.jsonl")
     agreement = next(r["metrics"] for r in records if r["table"] == "agreement with one device")
@@ -90,7 +106,7 @@ def test_multi_device_scratch_trains_like_one_device(tmp_path):
 
 @pytest.mark.slow
 def test_mirrored_resnet_runs_on_one_and_two_devices(tmp_path):
-    run([sys.executable, recipe("mirrored_resnet"), *TINY, "--epochs", "1", "--train-size", "32",
+    run([sys.executable, recipe("mirrored_resnet"), "--quick", "--max-steps", "2", "--epochs", "1", "--train-size", "32",
          "--batch-size", "8", "--out", tmp_path])
     rows = {r["row"]: r["metrics"] for r in read_records(tmp_path / "mirrored_resnet.jsonl")}
     assert set(rows) == {"1 device", "2 devices"}
@@ -101,7 +117,7 @@ def test_mirrored_resnet_runs_on_one_and_two_devices(tmp_path):
 
 @pytest.mark.slow
 def test_scaling_model_predicts_and_measures(tmp_path):
-    out = run([sys.executable, recipe("scaling_model"), "--quick", "--steps", "3", "--ranks", "1", "2",
+    out = run([sys.executable, recipe("scaling_model"), "--quick", "--reps", "3", "--ranks", "1", "2",
                "--pairs", "1", "--out", tmp_path]).stdout
     assert "largest prediction error" in out and "ring fit" in out and "np=1 (t1 alone): error" in out
     records = read_records(tmp_path / "scaling_model.jsonl")
@@ -171,9 +187,12 @@ def test_training_ladder_keeps_only_rungs_its_confidence_interval_calls_faster(t
 
 @pytest.mark.slow
 def test_mixed_precision_agrees_with_float32(tmp_path):
-    out = run([sys.executable, recipe("mixed_precision"), *TINY, "--train-steps", "20", "--out", tmp_path]).stdout
-    assert "mixed_float16 ok, mixed_bfloat16 ok" in out
-    m = {r["row"]: r["metrics"] for r in read_records(tmp_path / "mixed_precision.jsonl")}
+    mixed = load_recipe("mixed_precision")
+    args = mixed.parse([*TINY, "--train-steps", "20", "--out", str(tmp_path)])
+    rec, found = mixed.run(args)
+    conclusion = mixed.conclude(args, rec, found)
+    assert "mixed_float16 ok, mixed_bfloat16 ok" in conclusion.lines[0] and not conclusion.failure
+    m = {r["row"]: r["metrics"] for r in rec.records}
     assert list(m) == ["float32", "mixed_float16", "mixed_bfloat16"]
     assert [m[p]["compute_dtype"] for p in m] == ["float32", "float16", "bfloat16"]
     assert all(m[p]["variable_dtype"] == "float32" for p in m)  # mixed: variables stay float32
@@ -181,6 +200,9 @@ def test_mixed_precision_agrees_with_float32(tmp_path):
     for p in m:
         assert m[p]["nan_losses"] == 0 and m[p]["agrees_with_float32"]
         assert abs(m[p]["final_loss"] - m["float32"]["final_loss"]) <= 0.1
+    # Both mixed policies are judged against float32 from the same interleaved rounds.
+    assert [r.get("versus") for r in rec.records] == [None, "float32", "float32"]
+    assert all(r["verdict"] in ("faster", "slower", "no measurable difference") for r in rec.records[1:])
 
 
 @pytest.mark.slow
@@ -245,7 +267,7 @@ def test_hardware_measures_roofs_and_checks_numpy(tmp_path):
 @pytest.mark.parametrize("name, extra", [
     ("async_execution", ["--steps", "3", "--size", "200"]),
     ("input_pipeline", ["--steps", "3", "--warmup", "1", "--load-ms", "5"]),
-    ("multi_device_scratch", [*TINY, "--epochs", "2"]),
+    ("multi_device_scratch", ["--max-steps", "2", "--epochs", "2"]),
 ])
 def test_profile_writes_a_trace_of_the_measured_steps(tmp_path, name, extra):
     run([sys.executable, recipe(name), "--quick", *extra, "--out", tmp_path, "--profile", tmp_path / "trace"])

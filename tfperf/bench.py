@@ -387,6 +387,17 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
     return [t._measurement(s, rounds=rounds) for t, s in zip(timers, taken)]
 
 
+def one_after_another(measurements: Sequence[Measurement], *, name: str) -> Measurement:
+    """What running the measured calls one after another costs: their per-call samples summed sample by
+    sample. They must come from the same `interleave` (equal counts, the same rounds), so that each sum
+    adds times taken in the same phase of the machine."""
+    counts = {(m.n, m.rounds) for m in measurements}
+    if len(counts) != 1:
+        raise ValueError(f"cannot add samples of different counts or rounds: {sorted(counts)}")
+    total = np.sum([m.per_call_s for m in measurements], axis=0)
+    return Measurement(name=name, samples_s=tuple(float(t) for t in total), rounds=measurements[0].rounds)
+
+
 @contextlib.contextmanager
 def synchronous_execution(enabled: bool) -> Iterator[None]:
     """Temporarily switch eager execution between synchronous and asynchronous."""

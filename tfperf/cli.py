@@ -12,80 +12,75 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tfperf import __version__, flags
+from tfperf.recipe import Declaration, declarations
+from tfperf.report import REPEATS
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-# The report's order: from the overhead of one call up to many processes, then deployment.
-RECIPE_ORDER = (
-    "hybridize",
-    "training_ladder",
-    "mixed_precision",
-    "input_pipeline",
-    "async_execution",
-    "auto_parallelism",
-    "hardware",
-    "multi_device_scratch",
-    "mirrored_resnet",
-    "multi_worker",
-    "parameter_server",
-    "mnist_hvd",
-    "scaling_model",
-    "saved_model",
-)
 
 
 class UserError(Exception):
     """Bad input from the user: reported in one line, exit code 2."""
 
 
-def recipe_paths(only: Sequence[str] = ()) -> list[Path]:
-    """The recipe scripts, in report order; `only` picks some by name."""
-    found = {p.stem: p for p in RECIPES_DIR.glob("*.py") if not p.name.startswith("_")}
+def recipe_declarations(only: Sequence[str] = ()) -> list[Declaration]:
+    """The recipes in the order they declare (the report's order); `only` picks some by name."""
+    found = {d.name: d for d in declarations(RECIPES_DIR)}
     unknown = sorted(set(only) - set(found))
     if unknown:
-        raise UserError(f"unknown recipe {', '.join(unknown)}: choose from {', '.join(sorted(found))}")
-    names = list(only) if only else sorted(found, key=lambda n: (
-        RECIPE_ORDER.index(n) if n in RECIPE_ORDER else len(RECIPE_ORDER), n))
-    return [found[n] for n in names]
+        raise UserError(f"unknown recipe {', '.join(unknown)}: choose from {', '.join(found)}")
+    return [found[n] for n in only] if only else list(found.values())
 
 
-# Horovod's ranks are separate processes that its launcher starts. Two: enough for a real all-reduce, and
-# no more than the 2 cores CI has (scaling_model runs 1, 2 and 4).
-HOROVOD_RANKS = 2
-LAUNCHERS = {"mnist_hvd": [str(Path(sys.executable).parent / "horovodrun"), "-np", str(HOROVOD_RANKS)]}
+def recipe_order() -> list[str]:
+    """Recipe names in report order."""
+    return [d.name for d in declarations(RECIPES_DIR)]
 
 
-def recipe_command(script: Path, out: Path, quick: bool) -> list[str]:
-    """How the main job starts one recipe."""
-    cmd = [*LAUNCHERS.get(script.stem, []), sys.executable, str(script), "--out", str(out)]
+def recipe_command(recipe: Declaration, out: Path, quick: bool) -> list[str]:
+    """How the main job starts one recipe: through its declared launcher (found beside Python), if any."""
+    launcher = [str(Path(sys.executable).parent / recipe.launcher[0]), *recipe.launcher[1:]] if recipe.launcher else []
+    cmd = [*launcher, sys.executable, str(recipe.path), "--out", str(out)]
     return cmd + ["--quick"] if quick else cmd
 
 
+def repeat_dir(out: Path, run: int) -> Path:
+    """Where run number `run` (1-based) of `tfperf run --repeat` writes: the first run in `out` itself."""
+    return out if run == 1 else out / REPEATS / str(run)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run every recipe (or --only some), one line each, then write the report."""
+    """Run every recipe (or --only some), --repeat times each in fresh processes, then write the report."""
+    import shutil
+
     from tfperf.report import build_report
 
     out = Path(args.out)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    scripts = recipe_paths(args.only)
+    if (out / REPEATS).exists():  # spreads from an earlier run's repeats would be mixed with this run's
+        shutil.rmtree(out / REPEATS)
+    recipes = recipe_declarations(args.only)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     failed = []
     started = time.perf_counter()
-    for i, script in enumerate(scripts, start=1):
-        print(f"[{i}/{len(scripts)}] {script.stem:<22}", end=" ", flush=True)
-        t0 = time.perf_counter()
-        log = logs / f"{script.stem}.log"
-        with open(log, "w") as f:
-            rc = subprocess.run(recipe_command(script, out, args.quick), stdout=f, stderr=subprocess.STDOUT,
-                                env=env, stdin=subprocess.DEVNULL).returncode
-        status = "ok" if rc == 0 else f"FAILED (exit {rc}, log: {log})"
-        print(f"{status} in {time.perf_counter() - t0:.1f} s", flush=True)
-        if rc != 0:
-            failed.append(script.stem)
-            tail = log.read_text().splitlines()[-15:]
-            print("    " + "\n    ".join(tail), file=sys.stderr)
-    report = build_report(out, order=RECIPE_ORDER)
-    print(f"report: {report} ({len(scripts) - len(failed)}/{len(scripts)} recipes, "
+    for i, recipe in enumerate(recipes, start=1):
+        for run in range(1, args.repeat + 1):
+            label = recipe.name if args.repeat == 1 else f"{recipe.name} ({run}/{args.repeat})"
+            print(f"[{i}/{len(recipes)}] {label:<28}", end=" ", flush=True)
+            t0 = time.perf_counter()
+            where = repeat_dir(out, run)
+            log = logs / (f"{recipe.name}.log" if run == 1 else f"{recipe.name}.{run}.log")
+            with open(log, "w") as f:
+                rc = subprocess.run(recipe_command(recipe, where, args.quick), stdout=f, stderr=subprocess.STDOUT,
+                                    env=env, stdin=subprocess.DEVNULL).returncode
+            status = "ok" if rc == 0 else f"FAILED (exit {rc}, log: {log})"
+            print(f"{status} in {time.perf_counter() - t0:.1f} s", flush=True)
+            if rc != 0:
+                failed.append(label)
+                tail = log.read_text().splitlines()[-15:]
+                print("    " + "\n    ".join(tail), file=sys.stderr)
+    report = build_report(out, order=recipe_order())
+    print(f"report: {report} ({len(recipes) * args.repeat - len(failed)}/{len(recipes) * args.repeat} runs, "
           f"{time.perf_counter() - started:.0f} s)")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
@@ -98,7 +93,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tfperf.report import build_report
 
     try:
-        print(build_report(args.dir, order=RECIPE_ORDER))
+        print(build_report(args.dir, order=recipe_order()))
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from None
     return 0
@@ -117,7 +112,7 @@ def _records(path: str) -> list[dict]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Row by row, how run B compares with run A; exit 1 when a row regressed significantly."""
-    from tfperf.compare import IMPROVED, REGRESSED, compare_runs
+    from tfperf.compare import IMPROVED, compare_runs
     from tfperf.report import fmt
 
     a, b = _records(args.a), _records(args.b)
@@ -126,7 +121,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"{args.a} and {args.b} share no (recipe, table, row): nothing to compare")
     for name, (va, vb) in {**result.env_differences, **result.args_differences}.items():
         print(f"warning: {name} differs: {va!r} in A, {vb!r} in B", file=sys.stderr)
-    print(f"| table | row | metric | A | B | B vs A (95% CI) | p | change |\n|---|---|---|---|---|---|---|---|")
+    print("| table | row | metric | A | B | B vs A (95% CI) | p | change |\n|---|---|---|---|---|---|---|---|")
     for r in result.rows:
         ci = f" ({r.ci95[0]:.2f}-{r.ci95[1]:.2f})" if r.ci95 else ""
         p = f"{r.p_value:.3g}" if r.p_value is not None else "-"
@@ -288,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="each recipe at its --quick size")
     run.add_argument("--out", default="results", help="folder for records, logs, figures and the report")
     run.add_argument("--only", nargs="+", default=(), metavar="RECIPE", help="run only these recipes")
+    run.add_argument("--repeat", type=flags.positive_int, default=1,
+                     help="run each recipe N times in fresh processes; the report shows the run-to-run spread")
     run.set_defaults(func=cmd_run)
 
     report = sub.add_parser("report", help="rebuild report.md from the records in a folder")

@@ -33,26 +33,22 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A number > 0, for durations."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-
-
-def parser(description: str | None, *, prog: str | None = None) -> ArgumentParser:
-    """A parser holding the shared flags; sizes left unset are filled by `parse` from --quick."""
-    p = ArgumentParser(prog=prog, description=description,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small sizes: the whole recipe in about a minute")
-    p.add_argument("--steps", type=positive_int, help="timed steps per measurement")
-    p.add_argument("--warmup", type=non_negative_int, help="untimed steps after the first call")
-    p.add_argument("--batch-size", type=positive_int, help="examples per step")
-    p.add_argument("--out", default="results", help="folder for records, figures and the report")
-    p.add_argument("--seed", type=int, default=0, help="random seed for data and weights")
-    p.add_argument("--profile", metavar="DIR",
-                   help="write a TensorBoard profiler trace of the measured steps to DIR")
-    return p
 
 
 def parse(
@@ -61,7 +57,7 @@ def parse(
     *,
     sizes: Mapping[str, tuple[int, int]],
 ) -> argparse.Namespace:
-    """Parse argv; each flag in `sizes` left unset takes its (full, quick) default."""
+    """Parse argv; each flag in `sizes` left unset takes its (full, quick) default (needs --quick)."""
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     for name, (full, quick) in sizes.items():
         if getattr(args, name, None) is None:

@@ -12,6 +12,8 @@ from tfperf import stats
 from tfperf.results import atomic_write_text, read_records
 
 Record = Mapping[str, Any]
+# `tfperf run --repeat N` writes runs 2..N under <out>/repeats/<run>/; the report reads them from there.
+REPEATS = "repeats"
 
 
 def fmt(value: Any) -> str:
@@ -64,7 +66,8 @@ def row_ratio(record: Record, baseline: Record) -> tuple[float, tuple[float, flo
     # per-call ratio times a constant: scale the interval by the same constant.
     scale = point / per_call
     ci = (low * scale, high * scale)
-    return point, ci, stats.verdict(ci)
+    enough = min(len(a), len(b)) >= stats.MIN_UNITS
+    return point, ci, stats.verdict(ci) if enough else stats.NO_DIFFERENCE
 
 
 def per_call_samples(record: Record) -> list[float]:
@@ -73,9 +76,15 @@ def per_call_samples(record: Record) -> list[float]:
     return [s / block for s in record["samples_s"]]
 
 
-def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = None) -> str:
+def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = None, *,
+                   reruns: Sequence[Sequence[Record]] = ()) -> str:
     """A Markdown table of one recipe table: metrics, the primary metric's 95% CI, and each row against
-    the row it was compared with (or the first row) with the ratio's CI and verdict."""
+    the row it was compared with (or the first row) with the ratio's CI and verdict.
+
+    Args:
+        reruns: the same table from other runs in fresh processes (`tfperf run --repeat`): a column then
+            shows each row's primary metric across all runs and how often each verdict came out.
+    """
     if not records:
         raise ValueError("no records to tabulate")
     if columns is None:
@@ -85,7 +94,8 @@ def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = No
     compared = any(r.get("verdict") for r in records)
     header = ["", *columns, *([f"{records[0]['primary']} 95% CI"] if with_ci else []),
               *([f"speedup vs {records[0]['row']}"] if ratios and not compared else []),
-              *(["speedup (95% CI): verdict"] if compared else [])]
+              *(["speedup (95% CI): verdict"] if compared else []),
+              *([f"{records[0]['primary']} across {len(reruns) + 1} runs"] if reruns else [])]
     by_row = {r["row"]: r for r in records}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     notes = []
@@ -101,8 +111,29 @@ def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = No
             cells.append(_ratio_cell(r, base, name_baseline=True) if base is not None else "-")
         elif ratios:
             cells.append(_ratio_cell(r, records[0], name_baseline=False))
+        if reruns:
+            cells.append(run_to_run(r, [x for run in reruns for x in run if x["row"] == r["row"]]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def run_to_run(record: Record, others: Sequence[Record]) -> str:
+    """'5.9-6.1 (spread 3%); faster 3/3': the primary metric's range over the runs, its spread (range over
+    median) and the verdicts they reached, when they judged the row."""
+    runs = [record, *others]
+    values = [float(r["metrics"][record["primary"]]) for r in runs if r["metrics"].get(record["primary"]) is not None]
+    if not values:
+        return "-"
+    mid = sorted(values)[len(values) // 2]
+    spread = (max(values) - min(values)) / abs(mid) if mid else float("nan")
+    text = f"{fmt(min(values))}-{fmt(max(values))} (spread {spread:.0%})"
+    verdicts = [r["verdict"] for r in runs if r.get("verdict")]
+    if verdicts:
+        counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+        text += "; " + ", ".join(f"{v} {c}/{len(runs)}" for v, c in counts.items())
+    if len(values) < len(runs):
+        text += f"; missing in {len(runs) - len(values)} run(s)"
+    return text
 
 
 def _ratio_cell(record: Record, baseline: Record, *, name_baseline: bool) -> str:
@@ -214,7 +245,11 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = ()) -> Path:
     rank = {name: i for i, name in enumerate(order)}
     files.sort(key=lambda f: (rank.get(f.stem, len(rank)), f.stem))
     figures = results_dir / "figures"
+    reruns = sorted((results_dir / REPEATS).glob("*/"), key=lambda d: (len(d.name), d.name))
     parts = ["# tfperf report", ""]
+    if reruns:
+        parts += [f"Each recipe ran {len(reruns) + 1} times in fresh processes: the tables show the first run, "
+                  f"and a column the spread over all runs and the verdicts each reached.", ""]
     for f in files:
         records = read_records(f)
         if not records:
@@ -222,8 +257,10 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = ()) -> Path:
         recipe = records[0]["recipe"]
         parts += [f"## {recipe}", "", f"Measured on {environment_summary(records[0]['env'])}.", ""]
         tables = group_tables(records)
+        others = [group_tables(read_records(d / f.name)) for d in reruns if (d / f.name).exists()]
         for (_, table), rows in tables.items():
-            parts += [f"### {table}", "", markdown_table(rows), ""]
+            again = [o.get((recipe, table), []) for o in others]
+            parts += [f"### {table}", "", markdown_table(rows, reruns=again), ""]
             if len(rows) > 1:  # one bar compares nothing
                 chart = bar_chart(rows, figures / f"{recipe}-{slug(table)}.png")
                 parts += [f"![{table}](figures/{chart.name})", ""]

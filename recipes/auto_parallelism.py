@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tfperf.bench import Timer, interleave, one_after_another, versus
 from tfperf.devices import compute_devices, usable_cores
-from tfperf.recipe import Recipe
+from tfperf.recipe import Conclusion, Recipe
 from tfperf.stats import FASTER
 
 TOGETHER, OVERLAP = "two independent jobs: alone vs together", "compute y[i] while y[i-1] is copied"
@@ -108,7 +108,7 @@ def measure(args, rec) -> dict:
     return {"d0": d0, "kinds": list(kinds), "together": together, "overlap": verdicts[overlapped]}
 
 
-def conclude(args, rec, found) -> str:
+def conclude(args, rec, found) -> Conclusion:
     m = {r["row"]: r["metrics"] for r in rec.table(TOGETHER)}
     d0, (large, small), together, overlap = found["d0"], found["kinds"], found["together"], found["overlap"]
     ratio = {k: m[f"{k}: both, one on each device"]["vs_sum_of_alone"] for k in (large, small)}
@@ -137,7 +137,7 @@ def conclude(args, rec, found) -> str:
                     ": no gain here, because on a CPU the copy is a memcpy on the same cores and memory bus as "
                     "the compute; a GPU's copy engines move data next to its compute units, which is where this "
                     "overlap pays."))
-    return (f"Two independent jobs in one graph, one per device, took {ratio[large]:.2f}x the sum of their times "
+    return Conclusion(f"Two independent jobs in one graph, one per device, took {ratio[large]:.2f}x the sum of their times "
             f"alone for large matmuls (against one after the other: {together[large]['both'].describe()}) and "
             f"{ratio[small]:.2f}x for the chain of small ops. {devices_text}{copy_text}")
 

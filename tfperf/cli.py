@@ -33,7 +33,7 @@ def recipe_declarations(only: Sequence[str] = ()) -> list[Declaration]:
 
 def recipe_order() -> list[str]:
     """Recipe names in report order."""
-    return [d.name for d in declarations(RECIPES_DIR)]
+    return [d.name for d in recipe_declarations()]
 
 
 def recipe_command(recipe: Declaration, out: Path, quick: bool) -> list[str]:

@@ -46,7 +46,7 @@ class Recipe:
         uses: the shared flags (SHARED_FLAGS) the recipe reads; only those are offered.
         add_flags: adds the recipe's own flags to its parser.
         measure: (args, recorder) -> what `conclude` needs; it adds rows to the recorder.
-        conclude: (args, recorder, measured) -> Conclusion (or its text).
+        conclude: (args, recorder, measured) -> Conclusion.
         task: for recipes that start copies of themselves (workers, probes): what such a copy runs, given
             --role, instead of measuring; returns the exit code.
         launcher: the command that starts the script (its executable beside Python's), e.g. horovodrun.
@@ -56,7 +56,7 @@ class Recipe:
     name: str
     doc: str
     measure: Callable[[argparse.Namespace, Recorder], Any]
-    conclude: Callable[[argparse.Namespace, Recorder, Any], Conclusion | str]
+    conclude: Callable[[argparse.Namespace, Recorder, Any], Conclusion]
     order: int
     sizes: Mapping[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     uses: Sequence[str] = ()
@@ -113,8 +113,6 @@ class Recipe:
         except ClusterError as exc:  # a failed run, not bad input: the message names the log to read
             print(f"{self.name}: failed: {exc}", file=sys.stderr)
             return 1
-        if isinstance(conclusion, str):
-            conclusion = Conclusion(conclusion)
         tables = dict.fromkeys(r["table"] for r in rec.records)
         print("\n\n".join(f"## {t}\n\n{markdown_table(rec.table(t))}" for t in tables) + "\n")
         for line in conclusion.lines:

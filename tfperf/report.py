@@ -60,14 +60,11 @@ def row_ratio(record: Record, baseline: Record) -> tuple[float, tuple[float, flo
         return float(record["ratio"]), tuple(record["ratio_ci95"]), record["verdict"]
     if record is baseline or not (record.get("samples_s") and baseline.get("samples_s")) or not math.isfinite(point):
         return point, None, None
-    a, b = per_call_samples(baseline), per_call_samples(record)
-    per_call, (low, high) = stats.ratio_ci(a, b)
+    per_call = stats.compare_times(per_call_samples(baseline), per_call_samples(record))
     # The primary metric is proportional to the time per call (or its inverse), so its ratio is the
-    # per-call ratio times a constant: scale the interval by the same constant.
-    scale = point / per_call
-    ci = (low * scale, high * scale)
-    enough = min(len(a), len(b)) >= stats.MIN_UNITS
-    return point, ci, stats.verdict(ci) if enough else stats.NO_DIFFERENCE
+    # per-call ratio times a constant: scale the interval by the same constant. The verdict is the same.
+    scale = point / per_call.ratio
+    return point, (per_call.ci95[0] * scale, per_call.ci95[1] * scale), per_call.verdict
 
 
 def per_call_samples(record: Record) -> list[float]:

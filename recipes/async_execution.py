@@ -29,21 +29,33 @@ import psutil
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import profiled, sync, synchronous_execution
+from tfperf.bench import Elapsed, Timer, interleave, sync, synchronous_execution, versus
 from tfperf.recipe import Conclusion, Recipe
+from tfperf.stats import FASTER
 
 QUEUE, MEMORY = "front end vs back end (loop of ops)", "memory while the queue runs ahead"
 
 
-def loop_times(body, iters: int) -> tuple[float, float]:
-    """Seconds until the Python loop returns, and until its last result is ready."""
-    sync()
-    t0 = time.perf_counter()
+def loop(body, iters: int):
+    """Call body(i) iters times: the step of a training loop whose results nobody reads; the last result."""
     for i in range(iters):
         y = body(i)
-    returned = time.perf_counter() - t0
-    sync(y)  # async: wait for the back end; the right way to stop a clock
-    return returned, time.perf_counter() - t0
+    return y
+
+
+def loop_timers(row: str, body, iters: int) -> tuple[Timer, Timer]:
+    """Two clocks on the same loop: one read when Python returns (the wrong way), one after a sync.
+
+    The first returns an Elapsed: the Timer waits for the queue after reading the clock, so the next
+    sample does not inherit this one's work. Both must be made in the execution mode they time.
+    """
+    def returns():
+        t0 = time.perf_counter()
+        y = loop(body, iters)
+        return Elapsed(time.perf_counter() - t0, y)
+
+    return (Timer(returns, name=f"{row}: loop returns", items_per_call=iters),
+            Timer(lambda: loop(body, iters), name=row, items_per_call=iters))
 
 
 def peak_rss_growth(body, iters: int, sync_every_step: bool) -> float:
@@ -70,6 +82,7 @@ def peak_rss_growth(body, iters: int, sync_every_step: bool) -> float:
 
 def add_flags(p) -> None:
     p.add_argument("--size", type=flags.positive_int, help="matrix size of the seed's matmul benchmark")
+    p.add_argument("--rounds", type=flags.positive_int, help="interleaved rounds: one timed loop of each row per round")
 
 
 def measure(args, rec) -> dict:
@@ -80,26 +93,39 @@ def measure(args, rec) -> dict:
     chain = tf.function(lambda x: tf.matmul(tf.matmul(x, x), x) / n)  # a step of known work: 2 matmuls
     chain(x)
 
-    def add(row, returned, ready, note):
-        rec.add(QUEUE, row, {"loop_returns_ms": returned * 1e3, "results_ready_ms": ready * 1e3,
-                             "front_end_ahead": 1 - returned / ready, "note": note},
-                primary="results_ready_ms", lower_is_better=True)
+    def race(rows: dict):
+        """Interleave the rows' two clocks in rounds (in the execution mode they run in): {row: (returns, ready)}."""
+        timers = [t for row, body in rows.items() for t in loop_timers(row, body, args.steps)]
+        found = interleave(timers, rounds=args.rounds, samples=args.rounds, warmup=1, seed=args.seed,
+                           profile_dir=args.profile, profile_steps=1)
+        return {row: (found[2 * i], found[2 * i + 1]) for i, row in enumerate(rows)}
 
-    # Baseline: NumPy computes before it returns -----------------------------------------------------
-    add("NumPy matmul chain", *loop_times(lambda i: (a @ a) @ a / n, args.steps), "computes, then returns")
+    # Baseline: NumPy computes before it returns; so does TensorFlow in synchronous mode -------------
+    timed = race({"NumPy matmul chain": lambda i: (a @ a) @ a / n, "tf.function, synchronous": lambda i: chain(x)})
+    with synchronous_execution(False):
+        # async: a graph call only enqueues; the loop returns before its results exist
+        # What makes the front end wait even in asynchronous mode: creating a tensor from host data, and
+        # eager op wrappers that read a pending result's shape.
+        timed.update(race({"tf.function, asynchronous": lambda i: chain(x),
+                           "async, new tf.constant each step": lambda i: chain(tf.constant(a)),
+                           "async, eager tf.matmul": lambda i: tf.matmul(tf.matmul(x, x), x)}))
 
-    # TensorFlow, synchronous (the CPU default) and asynchronous -------------------------------------
-    with profiled(args.profile, "synchronous"):
-        add("tf.function, synchronous", *loop_times(lambda i: chain(x), args.steps), "each call waits for its work")
-    with synchronous_execution(False), profiled(args.profile, "asynchronous"):  # async: calls only enqueue
-        returned, ready = loop_times(lambda i: chain(x), args.steps)
-        add("tf.function, asynchronous", returned, ready, "calls enqueue; the loop returns early")
-        # What makes the front end wait even in asynchronous mode: creating a tensor from host data.
-        add("async, new tf.constant each step", *loop_times(lambda i: chain(tf.constant(a)), args.steps),
-            "creating a tensor from NumPy waits for the queue")
-        add("async, eager tf.matmul", *loop_times(lambda i: tf.matmul(tf.matmul(x, x), x), args.steps),
-            "Python op wrappers read the pending result's shape")
-    wrong, right = returned, ready  # the same loop, clock stopped before and after the sync
+    notes = {"NumPy matmul chain": "computes, then returns", "tf.function, synchronous": "each call waits for its work",
+             "tf.function, asynchronous": "calls enqueue; the loop returns early",
+             "async, new tf.constant each step": "creating a tensor from NumPy waits for the queue",
+             "async, eager tf.matmul": "Python op wrappers read the pending result's shape"}
+    optimistic = {}
+    for row, (returns, ready) in timed.items():
+        # How many times too fast a clock read without a sync says the loop is (paired by round).
+        optimistic[row] = versus(ready, returns, threshold=0.05)
+        # Async or not, the results arrive no sooner than in synchronous mode: the same work, queued.
+        against = versus(timed["tf.function, synchronous"][1], ready) if row.startswith(("tf.function, a", "async")) \
+            else None
+        rec.add(QUEUE, row, {"loop_returns_ms": returns.median_s * 1e3, "results_ready_ms": ready.median_s * 1e3,
+                             "front_end_ahead": 1 - returns.median_s / ready.median_s,
+                             "no_sync_looks_x": optimistic[row].ratio, "no_sync_looks_ci95": [round(v, 3) for v in optimistic[row].ci95],
+                             "note": notes[row]},
+                primary="results_ready_ms", lower_is_better=True, measurement=ready, comparison=against)
 
     # Memory: how far ahead the queue may run, and what bounds it ------------------------------------
     grows = lambda i: chain(x)  # each step's output is a fresh n x n buffer
@@ -111,17 +137,20 @@ def measure(args, rec) -> dict:
         rec.add(MEMORY, row, {"peak_rss_growth_mib": mib, "buffer_mib": n * n * 4 / 2**20},
                 primary="peak_rss_growth_mib", lower_is_better=True, versus_first=False)
 
-    return {"wrong": wrong, "right": right, "ahead": ahead, "bounded": bounded}
+    return {"optimistic": optimistic, "ahead": ahead, "bounded": bounded}
 
 
 def conclude(args, rec, found) -> Conclusion:
-    wrong, right, ahead, bounded = found["wrong"], found["right"], found["ahead"], found["bounded"]
+    optimistic, ahead, bounded = found["optimistic"], found["ahead"], found["bounded"]
     n = args.size
-    line = (f"timing without a sync says {wrong * 1e3:.1f} ms, with one {right * 1e3:.1f} ms: "
-            f"{right / wrong:.1f}x too optimistic")
+    wrong = optimistic["tf.function, asynchronous"]
+    m = {r["row"]: r for r in rec.table(QUEUE)}
+    right_ms = m["tf.function, asynchronous"]["metrics"]["results_ready_ms"]
+    line = (f"async loop of {args.steps} graph calls: a clock read without a sync says "
+            f"{m['tf.function, asynchronous']['metrics']['loop_returns_ms']:.1f} ms, with one {right_ms:.1f} ms: "
+            f"{wrong.describe().replace('faster', 'too fast')}")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
-    m = {r["row"]: r["metrics"] for r in rec.table(QUEUE)}
     buffer_mib = n * n * 4 / 2**20
     if ahead > bounded + 2 * buffer_mib:
         memory = (f"Running ahead cost memory: peak growth {ahead:.0f} MiB free-running against {bounded:.0f} MiB "
@@ -133,22 +162,39 @@ def conclude(args, rec, found) -> Conclusion:
                   f"output). TensorFlow's queue holds op handles and allocates each output when its op runs, and "
                   f"new inputs from the host wait for the queue (above), so the pile-up of inputs the seed warns "
                   f"about cannot form; reading the loss each step still bounds the queue, at no cost here.")
+    waits = [row for row in ("async, new tf.constant each step", "async, eager tf.matmul")
+             if optimistic[row].verdict != FASTER]
+    runs_ahead = [row for row in ("async, new tf.constant each step", "async, eager tf.matmul") if row not in waits]
+    queued = m["tf.function, asynchronous"]
+    same_work = (f"The queued loop's results were ready no sooner than the synchronous loop's "
+                 f"({queued['verdict']} against it, {queued['ratio']:.2f}x): on a CPU the queue hides Python's "
+                 f"dispatch, not the arithmetic." if queued.get("verdict") != FASTER else
+                 f"Queued, the loop's results were ready {queued['ratio']:.2f}x as fast as in synchronous mode "
+                 f"(95% CI {queued['ratio_ci95'][0]:.2f}-{queued['ratio_ci95'][1]:.2f}x): Python's dispatch of "
+                 f"one call overlapped the previous call's work.")
+    wait_text = (f"The front end still waited in {' and '.join(repr(r) for r in waits)}: a clock without a sync "
+                 f"read {'; '.join(optimistic[r].describe().replace('faster', 'too fast') for r in waits)}. Creating "
+                 f"a tensor from NumPy, or an eager op whose Python wrapper needs the pending result's shape, waits "
+                 f"for the queue." if waits else
+                 "In this run even host-made tensors and eager ops ran ahead of their results.")
+    if runs_ahead:
+        wait_text += f" {' and '.join(repr(r) for r in runs_ahead)} still ran ahead of their results."
     return Conclusion((
         f"NumPy and synchronous TensorFlow return only when the work is done (the loop of {args.steps} matmul "
-        f"chains took {m['NumPy matmul chain']['results_ready_ms']:.0f} and "
-        f"{m['tf.function, synchronous']['results_ready_ms']:.0f} ms). Asynchronous, the loop returned after "
-        f"{wrong * 1e3:.1f} ms while its results were ready after {right * 1e3:.0f} ms: a clock stopped without "
-        f"a sync is {right / wrong:.0f}x too optimistic, which is why tfperf's Timer waits for the "
-        f"devices (never copying the result to the host) before it reads the clock. The front end still waits when it creates a tensor from NumPy or "
-        f"calls an eager op whose Python wrapper needs the pending result's shape "
-        f"({m['async, new tf.constant each step']['front_end_ahead']:.0%} and "
-        f"{m['async, eager tf.matmul']['front_end_ahead']:.0%} ahead), so in TensorFlow only graph calls and raw "
-        f"ops really run ahead. {memory}"), [line])
+        f"chains took {m['NumPy matmul chain']['metrics']['results_ready_ms']:.0f} and "
+        f"{m['tf.function, synchronous']['metrics']['results_ready_ms']:.0f} ms; a clock without a sync read "
+        f"{optimistic['tf.function, synchronous'].describe().replace('faster', 'too fast')} there). Asynchronous, "
+        f"the loop returned after {queued['metrics']['loop_returns_ms']:.1f} ms while its results were ready after "
+        f"{right_ms:.0f} ms: a clock stopped without a sync reads {wrong.describe().replace('faster', 'too fast')}, "
+        f"which is why tfperf's Timer waits for the devices (never copying the result to the host) before it "
+        f"reads the clock. {same_work} {wait_text} So in TensorFlow only graph calls and raw ops really run "
+        f"ahead. {memory}"), [line])
 
 
 # --steps here is the length of the loop of calls whose clock is read before and after the sync.
 RECIPE = Recipe(name="async_execution", doc=__doc__, order=50, measure=measure, conclude=conclude,
-                add_flags=add_flags, uses=("steps",), sizes={"steps": (100, 30), "size": (1000, 1000)})
+                add_flags=add_flags, uses=("steps",),
+                sizes={"steps": (100, 20), "size": (1000, 1000), "rounds": (10, 6)})
 
 if __name__ == "__main__":
     sys.exit(RECIPE.main())

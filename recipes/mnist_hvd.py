@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf import hvd as thvd
-from tfperf.bench import Measurement, profiled
+from tfperf.bench import Measurement, Timer, profiled
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import usable_cores
 from tfperf.models import get_net
@@ -129,20 +129,31 @@ def measure(args, rec) -> dict:
     train_step = make_train_step(model, optimizer, loss_fn)
 
     # Training ---------------------------------------------------------------------------------
-    step_times, started, traced = [], time.perf_counter(), 0
+    losses = []
+
+    def step():
+        losses.append(train_step(*next(batches)))
+        return losses[-1]
+
+    # Each step is a sample; the very first (it traces) is timed apart, as one of the first epoch's steps.
+    clock = Timer(step, name=f"rank {rank} steps, np={size}", items_per_call=args.batch_size)
+    step_times, started, traced, finished = [], time.perf_counter(), 0, 0
     try:
         while int(epoch.numpy()) < args.epochs:
-            losses = []
+            finished += len(losses)
+            losses.clear()
+            todo = steps_per_epoch
+            if clock.first_call_s is None:
+                clock.start(warmup=0)
+                todo -= 1
             # --profile traces rank 0's last epoch, whose steps are then left out of the samples.
             trace = bool(args.profile) and chief and int(epoch.numpy()) == args.epochs - 1 and args.epochs > 1
-            traced = steps_per_epoch if trace else traced
+            traced = todo if trace else traced
             with profiled(args.profile if trace else None, f"rank0-np{size}"):
-                for _ in range(steps_per_epoch):
-                    t0 = time.perf_counter()
-                    losses.append(float(train_step(*next(batches))))  # float() waits for the step to finish
-                    step_times.append(time.perf_counter() - t0)
+                step_times.extend(clock.take(todo))
+            # Horovod: metrics over all ranks
+            mean_loss = thvd.average({"loss": float(np.mean([float(loss) for loss in losses]))})["loss"]
             epoch.assign_add(1)
-            mean_loss = thvd.average({"loss": np.mean(losses)})["loss"]  # Horovod: metrics over all ranks
             if chief:
                 manager.save(checkpoint_number=int(epoch.numpy()))  # Horovod: one writer, no clobbering
                 print(f"epoch {int(epoch.numpy())}/{args.epochs}: loss {mean_loss:.4f} "
@@ -151,13 +162,13 @@ def measure(args, rec) -> dict:
         # Gloo ends a collective with an error when a peer goes away; say so instead of a bare traceback.
         time.sleep(0.5)  # let the departed process finish exiting, so that its status can be read
         print(f"mnist_hvd: error: rank {rank} of {size} lost its peers at epoch {int(epoch.numpy()) + 1}, step "
-              f"{len(step_times) + 1}: {thvd.describe_failure(peers)} ({type(exc).__name__})",
+              f"{finished + len(losses) + 1}: {thvd.describe_failure(peers)} ({type(exc).__name__})",
               file=sys.stderr, flush=True)
         raise SystemExit(1)
 
     # Results: every rank measures itself, rank 0 prints all -----------------------------------
     recorded = step_times[:len(step_times) - traced]
-    timed = np.array(recorded[args.warmup:] or recorded)  # the first steps include tracing
+    timed = np.array(recorded[args.warmup:] or recorded)  # the first steps still settle (allocations, caches)
     mine = args.batch_size / float(np.median(timed))
     per_rank = hvd.allgather(tf.constant([mine], tf.float64)).numpy()  # Horovod: collect every rank's rate
     # Horovod: test accuracy over the whole test set, each rank scoring its own shard
@@ -172,13 +183,14 @@ def measure(args, rec) -> dict:
         rec.add(THROUGHPUT, f"rank {r}", {"samples_per_s": rate, "ms_per_step": args.batch_size / rate * 1e3},
                 primary="samples_per_s", lower_is_better=False)
     # Rank 0's steps stand for the spread of all: the total's interval is theirs, scaled.
-    steps = Measurement(f"rank 0 steps, np={size}", tuple(float(t) for t in timed), items_per_call=args.batch_size)
+    steps = Measurement(clock.name, tuple(float(t) for t in timed), items_per_call=args.batch_size,
+                        first_call_s=clock.first_call_s)
     rec.add(THROUGHPUT, f"total, np={size}", {"samples_per_s": float(per_rank.sum()),
                                                "ms_per_step": float(np.median(timed)) * 1e3},
             primary="samples_per_s", lower_is_better=False, measurement=steps)
     rec.add(RESULT, f"np={size}", {
         "test_accuracy": test_accuracy, "final_loss": mean_loss, "weight_drift": drift, "epochs": int(epoch.numpy()),
-        "global_batch": args.batch_size * size, "updates": len(step_times), "wall_s": time.perf_counter() - started},
+        "global_batch": args.batch_size * size, "updates": finished + len(losses), "wall_s": time.perf_counter() - started},
         primary="test_accuracy", lower_is_better=False)
     return {"size": size, "per_rank": per_rank, "test_accuracy": test_accuracy, "seen": counts["seen"],
             "checkpoint": manager.latest_checkpoint, "drift": drift, "epochs": int(epoch.numpy())}

@@ -25,19 +25,20 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from tfperf import flags
-from tfperf.bench import profiled
+from tfperf.bench import Measurement, Timer, profiled, versus
 from tfperf.cluster import LocalCluster, local_cluster, parse_result, result_line, tf_config
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe, RecipeError
+from tfperf.stats import FASTER, SLOWER
 
 TRAINING, ALLREDUCE = "training, same global batch", "collective all-reduce by size"
 AGREEMENT_STEPS, TOLERANCE = 5, 1e-4
+ALLREDUCE_REPS, PROFILE_STEPS = 6, 5  # timed all-reduces per size; steps traced under --profile
 
 
 def worker(args) -> None:
@@ -87,29 +88,25 @@ def worker(args) -> None:
     losses = [float(train_step(next(fixed))) for _ in range(AGREEMENT_STEPS)]
     np.savez(Path(args.weights_dir) / f"n{n_workers}-worker{ctx_index}.npz", *[v.numpy() for v in model.weights])
 
-    # Speed: per-step time after a warm-up, each step synced by reading its loss.
-    batches, times = worker_batches(seed=args.seed, repeat=True), []
-    for i in range(args.warmup):
-        float(train_step(next(batches)))
-    with profiled(args.profile if ctx_index == 0 else None, f"worker0-of-{n_workers}"):
-        for i in range(args.steps):
-            t0 = time.perf_counter()
-            float(train_step(next(batches)))
-            times.append(time.perf_counter() - t0)
-    result = {"workers": n_workers, "global_batch": global_batch, "step_s": float(np.median(times)),
+    # Speed: per-step times after a warm-up. Every worker takes the same number of steps (each step is a
+    # collective), so steps are fixed, never chosen by a clock; --profile traces extra steps on all of them.
+    batches = worker_batches(seed=args.seed, repeat=True)
+    step = Timer(lambda: train_step(next(batches)), name=f"{n_workers} workers", items_per_call=global_batch)
+    timed = step.measure(args.steps, warmup=args.warmup)
+    if args.profile:
+        with profiled(args.profile if ctx_index == 0 else None, f"worker0-of-{n_workers}"):
+            step.take(PROFILE_STEPS)
+    result = {"workers": n_workers, "global_batch": global_batch, "step_samples_s": list(timed.samples_s),
               "agreement_losses": losses, "allreduce": []}
 
     for size in ([] if n_workers == 1 else args.sizes):
         # The tensor is made inside the replica function: all_reduce needs a value that lives on the replica.
         allreduce = tf.function(lambda: strategy.run(
             lambda: tf.distribute.get_replica_context().all_reduce("SUM", tf.ones([size // 4]))))
-        allreduce()  # the first call traces and sets up the collective group
-        reps = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            strategy.experimental_local_results(allreduce())[0].numpy()
-            reps.append(time.perf_counter() - t0)
-        result["allreduce"].append({"bytes": size, "s": float(np.median(reps))})
+        # The first call traces and sets up the collective group; the clock waits for the reduced tensor
+        # without copying it to the host.
+        reps = Timer(allreduce, name=f"all-reduce {size}").measure(ALLREDUCE_REPS, warmup=1)
+        result["allreduce"].append({"bytes": size, "samples_s": list(reps.samples_s)})
     if ctx_index == 0:
         print(result_line(result), flush=True)
 
@@ -146,21 +143,28 @@ def measure(args, rec) -> dict:
         results = {}
         for n in sorted({1, args.workers}):
             results[n] = run_workers(n, args, tmp)
-            print(f"{n} worker(s): {results[n]['step_s'] * 1e3:.1f} ms per step of {results[n]['global_batch']}",
+            steps = Measurement(f"{n} worker{'s' * (n > 1)}", tuple(results[n]["step_samples_s"]),
+                                items_per_call=results[n]["global_batch"])
+            results[n]["timed"] = steps
+            print(f"{n} worker(s): {steps.median_s * 1e3:.1f} ms per step of {results[n]['global_batch']}",
                   flush=True)
         one = dict(np.load(tmp / "n1-worker0.npz"))
         many = [dict(np.load(tmp / f"n{args.workers}-worker{i}.npz")) for i in range(args.workers)]
     weight_diff = max(float(np.max(np.abs(many[0][k] - one[k]))) for k in one)
     between = max(float(np.max(np.abs(m[k] - many[0][k]))) for m in many for k in one)
 
+    one = results[1]["timed"]
     for n, r in results.items():
-        rec.add(TRAINING, f"{n} worker{'s' * (n > 1)}", {
-            "ms_per_step": r["step_s"] * 1e3, "samples_per_s": r["global_batch"] / r["step_s"],
-            "global_batch": r["global_batch"], "max_weight_diff_vs_1": weight_diff if n > 1 else 0.0,
-            "max_diff_between_workers": between if n > 1 else 0.0}, primary="samples_per_s", lower_is_better=False)
+        m = r["timed"]
+        rec.add(TRAINING, m.name, {
+            "ms_per_step": m.median_s * 1e3, "samples_per_s": m.items_per_s, "global_batch": r["global_batch"],
+            "max_weight_diff_vs_1": weight_diff if n > 1 else 0.0, "max_diff_between_workers": between if n > 1 else 0.0},
+            primary="samples_per_s", lower_is_better=False, measurement=m,
+            comparison=versus(one, m) if n > 1 else None)
     for a in results[args.workers]["allreduce"]:
-        rec.add(ALLREDUCE, f"{a['bytes'] / 1024:,.0f} KiB", {"ms": a["s"] * 1e3, "gb_per_s": a["bytes"] / a["s"] / 1e9},
-                primary="ms", lower_is_better=True, versus_first=False)
+        m = Measurement(f"{a['bytes'] / 1024:,.0f} KiB", tuple(a["samples_s"]))
+        rec.add(ALLREDUCE, m.name, {"ms": m.median_s * 1e3, "gb_per_s": a["bytes"] / m.median_s / 1e9},
+                primary="ms", lower_is_better=True, versus_first=False, measurement=m)
 
     return {"results": results, "weight_diff": weight_diff, "between": between}
 
@@ -168,23 +172,33 @@ def measure(args, rec) -> dict:
 def conclude(args, rec, found) -> Conclusion:
     results, weight_diff, between = found["results"], found["weight_diff"], found["between"]
     agrees = weight_diff <= TOLERANCE and between == 0.0
-    ratio = results[1]["step_s"] / results[args.workers]["step_s"]  # same global batch: the throughput ratio
-    line = (f"{args.workers} workers vs 1: {ratio:.2f}x the samples/s; same training as one process: {agrees} "
+    # Same global batch: the ratio of samples/s, from samples of two separate runs (unpaired).
+    speed = versus(results[1]["timed"], results[args.workers]["timed"])
+    line = (f"{args.workers} workers vs 1: {speed.describe()}; same training as one process: {agrees} "
           f"(max weight difference {weight_diff:.2g}, between workers {between:g})")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
+    cores = usable_cores()
+    if speed.verdict == SLOWER:
+        why = (f"On this {cores}-core host the workers share the cores and pay for the collective over gRPC, so "
+               f"they lose to one process that uses all cores; across machines each worker brings its own.")
+    elif speed.verdict == FASTER:
+        why = (f"One process did not keep this host's {cores} cores busy with a batch of {args.batch_size}; "
+               f"{args.workers} processes with a share of the threads each did, despite the collective.")
+    else:
+        why = (f"The cores the workers share on this {cores}-core host and the collective over gRPC cost about "
+               f"what splitting the batch gained; across machines each worker brings its own cores.")
     sweep = results[args.workers]["allreduce"]
     small, large = (sweep[0], sweep[-1]) if sweep else (None, None)
-    ring = (f" The all-reduce takes {small['s'] * 1e3:.1f} ms for {small['bytes'] / 1024:.0f} KiB, where latency "
-            f"dominates, and reaches {large['bytes'] / large['s'] / 1e9:.2f} GB/s at {large['bytes'] / 2**20:.0f} "
+    seconds = lambda a: float(np.median(a["samples_s"]))  # noqa: E731
+    ring = (f" The all-reduce takes {seconds(small) * 1e3:.1f} ms for {small['bytes'] / 1024:.0f} KiB, where latency "
+            f"dominates, and reaches {large['bytes'] / seconds(large) / 1e9:.2f} GB/s at {large['bytes'] / 2**20:.0f} "
             f"MiB: in a ring each worker sends 2(n-1)/n of the tensor whatever n is, so the bandwidth term does "
             f"not grow with the number of workers, only the 2(n-1) latency steps do." if sweep else "")
     return Conclusion((
         f"{args.workers} worker processes trained {'exactly ' if agrees else 'NOT '}like one process on the same "
         f"global batches (weights within {weight_diff:.2g} after {AGREEMENT_STEPS} steps; workers identical to "
-        f"{between:g}), at {ratio:.2f}x its samples/s. On this {usable_cores()}-core host the workers share the cores "
-        f"and pay for the collective over gRPC, so they cannot beat one process that uses all cores; across "
-        f"machines each worker brings its own.{ring}"), [line],
+        f"{between:g}). Against one process: {speed.describe()}. {why}{ring}"), [line],
         "" if agrees else "the workers did not train like one process")
 
 

@@ -26,18 +26,19 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from tfperf import flags
-from tfperf.bench import profiled
+from tfperf.bench import Measurement, Timer, versus
 from tfperf.cluster import LocalCluster, local_cluster, parse_result, result_line
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe
+from tfperf.stats import FASTER, SLOWER
 
 TRAINING, KV = "asynchronous training, 1 ps", "key-value store: pull and push by size"
+BLOCKS, KV_REPS = 8, 6  # timed blocks of training steps per cluster; timed pulls and pushes per size
 
 
 def server(args) -> None:
@@ -84,15 +85,16 @@ def coordinator(args) -> dict:
             v.assign_sub(args.lr * g)  # PS: push: the update is applied on the ps that owns v, no waiting
         return loss
 
-    for _ in range(args.warmup + 1):  # every worker traces the step once
-        coord.schedule(train_step, args=(batches,))
-    coord.join()
-    with profiled(args.profile, f"coordinator-{args.workers}-workers"):  # the chief's side: scheduling, RPCs
-        t0 = time.perf_counter()
-        losses = [coord.schedule(train_step, args=(batches,)) for _ in range(args.steps)]
-        coord.join()
-        elapsed = time.perf_counter() - t0
-    result = {"workers": args.workers, "steps": args.steps, "s": elapsed, "placement": placement,
+    # Throughput: blocks of steps scheduled back to back, one join per block (asynchronous workers have
+    # no common step to time); the first step and --warmup more, each joined, let the workers trace it.
+    losses = []
+    block = max(1, args.steps // BLOCKS)
+    schedule = Timer(lambda: losses.append(coord.schedule(train_step, args=(batches,))),
+                     name=f"coordinator-{args.workers}-workers", items_per_call=args.batch_size,
+                     block_size=block, sync_fn=lambda _: coord.join())
+    timed = schedule.measure(BLOCKS, warmup=args.warmup)
+    schedule.profile(args.profile, steps=1)  # the chief's side of one more block: scheduling, RPCs
+    result = {"workers": args.workers, "block": block, "samples_s": list(timed.samples_s), "placement": placement,
               "final_loss": float(np.mean([l.fetch() for l in losses[-10:]])),
               "test_accuracy": accuracy(model, data.x_test, data.y_test), "kv": []}
 
@@ -110,13 +112,10 @@ def coordinator(args) -> dict:
             return tf.constant(0.0)
 
         for name, fn in (("pull", pull), ("push", push)):
-            coord.schedule(fn).fetch()  # trace and warm up
-            times = []
-            for _ in range(5):
-                t = time.perf_counter()
-                coord.schedule(fn).fetch()
-                times.append(time.perf_counter() - t)
-            result["kv"].append({"op": name, "bytes": size, "s": float(np.median(times))})
+            # One call scheduled on a worker, waited for by fetching its scalar result; the first traces.
+            probe = Timer(lambda fn=fn: coord.schedule(fn), name=name, sync_fn=lambda remote: remote.fetch())
+            result["kv"].append({"op": name, "bytes": size,
+                                 "samples_s": list(probe.measure(KV_REPS, warmup=1).samples_s)})
     return result
 
 
@@ -159,17 +158,22 @@ def measure(args, rec) -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in sorted({1, args.workers}):
-            results[n] = run_cluster(n, args, Path(tmp))
-            print(f"{n} worker(s): {args.steps} steps in {results[n]['s']:.2f} s", flush=True)
+            r = results[n] = run_cluster(n, args, Path(tmp))
+            r["timed"] = Measurement(f"{n} worker{'s' * (n > 1)}", tuple(r["samples_s"]), block_size=r["block"],
+                                     items_per_call=args.batch_size)
+            print(f"{n} worker(s): {r['timed'].items_per_s:,.0f} samples/s over {BLOCKS} blocks of {r['block']} steps",
+                  flush=True)
     for n, r in results.items():
-        rec.add(TRAINING, f"{n} worker{'s' * (n > 1)}", {
-            "steps_per_s": r["steps"] / r["s"], "samples_per_s": r["steps"] * args.batch_size / r["s"],
+        m = r["timed"]
+        rec.add(TRAINING, m.name, {
+            "steps_per_s": 1 / m.median_s, "samples_per_s": m.items_per_s,
             "final_loss": r["final_loss"], "test_accuracy": r["test_accuracy"]},
-            primary="samples_per_s", lower_is_better=False)
+            primary="samples_per_s", lower_is_better=False, measurement=m,
+            comparison=versus(results[1]["timed"], m) if n > 1 else None)
     for kv in results[args.workers]["kv"]:
-        rec.add(KV, f"{kv['op']} {kv['bytes'] / 1024:,.0f} KiB", {
-            "ms": kv["s"] * 1e3, "gb_per_s": kv["bytes"] / kv["s"] / 1e9}, primary="ms", lower_is_better=True,
-            versus_first=False)
+        m = Measurement(f"{kv['op']} {kv['bytes'] / 1024:,.0f} KiB", tuple(kv["samples_s"]))
+        rec.add(KV, m.name, {"ms": m.median_s * 1e3, "gb_per_s": kv["bytes"] / m.median_s / 1e9},
+                primary="ms", lower_is_better=True, versus_first=False, measurement=m)
 
     return results
 
@@ -178,27 +182,35 @@ def conclude(args, rec, results) -> Conclusion:
     placement = results[args.workers]["placement"]
     line = f"the model's variables live on: {', '.join(placement)}"
     one, many = results[1], results[args.workers]
-    ratio = one["s"] / many["s"]
+    speed = versus(one["timed"], many["timed"])
 
     # Conclusion, from this run's numbers ------------------------------------------------------
-    kv = {(k["op"], k["bytes"]): k["s"] for k in many["kv"]}
+    kv = {(k["op"], k["bytes"]): float(np.median(k["samples_s"])) for k in many["kv"]}
     largest = max(b for _, b in kv) if kv else None
     traffic = (f" Pulling {largest / 2**20:.0f} MiB took {kv[('pull', largest)] * 1e3:.0f} ms and pushing it "
                f"{kv[('push', largest)] * 1e3:.0f} ms. Every step each worker pulls and pushes the whole model, so "
                f"with n workers the ps link carries 2n copies per round while a ring all-reduce sends 2(n-1)/n "
                f"per worker: one ps becomes the bottleneck as workers are added, which is why real deployments "
                f"shard the variables over several ps tasks." if largest else "")
+    cores = usable_cores()
+    if speed.verdict == FASTER:
+        why = (f"One worker left this {cores}-core host idle between its steps (waiting on pulls and pushes); a "
+               f"second filled those gaps.")
+    elif speed.verdict == SLOWER:
+        why = (f"On this {cores}-core host the workers share the cores with the ps and the coordinator, so more "
+               f"workers added contention rather than compute.")
+    else:
+        why = (f"On this {cores}-core host the workers share the cores with the ps and the coordinator: what a "
+               f"second worker overlapped, contention took back.")
     return Conclusion((
         f"The model's variables lived on {', '.join(placement)}; workers pulled and pushed them over gRPC. "
-        f"{args.workers} asynchronous workers ran {ratio:.2f}x the steps per second of one (test accuracy "
-        f"{many['test_accuracy']:.3f} against {one['test_accuracy']:.3f} after the same number of steps; "
+        f"{args.workers} asynchronous workers against one, in samples per second: {speed.describe()} (test "
+        f"accuracy {many['test_accuracy']:.3f} against {one['test_accuracy']:.3f} after the same number of steps; "
         f"asynchronous workers apply gradients computed on parameters that others have since changed, and one "
-        f"short run is noisy). On this "
-        f"{usable_cores()}-core host the workers share the cores with the ps and the coordinator, so more "
-        f"workers add contention rather than compute.{traffic}"), [line])
+        f"short run is noisy). {why}{traffic}"), [line])
 
 
-# --steps here is the length of the training run timed as a whole (asynchronous workers have no common step).
+# --steps here is the length of the timed training run, in blocks (asynchronous workers have no common step).
 RECIPE = Recipe(name="parameter_server", doc=__doc__, order=110, measure=measure, conclude=conclude,
                 add_flags=add_flags, task=task, uses=("steps", "warmup", "batch_size"),
                 sizes={"steps": (400, 150), "warmup": (5, 2), "batch_size": (64, 64),

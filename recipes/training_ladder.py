@@ -35,13 +35,13 @@ import keras
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Elapsed, Timer, interleave, peak_matmul_flops_per_s, versus
+from tfperf.bench import Timer, interleave, peak_matmul_flops_per_s, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.models import flops, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.recipe import Conclusion, Recipe
 from tfperf.stats import FASTER
-from tfperf.train import EpochTimer, accuracy
+from tfperf.train import accuracy, fit_epochs
 
 TABLE, FINAL = "training ladder", "best configuration vs plain fit"
 ACCURACY_TOLERANCE = 0.05  # a rung may lose at most this much test accuracy against plain fit
@@ -92,20 +92,18 @@ class Trainer:
         else:
             self.model.compile(optimizer=optimizer, loss=loss_fn, jit_compile=cfg.jit,
                                steps_per_execution=cfg.steps_per_execution)
-            self.timer = EpochTimer()
+            tf_data = cfg.pipeline == "tf.data"
+            self.fit_epoch, self.losses = fit_epochs(
+                self.model, self.ds if tf_data else data.x_train, None if tf_data else data.y_train,
+                batch_size=None if tf_data else cfg.batch, shuffle=not tf_data)
 
     def epoch(self):
         """One epoch; `fit` reports the epoch's own time, without the set-up each `fit` call does."""
-        if self.cfg.custom_loop:
-            loss = self.train_epoch(self.ds)
-            self.losses.append(loss)
-            return loss
-        tf_data = self.cfg.pipeline == "tf.data"
-        history = self.model.fit(self.ds if tf_data else self.data.x_train, None if tf_data else self.data.y_train,
-                                 batch_size=None if tf_data else self.cfg.batch, shuffle=not tf_data, epochs=1,
-                                 verbose=0, callbacks=[self.timer])
-        self.losses.append(history.history["loss"][-1])
-        return Elapsed(self.timer.epoch_s[-1])
+        if not self.cfg.custom_loop:
+            return self.fit_epoch()
+        loss = self.train_epoch(self.ds)
+        self.losses.append(loss)
+        return loss
 
     @property
     def xla(self) -> bool:

@@ -172,7 +172,7 @@ class Measurement:
         found = []
         if self.n >= 4 and self.relative_iqr > stats.UNSTABLE_IQR:
             found.append(f"unstable: IQR is {self.relative_iqr:.0%} of the median (over "
-                         f"{stats.UNSTABLE_IQR:.0%}); the machine's speed moved during the measurement")
+                         f"{stats.UNSTABLE_IQR:.0%}): more samples, or a quieter machine")
         if self.n < 6:
             found.append(f"only {self.n} samples: the 95% CI of the median is the whole range")
         if self.overhead_s is not None and self.overhead_s > 0.1 * self.median_s * self.block_size:
@@ -288,7 +288,7 @@ class Timer:
         if warmup < 0:
             raise ValueError(f"warmup must be 0 or more, got {warmup}")
         if self.first_call_s is None:
-            sync(devices=True)  # work queued before must not be billed to the first call
+            sync(devices=self._devices)  # work queued before must not be billed to the first call
             self.first_call_s = self._sample(1)
         for _ in range(warmup):
             self.sync_fn(self.fn())

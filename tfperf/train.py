@@ -1,17 +1,17 @@
-"""A custom training loop that checkpoints as it goes and resumes where a crash left it."""
+"""Training: `fit` timed epoch by epoch, and a custom loop that checkpoints as it goes and resumes after a crash."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
-
-import time
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from tfperf.bench import Elapsed
 from tfperf.data import Arrays, to_dataset
 
 
@@ -26,39 +26,25 @@ class TrainResult:
     checkpoint: str | None
 
 
-class EpochTimer(keras.callbacks.Callback):
-    """Wall time of each `fit` epoch; Keras reads the epoch's logs at its end, so the work is done."""
+def fit_epochs(model, x, y=None, **fit_kwargs) -> tuple[Callable[[], Elapsed], list[float]]:
+    """A function that trains `model` one more epoch per call, for a `bench.Timer`, and the losses it appends.
 
-    def __init__(self):
-        super().__init__()
-        self.epoch_s: list[float] = []
-        self._start = 0.0
+    Each call returns the epoch's own time as an Elapsed, read by a callback at the epoch's ends: the
+    data adapter and callbacks each `fit` call sets up stay out of the clock. Keras reads the epoch's
+    logs before its end, so the work is done when the clock stops.
+    """
+    losses: list[float] = []
+    started: list[float] = []
+    clock = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: started.append(time.perf_counter()),
+                                           on_epoch_end=lambda epoch, logs: started.append(time.perf_counter()))
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
+    def epoch() -> Elapsed:
+        history = model.fit(x, y, epochs=1, verbose=0, callbacks=[clock], **fit_kwargs)
+        losses.append(float(history.history["loss"][-1]))
+        end, begin = started.pop(), started.pop()
+        return Elapsed(end - begin)
 
-    def on_epoch_end(self, epoch, logs=None):
-        self.epoch_s.append(time.perf_counter() - self._start)
-
-    @property
-    def steady_s(self) -> float:
-        """Median epoch time without the first epoch (tracing and compilation), when there are more."""
-        timed = self.epoch_s[1:] or self.epoch_s
-        return float(np.median(timed))
-
-
-def fit_timed(model, x, y=None, *, epochs: int, profile_dir: str | None = None, profile_name: str = "fit",
-              **fit_kwargs) -> tuple[keras.callbacks.History, EpochTimer]:
-    """`model.fit` with each epoch timed; --profile traces the epochs after the first (which traces and compiles)."""
-    from tfperf.bench import profiled
-
-    timer = EpochTimer()
-    callbacks = [*fit_kwargs.pop("callbacks", []), timer]
-    history = model.fit(x, y, epochs=1, callbacks=callbacks, **fit_kwargs)
-    if epochs > 1:
-        with profiled(profile_dir, profile_name):
-            history = model.fit(x, y, initial_epoch=1, epochs=epochs, callbacks=callbacks, **fit_kwargs)
-    return history, timer
+    return epoch, losses
 
 
 def make_train_step(model, optimizer, loss_fn, *, jit_compile: bool = False) -> Callable:

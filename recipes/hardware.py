@@ -25,7 +25,6 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 import zlib
 from pathlib import Path
 
@@ -51,13 +50,9 @@ CLASSIC = {"L1 cache reference": 0.5e-9, "L2 cache reference": 7e-9, "main memor
 
 
 def best_of(fn, reps: int) -> float:
-    """Fastest of `reps` runs, in seconds: the least disturbed by the other tenants of a shared machine."""
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    """Fastest of `reps` timed runs after a first one, in seconds: the least disturbed by the other
+    tenants of a shared machine (a roof, not a typical time)."""
+    return Timer(fn).measure(reps, warmup=0).min_s
 
 
 def cache_sizes() -> dict[str, int]:
@@ -86,16 +81,12 @@ def tcp_round_trip_s(reps: int = 200) -> float:
                 conn.sendall(data)
 
     threading.Thread(target=echo, daemon=True).start()
-    times = []
     with socket.create_connection(("localhost", port)) as client:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            client.sendall(b"x")
-            client.recv(1)
-            times.append(time.perf_counter() - t0)
+        trip = Timer(lambda: client.sendall(b"x") or client.recv(1), name="tcp round trip")
+        median = trip.measure(reps, warmup=10).median_s
     server.close()
-    return float(np.median(times))
+    return median
 
 
 def add_flags(p) -> None:

@@ -1,6 +1,7 @@
 """Timer and Measurement: first call apart, warm-up excluded, raw samples kept, sync without a host copy,
 blocks, autorange, interleaving, and a profiler that never traces the recorded samples."""
 
+import sys
 import threading
 import time
 
@@ -9,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tfperf import stats
-from tfperf.bench import Elapsed, Measurement, Timer, interleave, synchronous_execution, timing_ms, versus
+from tfperf.bench import Elapsed, Measurement, Timer, fresh_processes, interleave, synchronous_execution, timing_ms, versus
 
 
 class FakeClock:
@@ -221,3 +222,16 @@ def test_profile_traces_a_separate_pass_per_measurement(tmp_path):
     traces = sorted(p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*.xplane.pb"))
     assert traces == ["first-run", "second-run"]
     assert calls["n"] == 2 * (1 + 4 + 10)  # first call, 4 recorded, then 10 more under the profiler
+
+
+def test_fresh_processes_collects_each_named_time_per_run():
+    script = "import json, os; print('noise'); print(json.dumps({'load_s': 0.5, 'pid_s': os.getpid()}))"
+    found = fresh_processes([sys.executable, "-c", script], 3)
+    assert set(found) == {"load_s", "pid_s"}
+    assert found["load_s"].samples_s == (0.5, 0.5, 0.5)
+    assert len(set(found["pid_s"].samples_s)) == 3  # three processes, not one
+
+
+def test_fresh_processes_says_why_a_run_failed():
+    with pytest.raises(RuntimeError, match="exited with 3: .*broken"):
+        fresh_processes([sys.executable, "-c", "import sys; print('broken', file=sys.stderr); sys.exit(3)"], 2)

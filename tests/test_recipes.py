@@ -224,9 +224,15 @@ def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path):
 def test_async_execution_shows_the_queue_and_the_timing_trap(tmp_path):
     out = run([sys.executable, recipe("async_execution"), "--quick", "--steps", "10", "--size", "400",
                "--out", tmp_path]).stdout
-    assert "too optimistic" in out
+    assert "a clock read without a sync says" in out
     records = read_records(tmp_path / "async_execution.jsonl")
     q = {r["row"]: r["metrics"] for r in records if r["table"].startswith("front end")}
+    timed = [r for r in records if r["table"].startswith("front end")]
+    assert all(len(r["samples_s"]) == 6 for r in timed)  # --quick: 6 interleaved rounds of one loop each
+    assert {r["row"] for r in timed if "verdict" in r} == {
+        "tf.function, asynchronous", "async, new tf.constant each step", "async, eager tf.matmul"}
+    low, high = q["tf.function, asynchronous"]["no_sync_looks_ci95"]
+    assert low <= q["tf.function, asynchronous"]["no_sync_looks_x"] <= high
     # Structural facts: synchronous loops return with their results; the async loop of graph calls
     # returns before them (10 chains of two 400x400 matmuls take milliseconds; enqueuing takes less).
     assert q["NumPy matmul chain"]["front_end_ahead"] < 0.2 and q["tf.function, synchronous"]["front_end_ahead"] < 0.2

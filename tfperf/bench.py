@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import re
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -396,6 +398,29 @@ def one_after_another(measurements: Sequence[Measurement], *, name: str) -> Meas
         raise ValueError(f"cannot add samples of different counts or rounds: {sorted(counts)}")
     total = np.sum([m.per_call_s for m in measurements], axis=0)
     return Measurement(name=name, samples_s=tuple(float(t) for t in total), rounds=measurements[0].rounds)
+
+
+def fresh_processes(argv: Sequence[str], runs: int, *, timeout: float = 600) -> dict[str, Measurement]:
+    """Run `argv` `runs` times, each in a fresh process, one after another (pyperf's way of timing what
+    happens once per process: imports, loading, a first call). Each run prints a JSON object of named
+    times in seconds as its last line; the result holds one Measurement per name.
+    """
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
+    taken: dict[str, list[float]] = {}
+    for _ in range(runs):
+        done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            raise RuntimeError(f"{Path(str(argv[0])).name} exited with {done.returncode}: {tail or 'no output'}")
+        try:
+            times = json.loads(lines[-1])
+        except json.JSONDecodeError:
+            raise RuntimeError(f"the last line of a fresh run is not JSON: {lines[-1][:200]!r}") from None
+        for name, seconds in times.items():
+            taken.setdefault(name, []).append(float(seconds))
+    return {name: Measurement(name=name, samples_s=tuple(samples)) for name, samples in taken.items()}
 
 
 @contextlib.contextmanager

@@ -1,7 +1,10 @@
 """Export, reload in another process, inspect, and refuse bad input without changing anything on disk."""
 
 import json
+import os
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -78,8 +81,8 @@ def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch):
     assert list((tmp_path / "m").iterdir()) == []  # no version, no staging folder
 
 
-@pytest.mark.parametrize("case", ["shape", "dtype", "pickle", "not-npy", "missing-input", "missing-model",
-                                  "not-a-savedmodel", "corrupt"])
+@pytest.mark.parametrize("case", ["shape", "dtype", "pickle", "not-npy", "forged-header", "missing-input",
+                                  "missing-model", "not-a-savedmodel", "corrupt"])
 def test_predict_refuses_bad_input_in_one_line(exported, tmp_path, case):
     model, x = exported["path"], tmp_path / "x.npy"
     np.save(x, exported["x"])
@@ -91,6 +94,10 @@ def test_predict_refuses_bad_input_in_one_line(exported, tmp_path, case):
         np.save(x, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     elif case == "not-npy":
         x.write_text("1,2,3\n")
+    elif case == "forged-header":  # claims 191 GiB, holds 16 bytes: must be refused before allocating
+        with x.open("wb") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (1 << 30, 48)})
+            f.write(b"\x00" * 16)
     elif case == "missing-input":
         x = tmp_path / "nope.npy"
     elif case == "missing-model":
@@ -106,11 +113,23 @@ def test_predict_refuses_bad_input_in_one_line(exported, tmp_path, case):
     err = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and err.startswith("tfperf predict: error:")
-    expected = {"shape": "float32[None, 28, 28, 1]", "dtype": "not numbers", "pickle": "cannot read",
-                "not-npy": "cannot read", "missing-input": "no such input file", "missing-model": "no model at",
+    expected = {"shape": "float32[None, 28, 28, 1]", "dtype": "not numbers", "pickle": "holds Python objects",
+                "not-npy": "cannot read", "forged-header": "(206,158,430,208 bytes), but the file holds 16 bytes", "missing-input": "no such input file", "missing-model": "no model at",
                 "not-a-savedmodel": "holds versions [1]", "corrupt": "not a loadable SavedModel"}[case]
     assert expected in err
     assert listing(exported["root"]) == before
+
+
+def test_predict_counts_inputs_that_are_not_finite(exported, tmp_path):
+    x = exported["x"].copy()
+    x[0, 0, 0, 0], x[-1, 3, 3, 0], x[-1, 4, 4, 0] = np.nan, np.inf, -np.inf
+    np.save(tmp_path / "x.npy", x)
+    proc = run([sys.executable, "-m", "tfperf", "predict", exported["path"], "--input", tmp_path / "x.npy"])
+    assert f"warning: 3 of {x.size} input values are NaN or infinite" in proc.stderr
+    assert "predicted classes:" in proc.stdout  # the run itself goes on: the warning says what to distrust
+    np.save(tmp_path / "clean.npy", exported["x"])
+    clean = run([sys.executable, "-m", "tfperf", "predict", exported["path"], "--input", tmp_path / "clean.npy"])
+    assert "warning" not in clean.stderr
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -153,3 +172,24 @@ def test_inspect_flags_ops_that_act_outside_the_computation(tmp_path, module, op
     proc = run([sys.executable, "-m", "tfperf", "inspect", tmp_path / "m"], check=False)
     assert proc.returncode == 1
     assert "RISKY" in proc.stdout and op in proc.stdout
+
+
+def test_an_export_cleans_the_staging_folders_killed_exports_left(tmp_path):
+    import socket
+
+    from tfperf.serving import STALE_AFTER_S
+
+    root = tmp_path / "saved_models" / "m"
+    root.mkdir(parents=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    killed = root / f".1.partial-{host}-{int(gone.stdout)}-abc123"  # its writer has exited
+    running = root / f".1.partial-{host}-{os.getpid()}-def456"  # its writer (this test) is alive
+    elsewhere = root / ".1.partial-other-host-12345-ghi789"  # another host's: judged by age
+    old = root / ".1.partial-x7y8z9"  # named before writers were recorded, two days old
+    for folder in (killed, running, elsewhere, old):
+        (folder / "variables").mkdir(parents=True)
+    os.utime(old, (time.time() - 2 * STALE_AFTER_S,) * 2)
+    path = export(get_net("mlp"), tmp_path / "saved_models", name="m")
+    assert path.name == "1"
+    assert sorted(p.name for p in root.iterdir()) == sorted(["1", running.name, elsewhere.name])

@@ -9,7 +9,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run
+from conftest import run
 
 STEPS, EVERY = 120, 10
 
@@ -49,3 +49,50 @@ def test_sigkill_then_resume(tmp_path):
     assert iterations and int(reader.get_tensor(iterations[0])) == STEPS
     assert saved_step(ckpt) == STEPS
     assert len([f for f in os.listdir(ckpt) if f.endswith(".index")]) == 2  # --keep bounds the disk
+
+
+def corrupt(ckpt_dir, step, part):
+    """Damage one file of checkpoint ckpt-<step>: its index truncated, or its data overwritten."""
+    target = next(p for p in ckpt_dir.iterdir() if p.name.startswith(f"ckpt-{step}.{part}"))
+    data = target.read_bytes()
+    target.write_bytes(data[:len(data) // 3] if part == "index" else b"\xff" * len(data))
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint_and_loses_only_its_steps(tmp_path):
+    from tfperf.data import load_arrays
+    from tfperf.models import get_net
+    from tfperf.train import CheckpointError, train
+
+    data = load_arrays("digits", seed=0)
+    shape = dict(input_shape=data.input_shape, num_classes=data.num_classes)
+    ckpt = tmp_path / "ckpt"
+    first = train(get_net("mlp", **shape), data, steps=30, batch_size=16, checkpoint_dir=ckpt, checkpoint_every=10,
+                  keep=3)
+    assert first.steps == 30 and first.skipped == ()
+    corrupt(ckpt, 30, "index")
+    resumed = train(get_net("mlp", **shape), data, steps=40, batch_size=16, checkpoint_dir=ckpt, checkpoint_every=10,
+                    keep=3)
+    assert resumed.resumed_from == 20 and resumed.steps == 40  # the steps after ckpt-20 were redone, no more
+    assert [prefix.rsplit("-", 1)[1] for prefix, _ in resumed.skipped] == ["30"]
+    assert resumed.skipped[0][1]  # with the reason
+
+    for step in (20, 30, 40):
+        corrupt(ckpt, step, "data")
+    with pytest.raises(CheckpointError, match="none of the 3 checkpoints .* restores"):
+        train(get_net("mlp", **shape), data, steps=50, batch_size=16, checkpoint_dir=ckpt, checkpoint_every=10, keep=3)
+
+
+def test_train_cli_says_which_checkpoint_it_skipped_and_exits_2_when_none_restores(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    cmd = [sys.executable, "-m", "tfperf", "train", "--model", "mlp", "--dataset", "digits", "--steps", "20",
+           "--checkpoint-every", "10", "--keep", "2", "--batch-size", "16", "--checkpoint-dir", str(ckpt)]
+    run(cmd, cwd=tmp_path)
+    corrupt(ckpt, 20, "data")
+    proc = run(cmd, cwd=tmp_path)
+    assert "skipped checkpoint" in proc.stderr and "ckpt-20" in proc.stderr
+    assert "resumed from step 10" in proc.stdout and "done: 20 steps" in proc.stdout
+    for step in (10, 20):
+        corrupt(ckpt, step, "data")
+    proc = run(cmd, cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("tfperf train: error: none of the 2 checkpoints")

@@ -165,7 +165,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tfperf.data import DatasetUnavailable, load_arrays
     from tfperf.models import get_net
     from tfperf.serving import export
-    from tfperf.train import train
+    from tfperf.train import CheckpointError, train
 
     try:
         data = load_arrays(args.dataset, seed=args.seed)
@@ -179,9 +179,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         if step % every == 0 or step == args.steps:
             print(f"step {step}/{args.steps} loss {loss:.4f}", flush=True)
 
-    result = train(model, data, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
-                   seed=args.seed, checkpoint_dir=ckpt_dir, checkpoint_every=args.checkpoint_every,
-                   keep=args.keep, on_step=progress)
+    try:
+        result = train(model, data, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
+                       seed=args.seed, checkpoint_dir=ckpt_dir, checkpoint_every=args.checkpoint_every,
+                       keep=args.keep, on_step=progress)
+    except CheckpointError as exc:
+        raise UserError(str(exc)) from None
+    for prefix, why in result.skipped:
+        print(f"skipped checkpoint {prefix}: it cannot be restored ({why})", file=sys.stderr)
     start = f"resumed from step {result.resumed_from}" if result.resumed_from else "started from scratch"
     print(f"done: {result.steps} steps ({start}), loss {result.final_loss:.4f}, "
           f"test accuracy {result.test_accuracy:.4f}, checkpoint {result.checkpoint}")
@@ -215,29 +220,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_npy(path: str):
-    import numpy as np
-
-    try:
-        return np.load(path, allow_pickle=False)  # a pickled .npy could run code: refuse it
-    except FileNotFoundError:
-        raise UserError(f"no such input file: {path}") from None
-    except (ValueError, OSError, EOFError) as exc:
-        raise UserError(f"cannot read {path} as a .npy array ({exc}); save inputs with numpy.save") from None
-
-
 def cmd_predict(args: argparse.Namespace) -> int:
     """Load a SavedModel in this process, check the input against its signature, run it."""
     import numpy as np
 
     from tfperf.results import atomic_write_bytes
-    from tfperf.serving import load, predict
+    from tfperf.serving import load, non_finite, predict, read_array
 
-    x = _load_npy(args.input)
     try:
+        x = read_array(args.input)
         outputs = predict(load(args.model_dir), x)
     except _serving_errors() as exc:
         raise UserError(str(exc)) from None
+    bad = non_finite(x)
+    if bad:  # the model runs on them, but nothing it says about those rows can be trusted
+        print(f"tfperf predict: warning: {bad} of {x.size} input values are NaN or infinite; the predictions for "
+              f"the rows holding them are not meaningful", file=sys.stderr)
     if args.output:
         import io
 

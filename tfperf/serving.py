@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,10 +42,89 @@ def versions(model_root: Path | str) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+# A staging folder's name says who writes it: .<version>.partial-<host>-<pid>-<random>.
+STAGING = re.compile(r"^\.\d+\.partial-(?P<host>.+)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+STALE_AFTER_S = 24 * 3600  # a staging folder of another host (shared storage) is left alone this long
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def clean_stale_staging(model_root: Path | str) -> list[Path]:
+    """Remove staging folders that exports killed mid-write left behind; the removed folders.
+
+    A folder is stale when its writer, named in its name, is no longer running on this host, or when
+    it is older than a day (another host's, or named before writers were). A running export's folder
+    is never touched.
+    """
+    root = Path(model_root)
+    if not root.is_dir():
+        return []
+    removed = []
+    for folder in root.iterdir():
+        if not (folder.is_dir() and folder.name.startswith(".") and ".partial-" in folder.name):
+            continue
+        owner = STAGING.match(folder.name)
+        if owner and owner["host"] == socket.gethostname():
+            stale = not _process_alive(int(owner["pid"]))
+        else:
+            stale = time.time() - folder.stat().st_mtime > STALE_AFTER_S
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def next_version(model_root: Path | str) -> int:
     """The version an export takes when none is asked for: one past the highest."""
     existing = versions(model_root)
     return existing[-1] + 1 if existing else 1
+
+
+def read_array(path: Path | str) -> np.ndarray:
+    """A .npy file as an array, checked before anything is allocated; InputError says what is wrong.
+
+    The header's shape and dtype must fit in the bytes the file holds (a 16-byte file claiming
+    191 GiB is refused, not allocated), and pickled object arrays, which could run code, are refused.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no such input file: {path}")
+    fix = "save inputs with numpy.save"
+    try:
+        with path.open("rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            offset = f.tell()
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"cannot read {path} as a .npy array ({exc}); {fix}") from None
+    if dtype.hasobject:
+        raise InputError(f"{path} holds Python objects (pickled), which could run code when read; {fix} "
+                         f"on a numeric array")
+    needed = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    held = path.stat().st_size - offset
+    if needed > held:
+        raise InputError(f"{path}: its header claims shape {list(shape)} of {dtype} ({needed:,} bytes), but the "
+                         f"file holds {held:,} bytes after the header; it is truncated or forged: {fix}")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"cannot read {path} as a .npy array ({exc}); {fix}") from None
+
+
+def non_finite(x: np.ndarray) -> int:
+    """How many values of a numeric array are NaN or infinite."""
+    return int(x.size - np.count_nonzero(np.isfinite(x))) if x.dtype.kind in "fc" else 0
 
 
 def serving_function(model):
@@ -80,13 +162,15 @@ def export(
         raise ExportError(f"{final} exists and is never overwritten; the next free version is "
                           f"{next_version(model_root)} (--version {next_version(model_root)}, or leave it out)")
     model_root.mkdir(parents=True, exist_ok=True)
+    clean_stale_staging(model_root)
     input_shape = tuple(model.input_shape[1:])
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(name=SIGNATURE, fn=serving_function(model), input_signature=[
         keras.InputSpec(shape=(None, *input_shape), dtype="float32", name=INPUT_NAME)])
     # Written beside the target, then renamed: readers and TF Serving see a whole version or none.
-    staging = Path(tempfile.mkdtemp(prefix=f".{version}.partial-", dir=model_root))
+    staging = Path(tempfile.mkdtemp(prefix=f".{version}.partial-{socket.gethostname()}-{os.getpid()}-",
+                                    dir=model_root))
     try:
         archive.write_out(str(staging), verbose=False)
         meta = {

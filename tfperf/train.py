@@ -15,6 +15,10 @@ from tfperf.bench import Elapsed
 from tfperf.data import Arrays, to_dataset
 
 
+class CheckpointError(ValueError):
+    """No checkpoint in a folder that holds some could be restored."""
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
     """How a run ended: total steps (including those before a resume), loss and test accuracy."""
@@ -24,6 +28,30 @@ class TrainResult:
     final_loss: float
     test_accuracy: float
     checkpoint: str | None
+    skipped: tuple[tuple[str, str], ...] = ()  # newer checkpoints that could not be restored, and why
+
+
+def restore_newest(ckpt: tf.train.Checkpoint, candidates: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """Restore the newest of `candidates` (oldest first) that restores whole; it and the newer ones skipped.
+
+    A checkpoint whose files are truncated or corrupt fails to restore; the one before it (kept by
+    max_to_keep) is tried next, so a run loses only the steps after it. CheckpointError when none
+    restores: a fresh start would silently throw away what they hold.
+    """
+    skipped = []
+    for prefix in reversed(candidates):
+        try:
+            ckpt.restore(prefix).assert_existing_objects_matched()
+        except Exception as exc:  # truncated files raise IndexError, OpError, DataLossError, ValueError...
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            skipped.append((prefix, f"{type(exc).__name__}: {first[:160]}"))
+            continue
+        return prefix, skipped
+    if candidates:
+        raise CheckpointError(f"none of the {len(candidates)} checkpoints in {Path(candidates[0]).parent} restores "
+                              f"(newest: {skipped[0][1]}); move the folder aside to start from scratch, or pass "
+                              f"another --checkpoint-dir")
+    return None, skipped
 
 
 def fit_epochs(model, x, y=None, **fit_kwargs) -> tuple[Callable[[], Elapsed], list[float]]:
@@ -109,14 +137,14 @@ def train(
                               drop_remainder=True))
     step = tf.Variable(0, dtype=tf.int64, trainable=False)
     manager = None
-    resumed_from = 0
+    resumed_from, skipped = 0, []
     if checkpoint_dir is not None:
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, batches=batches)
         # CheckpointManager writes the shards under a temporary name, then renames them and rewrites
         # the 'checkpoint' pointer atomically: a crash mid-save leaves the previous one as latest.
         manager = tf.train.CheckpointManager(ckpt, str(checkpoint_dir), max_to_keep=keep)
-        if manager.latest_checkpoint:
-            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        restored, skipped = restore_newest(ckpt, list(manager.checkpoints))
+        if restored:
             resumed_from = int(step.numpy())
 
     train_step = make_train_step(model, optimizer, loss_fn)
@@ -136,4 +164,5 @@ def train(
         final_loss=loss,
         test_accuracy=accuracy(model, data.x_test, data.y_test),
         checkpoint=manager.latest_checkpoint if manager is not None else None,
+        skipped=tuple(skipped),
     )

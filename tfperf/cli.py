@@ -225,10 +225,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
     from tfperf.results import atomic_write_bytes
+    from tfperf.inspection import check_safe
     from tfperf.serving import load, non_finite, predict, read_array
 
     try:
         x = read_array(args.input)
+        if not args.trust:
+            check_safe(args.model_dir)
         outputs = predict(load(args.model_dir), x)
     except _serving_errors() as exc:
         raise UserError(str(exc)) from None
@@ -325,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("model_dir", help="saved_models/<name>/<version>")
     pred.add_argument("--input", required=True, help=".npy array shaped like the signature's input")
     pred.add_argument("--output", help="write the probabilities here (.npy); default: print the classes")
+    pred.add_argument("--trust", action="store_true",
+                      help="load a model even though `tfperf inspect` finds ops off its allowlist")
     pred.set_defaults(func=cmd_predict)
 
     insp = sub.add_parser("inspect", help="list a SavedModel's signatures, ops and variables without running it")

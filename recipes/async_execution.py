@@ -20,6 +20,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import contextlib
 import sys
 import threading
 import time
@@ -36,26 +37,28 @@ from tfperf.stats import FASTER
 QUEUE, MEMORY = "front end vs back end (loop of ops)", "memory while the queue runs ahead"
 
 
-def loop(body, iters: int):
-    """Call body(i) iters times: the step of a training loop whose results nobody reads; the last result."""
-    for i in range(iters):
-        y = body(i)
+def loop(body, iters: int, synchronous: bool):
+    """Call body(i) iters times in the given execution mode: the steps of a training loop whose results
+    nobody reads; the last result."""
+    with synchronous_execution(True) if synchronous else contextlib.nullcontext():
+        for i in range(iters):
+            y = body(i)
     return y
 
 
-def loop_timers(row: str, body, iters: int) -> tuple[Timer, Timer]:
+def loop_timers(row: str, body, iters: int, synchronous: bool) -> tuple[Timer, Timer]:
     """Two clocks on the same loop: one read when Python returns (the wrong way), one after a sync.
 
     The first returns an Elapsed: the Timer waits for the queue after reading the clock, so the next
-    sample does not inherit this one's work. Both must be made in the execution mode they time.
+    sample does not inherit this one's work. Made in asynchronous mode, both wait for the devices.
     """
     def returns():
         t0 = time.perf_counter()
-        y = loop(body, iters)
+        y = loop(body, iters, synchronous)
         return Elapsed(time.perf_counter() - t0, y)
 
     return (Timer(returns, name=f"{row}: loop returns", items_per_call=iters),
-            Timer(lambda: loop(body, iters), name=row, items_per_call=iters))
+            Timer(lambda: loop(body, iters, synchronous), name=row, items_per_call=iters))
 
 
 def peak_rss_growth(body, iters: int, sync_every_step: bool) -> float:
@@ -93,22 +96,25 @@ def measure(args, rec) -> dict:
     chain = tf.function(lambda x: tf.matmul(tf.matmul(x, x), x) / n)  # a step of known work: 2 matmuls
     chain(x)
 
-    def race(rows: dict):
-        """Interleave the rows' two clocks in rounds (in the execution mode they run in): {row: (returns, ready)}."""
-        timers = [t for row, body in rows.items() for t in loop_timers(row, body, args.steps)]
-        found = interleave(timers, rounds=args.rounds, samples=args.rounds, warmup=1, seed=args.seed,
-                           profile_dir=args.profile, profile_steps=1)
-        return {row: (found[2 * i], found[2 * i + 1]) for i, row in enumerate(rows)}
-
-    # Baseline: NumPy computes before it returns; so does TensorFlow in synchronous mode -------------
-    timed = race({"NumPy matmul chain": lambda i: (a @ a) @ a / n, "tf.function, synchronous": lambda i: chain(x)})
-    with synchronous_execution(False):
+    # Every row in the same interleaved rounds, so that comparisons between them are paired. The process
+    # runs asynchronously; the synchronous rows switch back for their loop (what the CPU default does).
+    rows = {  # row: (loop body, runs synchronously)
+        # Baseline: NumPy computes before it returns; so does TensorFlow in synchronous mode
+        "NumPy matmul chain": (lambda i: (a @ a) @ a / n, True),
+        "tf.function, synchronous": (lambda i: chain(x), True),
         # async: a graph call only enqueues; the loop returns before its results exist
+        "tf.function, asynchronous": (lambda i: chain(x), False),
         # What makes the front end wait even in asynchronous mode: creating a tensor from host data, and
         # eager op wrappers that read a pending result's shape.
-        timed.update(race({"tf.function, asynchronous": lambda i: chain(x),
-                           "async, new tf.constant each step": lambda i: chain(tf.constant(a)),
-                           "async, eager tf.matmul": lambda i: tf.matmul(tf.matmul(x, x), x)}))
+        "async, new tf.constant each step": (lambda i: chain(tf.constant(a)), False),
+        "async, eager tf.matmul": (lambda i: tf.matmul(tf.matmul(x, x), x), False),
+    }
+    with synchronous_execution(False):
+        timers = [t for row, (body, synchronous) in rows.items()
+                  for t in loop_timers(row, body, args.steps, synchronous)]
+        found = interleave(timers, rounds=args.rounds, samples=args.rounds, warmup=1, seed=args.seed,
+                           profile_dir=args.profile, profile_steps=1)
+    timed = {row: (found[2 * i], found[2 * i + 1]) for i, row in enumerate(rows)}
 
     notes = {"NumPy matmul chain": "computes, then returns", "tf.function, synchronous": "each call waits for its work",
              "tf.function, asynchronous": "calls enqueue; the loop returns early",

@@ -85,7 +85,8 @@ def peak_rss_growth(body, iters: int, sync_every_step: bool) -> float:
 
 def add_flags(p) -> None:
     p.add_argument("--size", type=flags.positive_int, help="matrix size of the seed's matmul benchmark")
-    p.add_argument("--rounds", type=flags.positive_int, help="interleaved rounds: one timed loop of each row per round")
+    p.add_argument("--rounds", type=flags.positive_int,
+                   help="interleaved rounds: one timed loop of each row per round")
 
 
 def measure(args, rec) -> dict:
@@ -116,7 +117,8 @@ def measure(args, rec) -> dict:
                            profile_dir=args.profile, profile_steps=1)
     timed = {row: (found[2 * i], found[2 * i + 1]) for i, row in enumerate(rows)}
 
-    notes = {"NumPy matmul chain": "computes, then returns", "tf.function, synchronous": "each call waits for its work",
+    notes = {"NumPy matmul chain": "computes, then returns",
+             "tf.function, synchronous": "each call waits for its work",
              "tf.function, asynchronous": "calls enqueue; the loop returns early",
              "async, new tf.constant each step": "creating a tensor from NumPy waits for the queue",
              "async, eager tf.matmul": "Python op wrappers read the pending result's shape"}
@@ -125,11 +127,12 @@ def measure(args, rec) -> dict:
         # How many times too fast a clock read without a sync says the loop is (paired by round).
         optimistic[row] = versus(ready, returns, threshold=0.05)
         # Async or not, the results arrive no sooner than in synchronous mode: the same work, queued.
-        against = versus(timed["tf.function, synchronous"][1], ready) if row.startswith(("tf.function, a", "async")) \
-            else None
+        queued = row.startswith(("tf.function, a", "async"))
+        against = versus(timed["tf.function, synchronous"][1], ready) if queued else None
         rec.add(QUEUE, row, {"loop_returns_ms": returns.median_s * 1e3, "results_ready_ms": ready.median_s * 1e3,
                              "front_end_ahead": 1 - returns.median_s / ready.median_s,
-                             "no_sync_looks_x": optimistic[row].ratio, "no_sync_looks_ci95": [round(v, 3) for v in optimistic[row].ci95],
+                             "no_sync_looks_x": optimistic[row].ratio,
+                             "no_sync_looks_ci95": [round(v, 3) for v in optimistic[row].ci95],
                              "note": notes[row]},
                 primary="results_ready_ms", lower_is_better=True, measurement=ready, comparison=against)
 
@@ -170,7 +173,8 @@ def conclude(args, rec, found) -> Conclusion:
                   f"about cannot form; reading the loss each step still bounds the queue, at no cost here.")
     waits = [row for row in ("async, new tf.constant each step", "async, eager tf.matmul")
              if optimistic[row].verdict != FASTER]
-    runs_ahead = [row for row in ("async, new tf.constant each step", "async, eager tf.matmul") if row not in waits]
+    runs_ahead = [row for row in ("async, new tf.constant each step", "async, eager tf.matmul")
+                  if row not in waits]
     queued = m["tf.function, asynchronous"]
     same_work = (f"The queued loop's results were ready no sooner than the synchronous loop's "
                  f"({queued['verdict']} against it, {queued['ratio']:.2f}x): on a CPU the queue hides Python's "

@@ -114,7 +114,8 @@ def test_predict_refuses_bad_input_in_one_line(exported, tmp_path, case):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and err.startswith("tfperf predict: error:")
     expected = {"shape": "float32[None, 28, 28, 1]", "dtype": "not numbers", "pickle": "holds Python objects",
-                "not-npy": "cannot read", "forged-header": "(206,158,430,208 bytes), but the file holds 16 bytes", "missing-input": "no such input file", "missing-model": "no model at",
+                "not-npy": "cannot read", "forged-header": "(206,158,430,208 bytes), but the file holds 16 bytes",
+                "missing-input": "no such input file", "missing-model": "no model at",
                 "not-a-savedmodel": "holds versions [1]", "corrupt": "saved_model.pb is corrupt"}[case]
     assert expected in err
     assert listing(exported["root"]) == before

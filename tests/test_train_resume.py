@@ -76,6 +76,12 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_loses_only_its_steps(tmp_p
     assert [prefix.rsplit("-", 1)[1] for prefix, _ in resumed.skipped] == ["30"]
     assert resumed.skipped[0][1]  # with the reason
 
+    (ckpt / "checkpoint").write_bytes(b"\x00\xff not a text proto")  # the index of checkpoints is lost too
+    again = train(get_net("mlp", **shape), data, steps=40, batch_size=16, checkpoint_dir=ckpt, checkpoint_every=10,
+                  keep=3)
+    assert again.resumed_from == 40  # found from the files themselves, not started over
+    assert again.skipped[0][0].endswith("checkpoint") and "moved to checkpoint.unreadable-" in again.skipped[0][1]
+
     for step in (20, 30, 40):
         corrupt(ckpt, step, "data")
     with pytest.raises(CheckpointError, match="none of the 3 checkpoints .* restores"):

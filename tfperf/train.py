@@ -31,6 +31,13 @@ class TrainResult:
     skipped: tuple[tuple[str, str], ...] = ()  # newer checkpoints that could not be restored, and why
 
 
+def checkpoints_on_disk(folder: Path | str) -> list[str]:
+    """The ckpt-N prefixes in a folder, oldest first, read from the files themselves: when the
+    'checkpoint' index file is lost or unreadable, they are still there to resume from."""
+    found = [(int(p.name[5:-6]), str(p)[:-6]) for p in Path(folder).glob("ckpt-*.index") if p.name[5:-6].isdigit()]
+    return [prefix for _, prefix in sorted(found)]
+
+
 def restore_newest(ckpt: tf.train.Checkpoint, candidates: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
     """Restore the newest of `candidates` (oldest first) that restores whole; it and the newer ones skipped.
 
@@ -142,8 +149,18 @@ def train(
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, batches=batches)
         # CheckpointManager writes the shards under a temporary name, then renames them and rewrites
         # the 'checkpoint' pointer atomically: a crash mid-save leaves the previous one as latest.
-        manager = tf.train.CheckpointManager(ckpt, str(checkpoint_dir), max_to_keep=keep)
-        restored, skipped = restore_newest(ckpt, list(manager.checkpoints))
+        state = Path(checkpoint_dir) / "checkpoint"
+        try:
+            manager = tf.train.CheckpointManager(ckpt, str(checkpoint_dir), max_to_keep=keep)
+        except Exception as exc:  # the list of checkpoints is unreadable; the checkpoints may not be
+            kept = state.with_name(f"checkpoint.unreadable-{int(time.time())}")
+            state.rename(kept)  # kept for a post-mortem, never deleted
+            manager = tf.train.CheckpointManager(ckpt, str(checkpoint_dir), max_to_keep=keep)
+            lost = [(str(state), f"{type(exc).__name__}; moved to {kept.name}, checkpoints found from their files")]
+        else:
+            lost = []
+        restored, skipped = restore_newest(ckpt, list(manager.checkpoints) or checkpoints_on_disk(checkpoint_dir))
+        skipped = lost + skipped
         if restored:
             resumed_from = int(step.numpy())
 

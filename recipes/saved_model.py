@@ -1,7 +1,7 @@
 """SavedModel for deployment: export, reload, and what serving from it costs.
 
 Export a model in the TF Serving layout, load it back without any of its Python code, and time the
-cold load, the first call and the steady-state latency against the in-process Keras model.
+export, the reload and first call, and the steady-state latency against the in-process model.
 
 Run:   python recipes/saved_model.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and Keras 3; a CPU is enough.
@@ -12,7 +12,9 @@ The seed's serialization section ends at `tf.saved_model.save(net, 'my_mlp')`. A
 loaded by another process, often another language (TF Serving is C++), so what matters is: an explicit
 signature (named input, any batch size), a layout that servers understand (`<name>/<version>/`), and
 what loading and calling the graph costs compared with the model in the training process. The
-reloaded signature is a concrete function: it never retraces, whatever the batch size.
+reloaded signature is a concrete function: it never retraces, whatever the batch size. How the
+SavedModel compares with other runtimes (LiteRT, ONNX Runtime, Keras itself), including the cold
+start of a fresh serving process, is recipes/serving_runtimes.py's subject and is measured there.
 """
 
 import os
@@ -26,29 +28,16 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Measurement, Timer, fresh_processes, interleave, timing_ms, versus
+from tfperf.bench import Timer, interleave, timing_ms, versus
 from tfperf.models import default_input_shape, get_net
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.serving import SIGNATURE, export, load, serving_function
+from tfperf.serving import export, load, serving_function
 
 STARTUP, LATENCY = "start-up: load and first call", "steady-state latency by batch size"
-
-# Run in a fresh interpreter: nothing imported or cached, as on a serving host after a restart.
-COLD_LOAD = """
-import json, sys, time
-t0 = time.perf_counter(); import numpy as np, tensorflow as tf; t1 = time.perf_counter()
-m = tf.saved_model.load(sys.argv[1]); t2 = time.perf_counter()
-sig = m.signatures["serving_default"]
-x = tf.zeros([1, *[int(d) for d in sys.argv[2:]]])
-sig(inputs=x); t3 = time.perf_counter()  # on a CPU the call returns when its outputs are ready
-print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_call_s": t3 - t2}))
-"""
-
 
 def add_flags(p) -> None:
     flags.add_model_flag(p, "cnn")
     p.add_argument("--batches", type=flags.positive_int, nargs="+", help="batch sizes of the latency sweep")
-    p.add_argument("--cold-runs", type=flags.positive_int, help="fresh processes that load the export, one after another")
 
 
 def measure(args, rec) -> dict:
@@ -82,8 +71,7 @@ def measure(args, rec) -> dict:
             made["path"] = export(net, root, name=args.model)  # Deploy: atomic, versioned: <root>/<name>/1/
 
         def load_and_call():
-            made["loaded"] = load(made["path"])  # Deploy: no tfperf or Keras code needed to load
-            made["signature"] = made["loaded"].signatures[SIGNATURE]
+            made["signature"] = load(made["path"]).signature  # Deploy: no tfperf or Keras code needed to load
             return made["signature"](inputs=tf.zeros([1, *shape]))
 
         export_s = first("export", export_once)
@@ -93,13 +81,6 @@ def measure(args, rec) -> dict:
         signature = made["signature"]
         rec.add(STARTUP, "reloaded, same process: load + first call", {"seconds": reload_s},
                 primary="seconds", lower_is_better=True, versus_first=False)
-        # A fresh interpreter per run, as on a serving host after a restart: nothing imported or cached.
-        cold = fresh_processes([sys.executable, "-c", COLD_LOAD, path, *shape], args.cold_runs)
-        total = Measurement("reloaded, fresh process: load + first call",
-                            tuple(a + b for a, b in zip(cold["load_s"].samples_s, cold["first_call_s"].samples_s)))
-        rec.add(STARTUP, total.name, {"seconds": total.median_s, "tensorflow_import_s": cold["import_s"].median_s,
-                                      "runs": total.n}, primary="seconds", lower_is_better=True, measurement=total,
-                versus_first=False)
 
         # Steady state: the same batch through both, p50 and p99 ------------------------------------
         outputs_match, reloaded_vs = True, {}
@@ -120,14 +101,13 @@ def measure(args, rec) -> dict:
                         primary="us_per_row", lower_is_better=True, measurement=m, comparison=c)
         retraces = in_process.experimental_get_tracing_count() - 1
 
-    return {"export_s": export_s, "size": size, "outputs_match": outputs_match, "retraces": retraces,
-            "cold": cold, "reloaded_vs": reloaded_vs}
+    return {"export_s": export_s, "reload_s": reload_s, "size": size, "outputs_match": outputs_match,
+            "retraces": retraces, "reloaded_vs": reloaded_vs}
 
 
 def conclude(args, rec, found) -> Conclusion:
     # Results --------------------------------------------------------------------------------------
-    outputs_match, retraces, cold, reloaded_vs = (found["outputs_match"], found["retraces"], found["cold"],
-                                                  found["reloaded_vs"])
+    outputs_match, retraces, reloaded_vs = found["outputs_match"], found["retraces"], found["reloaded_vs"]
     line = (f"export: {found['export_s']:.2f} s, {found['size'] / 1e6:.1f} MB on disk; outputs match in-process: "
             f"{outputs_match}; retraces over {len(args.batches)} batch sizes: {retraces}")
 
@@ -136,10 +116,9 @@ def conclude(args, rec, found) -> Conclusion:
     p99_over_p50 = max(m["p99_ms"] / m["median_ms"] for m in lat.values())
     small, large = args.batches[0], args.batches[-1]
     conclusion = (
-        f"A fresh serving process needs {cold['import_s'].median_s:.1f} s to import TensorFlow and "
-        f"{cold['load_s'].median_s + cold['first_call_s'].median_s:.2f} s (medians of {cold['import_s'].n} fresh "
-        f"processes) to load the {args.model} SavedModel and answer its "
-        f"first request, so keep servers warm and send a warm-up request before taking traffic. Once warm, "
+        f"Loading the {args.model} SavedModel back and answering its first request took {found['reload_s']:.2f} s "
+        f"in this process (a fresh serving process also imports TensorFlow first: serving_runtimes.py times "
+        f"that), so send a warm-up request before taking traffic. Once warm, "
         f"the reloaded signature against the in-process model: "
         f"{'; '.join(f'at batch {b}, {c.describe()}' for b, c in reloaded_vs.items())}. It is the same graph, "
         f"without Keras. Batching is the lever: "
@@ -155,8 +134,7 @@ def conclude(args, rec, found) -> Conclusion:
 
 RECIPE = Recipe(name="saved_model", doc=__doc__, order=140, measure=measure, conclude=conclude, add_flags=add_flags,
                 uses=("steps", "warmup"),
-                sizes={"steps": (200, 30), "warmup": (20, 5), "batches": ([1, 8, 64, 256], [1, 16, 128]),
-                       "cold_runs": (10, 3)})
+                sizes={"steps": (200, 30), "warmup": (20, 5), "batches": ([1, 8, 64, 256], [1, 16, 128])})
 
 if __name__ == "__main__":
     sys.exit(RECIPE.main())

@@ -78,7 +78,7 @@ def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(type(keras.export.ExportArchive()), "write_out", crash)
     with pytest.raises(OSError):
         export(get_net("mlp"), tmp_path, name="m")
-    assert list((tmp_path / "m").iterdir()) == []  # no version, no staging folder
+    assert list(tmp_path.iterdir()) == []  # no version, no staging folder, no empty name folder
 
 
 @pytest.mark.parametrize("case", ["shape", "dtype", "pickle", "not-npy", "forged-header", "missing-input",
@@ -209,6 +209,15 @@ def test_inspect_passes_every_export_the_cookbook_makes(exported, tmp_path):
     for name in ("mlp", "lenet", "resnet18"):  # cnn above; the recipes and `tfperf train --export` use these
         report = inspect_saved_model(export(get_net(name), tmp_path, name=name))
         assert report.safe, (name, report.flagged)
+
+
+@pytest.mark.parametrize("fmt", ["litert", "onnx"])
+def test_inspect_passes_every_file_export_the_cookbook_makes(tmp_path, fmt):
+    from tfperf.inspection import inspect_model
+
+    for name in ("mlp", "cnn", "lenet", "resnet18"):
+        report = inspect_model(export(get_net(name), tmp_path, name=name, format=fmt))
+        assert report.safe and report.format == fmt and report.op_types, (name, report.flagged)
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))

@@ -1,4 +1,4 @@
-"""The `tfperf` command: run the cookbook, build its report, compare runs."""
+"""The `tfperf` command: run the cookbook, build its report, compare runs; deploy models (tfperf.deploy)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tfperf import __version__, flags
+from tfperf import __version__, deploy, flags
+from tfperf.flags import UserError
 from tfperf.recipe import Declaration, declarations
 from tfperf.report import REPEATS
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-
-
-class UserError(Exception):
-    """Bad input from the user: reported in one line, exit code 2."""
 
 
 def recipe_declarations(only: Sequence[str] = ()) -> list[Declaration]:
@@ -154,115 +151,6 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serving_errors():
-    from tfperf.serving import ExportError, InputError, ModelError
-
-    return (ExportError, InputError, ModelError)
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    """Train a get_net model with checkpoints (resuming from the latest), optionally export it."""
-    from tfperf.data import DatasetUnavailable, load_arrays
-    from tfperf.models import get_net
-    from tfperf.serving import export
-    from tfperf.train import CheckpointError, train
-
-    try:
-        data = load_arrays(args.dataset, seed=args.seed)
-        model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
-    except (DatasetUnavailable, ValueError) as exc:
-        raise UserError(str(exc)) from None
-    ckpt_dir = Path(args.checkpoint_dir or Path("checkpoints") / f"{args.model}-{args.dataset}")
-    every = max(1, args.steps // 20)
-
-    def progress(step: int, loss: float) -> None:
-        if step % every == 0 or step == args.steps:
-            print(f"step {step}/{args.steps} loss {loss:.4f}", flush=True)
-
-    try:
-        result = train(model, data, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
-                       seed=args.seed, checkpoint_dir=ckpt_dir, checkpoint_every=args.checkpoint_every,
-                       keep=args.keep, on_step=progress)
-    except CheckpointError as exc:
-        raise UserError(str(exc)) from None
-    for prefix, why in result.skipped:
-        print(f"skipped checkpoint {prefix}: it cannot be restored ({why})", file=sys.stderr)
-    start = f"resumed from step {result.resumed_from}" if result.resumed_from else "started from scratch"
-    print(f"done: {result.steps} steps ({start}), loss {result.final_loss:.4f}, "
-          f"test accuracy {result.test_accuracy:.4f}, checkpoint {result.checkpoint}")
-    if args.export:
-        try:
-            path = export(model, args.root, name=args.name or f"{args.model}-{args.dataset}", metadata={
-                "training": {"dataset": args.dataset, "steps": result.steps,
-                             "test_accuracy": result.test_accuracy, "final_loss": result.final_loss}})
-        except _serving_errors() as exc:
-            raise UserError(str(exc)) from None
-        print(f"exported: {path}")
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    """Export a get_net model (with trained weights from a checkpoint) as a versioned SavedModel."""
-    from tfperf.models import get_net
-    from tfperf.serving import export
-    from tfperf.train import restore_weights
-
-    try:
-        shape = tuple(args.input_shape) if args.input_shape else None
-        model = get_net(args.model, input_shape=shape, num_classes=args.num_classes)
-        metadata = {}
-        if args.weights:
-            metadata["weights"] = restore_weights(model, args.weights)
-        path = export(model, args.root, name=args.name, version=args.version, metadata=metadata)
-    except (FileNotFoundError, ValueError) as exc:  # ExportError is a ValueError
-        raise UserError(str(exc)) from None
-    print(path)
-    return 0
-
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    """Load a SavedModel in this process, check the input against its signature, run it."""
-    import numpy as np
-
-    from tfperf.results import atomic_write_bytes
-    from tfperf.inspection import check_safe
-    from tfperf.serving import load, non_finite, predict, read_array
-
-    try:
-        x = read_array(args.input)
-        if not args.trust:
-            check_safe(args.model_dir)
-        outputs = predict(load(args.model_dir), x)
-    except _serving_errors() as exc:
-        raise UserError(str(exc)) from None
-    bad = non_finite(x)
-    if bad:  # the model runs on them, but nothing it says about those rows can be trusted
-        print(f"tfperf predict: warning: {bad} of {x.size} input values are NaN or infinite; the predictions for "
-              f"the rows holding them are not meaningful", file=sys.stderr)
-    if args.output:
-        import io
-
-        buf = io.BytesIO()
-        np.save(buf, outputs["probabilities"])
-        atomic_write_bytes(args.output, buf.getvalue())
-        print(f"wrote {args.output}: probabilities {outputs['probabilities'].shape}")
-    else:
-        print("predicted classes:", " ".join(str(c) for c in np.argmax(outputs["probabilities"], axis=-1)))
-    return 0
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    """Describe a SavedModel without running it; exit 1 when it holds risky ops."""
-    from tfperf.inspection import format_report, inspect_saved_model
-
-    try:
-        report = inspect_saved_model(args.model_dir)
-    except _serving_errors() as exc:
-        raise UserError(str(exc)) from None
-    print(format_report(report))
-    return 0 if report.safe else 1
-
-
 def fraction(text: str) -> float:
     """A non-negative fraction such as 0.05."""
     try:
@@ -299,42 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="smallest change that counts, as a fraction (default 0.05: 5%%)")
     comp.set_defaults(func=cmd_compare)
 
-    train = sub.add_parser("train", help="train a model with checkpoints; a rerun resumes from the latest")
-    flags.add_model_flag(train, "cnn")
-    flags.add_dataset_flag(train, "mnist-5k")
-    train.add_argument("--steps", type=flags.positive_int, default=300, help="total training steps")
-    train.add_argument("--batch-size", type=flags.positive_int, default=64)
-    train.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--checkpoint-dir", help="default: checkpoints/<model>-<dataset>")
-    train.add_argument("--checkpoint-every", type=flags.positive_int, default=50, help="steps between checkpoints")
-    train.add_argument("--keep", type=flags.positive_int, default=3, help="checkpoints kept")
-    train.add_argument("--export", action="store_true", help="export the trained model when done")
-    train.add_argument("--name", help="export name (default <model>-<dataset>)")
-    train.add_argument("--root", default="saved_models", help="folder of exports")
-    train.set_defaults(func=cmd_train)
-
-    exp = sub.add_parser("export", help="write saved_models/<name>/<version>/ (TF Serving layout)")
-    flags.add_model_flag(exp, "cnn")
-    exp.add_argument("--weights", help="checkpoint folder or prefix from `tfperf train` (default: fresh weights)")
-    exp.add_argument("--name", help="export name (default: the model's name)")
-    exp.add_argument("--version", type=flags.positive_int, help="version number (default: the next free one)")
-    exp.add_argument("--input-shape", type=flags.positive_int, nargs="+", help="one example's shape")
-    exp.add_argument("--num-classes", type=flags.positive_int)
-    exp.add_argument("--root", default="saved_models", help="folder of exports")
-    exp.set_defaults(func=cmd_export)
-
-    pred = sub.add_parser("predict", help="run an exported model's serving signature on a .npy input")
-    pred.add_argument("model_dir", help="saved_models/<name>/<version>")
-    pred.add_argument("--input", required=True, help=".npy array shaped like the signature's input")
-    pred.add_argument("--output", help="write the probabilities here (.npy); default: print the classes")
-    pred.add_argument("--trust", action="store_true",
-                      help="load a model even though `tfperf inspect` finds ops off its allowlist")
-    pred.set_defaults(func=cmd_predict)
-
-    insp = sub.add_parser("inspect", help="list a SavedModel's signatures, ops and variables without running it")
-    insp.add_argument("model_dir")
-    insp.set_defaults(func=cmd_inspect)
+    deploy.add_commands(sub)
 
     env = sub.add_parser("env", help="print the environment recorded with each measurement")
     env.set_defaults(func=cmd_env)

@@ -10,6 +10,10 @@ from typing import NoReturn
 from tfperf.catalog import DATASET_NAMES, MODEL_NAMES
 
 
+class UserError(Exception):
+    """Bad input from the user: a command reports it in one line, with exit code 2."""
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports bad flags in one line with exit code 2, no usage dump."""
 

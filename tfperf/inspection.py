@@ -1,4 +1,4 @@
-"""Look inside a SavedModel without running it: signatures, ops, variable sizes, and ops not allowed.
+"""Look inside an export without running it: signatures, ops, weight sizes, and ops not allowed.
 
 A SavedModel is a program. Whether it is safe to load is decided by an allowlist: every op type that
 a signature or a restored function can reach must be on ALLOWED_OPS, the ops that compute on tensors
@@ -12,6 +12,12 @@ flow, random and in-memory string/lookup APIs emit, reviewed one by one (each co
 inputs and resource handles, and touches no file, process or stream), beginning with those every
 model the cookbook exports reaches. It is kept here and nowhere else; an op a legitimate model needs
 and this list lacks is reported as "not on the allowlist", and is added after the same review.
+
+LiteRT and ONNX files are read the same way, from their flatbuffer and protobuf. Their builtin
+operators and the standard ONNX domains compute in memory; what is judged is what escapes them: a
+LiteRT Flex op runs a TensorFlow op (FlexWriteFile writes files), so its TensorFlow op is checked
+against the same allowlist, and a custom LiteRT op or an op from a non-standard ONNX domain runs code
+the runtime must be handed from elsewhere, so it is reported as not reviewed.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
+from tfperf.formats import format_of
 from tfperf.serving import check_model_dir
 
 _ALLOWED_BY_KIND: dict[str, str] = {
@@ -123,14 +130,16 @@ def why_not_allowed(op: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """What a SavedModel holds, read from its files without executing it."""
+    """What an export holds, read from its files without executing it."""
 
     path: str
     signatures: dict[str, dict[str, dict[str, dict[str, str]]]]
     op_types: tuple[str, ...]
-    variable_count: int
+    variable_count: int  # weights: variables of a SavedModel, constant buffers or initializers of a file
     variable_bytes: int
     flagged: dict[str, str]  # op type -> why it is not allowed, for ops the model's own code can reach
+    format: str = "savedmodel"
+    file_bytes: int = 0  # the export's files on disk
 
     @property
     def safe(self) -> bool:
@@ -223,14 +232,114 @@ def inspect_saved_model(path: Path | str) -> Report:
             if why:
                 flagged[op] = why
     count, size = _variables(path)
-    return Report(str(path), signatures, tuple(sorted(all_ops)), count, size, dict(sorted(flagged.items())))
+    return Report(str(path), signatures, tuple(sorted(all_ops)), count, size, dict(sorted(flagged.items())),
+                  "savedmodel", _folder_bytes(path))
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+LITERT_STANDARD = "a LiteRT builtin operator"
+# ONNX's own operator sets; anything else is a custom op whose code the runtime must be given.
+ONNX_STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
+
+
+def _litert_tensor(tensor) -> dict[str, str]:
+    from ai_edge_litert import schema_py_generated as schema
+
+    types = {v: k.lower() for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+    shape = tensor.shapeSignature if tensor.shapeSignature is not None else tensor.shape
+    dims = "[" + ", ".join("None" if d < 0 else str(d) for d in (shape if shape is not None else [])) + "]"
+    return {"dtype": types.get(tensor.type, str(tensor.type)), "shape": dims}
+
+
+def inspect_litert(path: Path | str) -> Report:
+    """Read a .tflite export's flatbuffer: signatures, operators, constant buffers; Flex ops judged as TF ops."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    from tfperf.formats import litert_ops
+    from tfperf.serving import ModelError
+
+    folder = Path(path)
+    file = folder / "model.tflite"
+    data = file.read_bytes()
+    try:
+        model = schema.ModelT.InitFromPackedBuf(data, 0)
+        ops = litert_ops(file)
+    except Exception as exc:  # a flatbuffer that does not parse raises whatever its reader hits
+        raise ModelError(f"{file} is corrupt: it does not parse as a LiteRT model ({type(exc).__name__})") from None
+    signatures = {}
+    for sig in model.signatureDefs or []:
+        tensors = model.subgraphs[sig.subgraphIndex].tensors
+        signatures[sig.signatureKey.decode()] = {
+            direction: {t.name.decode(): _litert_tensor(tensors[t.tensorIndex]) for t in getattr(sig, direction) or []}
+            for direction in ("inputs", "outputs")}
+    flagged = {}
+    for op in ops:
+        if op.startswith("Flex"):
+            why = why_not_allowed(op[len("Flex"):])
+            if why:
+                flagged[op] = f"a TensorFlow op run by the Flex delegate that {why}" if why != NOT_REVIEWED \
+                    else f"a TensorFlow op run by the Flex delegate, {NOT_REVIEWED}"
+        elif op.upper() != op:  # builtin names are upper case; anything else is a custom op's code
+            flagged[op] = "a custom operator: its kernel is code the interpreter must be given; not reviewed"
+    constants = [b for b in model.buffers or [] if b.data is not None and len(b.data)]
+    return Report(str(folder), signatures, tuple(ops), len(constants), sum(len(b.data) for b in constants),
+                  dict(sorted(flagged.items())), "litert", _folder_bytes(folder))
+
+
+def inspect_onnx(path: Path | str) -> Report:
+    """Read a .onnx export's protobuf: inputs, outputs, op types (subgraphs too), initializers."""
+    import numpy as np
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    from tfperf.serving import ModelError
+
+    folder = Path(path)
+    file = folder / "model.onnx"
+    try:
+        model = onnx.load(str(file), load_external_data=False)
+    except (DecodeError, ValueError, OSError) as exc:
+        raise ModelError(f"{file} is corrupt: it does not parse as an ONNX model ({type(exc).__name__})") from None
+
+    def value_info(v) -> dict[str, str]:
+        t = v.type.tensor_type
+        dims = "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else "None" for d in t.shape.dim) + "]"
+        return {"dtype": np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).name, "shape": dims}
+
+    ops, flagged, graphs = set(), {}, [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            name = f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+            ops.add(name)
+            if node.domain not in ONNX_STANDARD_DOMAINS:
+                flagged[name] = f"an operator of the custom domain {node.domain!r}: code the runtime must be " \
+                                f"given; not reviewed"
+            graphs += [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+    initializers = model.graph.initializer
+    size = sum(int(np.prod(t.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+               for t in initializers)
+    inputs = {v.name: value_info(v) for v in model.graph.input if v.name not in {t.name for t in initializers}}
+    signatures = {"model": {"inputs": inputs, "outputs": {v.name: value_info(v) for v in model.graph.output}}}
+    return Report(str(folder), signatures, tuple(sorted(ops)), len(initializers), size, dict(sorted(flagged.items())),
+                  "onnx", _folder_bytes(folder))
+
+
+def inspect_model(path: Path | str) -> Report:
+    """The report of an export of any format, read without running it."""
+    path = check_model_dir(path)
+    return {"savedmodel": inspect_saved_model, "litert": inspect_litert, "onnx": inspect_onnx}[
+        format_of(path).name](path)
 
 
 def check_safe(path: Path | str) -> Report:
     """The report of a model that is safe to load; a ModelError naming the ops off the allowlist otherwise."""
     from tfperf.serving import ModelError
 
-    report = inspect_saved_model(path)
+    report = inspect_model(path)
     if not report.safe:
         ops = ", ".join(f"{op} ({why})" for op, why in report.flagged.items())
         raise ModelError(f"{report.path} reaches ops off the allowlist: {ops}; see `tfperf inspect {report.path}`, "
@@ -240,18 +349,23 @@ def check_safe(path: Path | str) -> Report:
 
 def format_report(report: Report) -> str:
     """The report as text for the terminal."""
-    lines = [f"SavedModel {report.path}"]
+    kind = {"savedmodel": "SavedModel", "litert": "LiteRT model", "onnx": "ONNX model"}[report.format]
+    lines = [f"{kind} {report.path} ({report.file_bytes:,} bytes on disk)"]
     for key, sig in report.signatures.items():
         lines.append(f"  signature {key!r}:")
         for direction in ("inputs", "outputs"):
             for name, info in sig[direction].items():
                 lines.append(f"    {direction[:-1]:<6} {name}: {info['dtype']}{info['shape']}")
-    lines.append(f"  variables: {report.variable_count} holding {report.variable_bytes:,} bytes")
+    weights = "variables" if report.format == "savedmodel" else "constant tensors"
+    lines.append(f"  {weights}: {report.variable_count} holding {report.variable_bytes:,} bytes")
     lines.append(f"  op types ({len(report.op_types)}): {', '.join(report.op_types)}")
     if report.flagged:
         lines.append("  NOT SAFE: ops reachable from the model's own functions that are not allowed:")
         lines += [f"    {op}: {why}" for op, why in report.flagged.items()]
     else:
         lines.append("  safe: every op the signatures and restored functions reach computes in memory "
-                     "(tfperf.inspection.ALLOWED_OPS)")
+                     "(tfperf.inspection.ALLOWED_OPS)" if report.format == "savedmodel" else
+                     "  safe: the runtime's standard operators" + (
+                         ", and Flex ops whose TensorFlow ops are on the allowlist (tfperf.inspection.ALLOWED_OPS)"
+                         if any(op.startswith("Flex") for op in report.op_types) else ""))
     return "\n".join(lines)

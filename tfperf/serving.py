@@ -1,4 +1,4 @@
-"""SavedModel export in the TF Serving layout (atomic, never overwriting), reload, and checked predict."""
+"""Exports in the TF Serving layout (atomic, never overwriting) in any format, reload, and checked predict."""
 
 from __future__ import annotations
 
@@ -16,22 +16,12 @@ from typing import Any
 import numpy as np
 
 from tfperf import __version__
+from tfperf.formats import (FORMATS, INPUT_NAME, OUTPUT_NAMES, SIGNATURE, ExportError, InputError, ModelError,
+                            Runner, TensorSpec, check_options, format_of,
+                            serving_function)
 
-SIGNATURE = "serving_default"
-INPUT_NAME = "inputs"
 METADATA_FILE = "tfperf.json"
-
-
-class ExportError(ValueError):
-    """An export that must not happen as asked (a version that exists, a bad name or number)."""
-
-
-class ModelError(ValueError):
-    """A model folder that cannot be used: missing, not a SavedModel, corrupt, or without the signature."""
-
-
-class InputError(ValueError):
-    """Input that does not fit the signature: the message names the expected spec."""
+__all__ = ["ExportError", "InputError", "ModelError", "Runner", "SIGNATURE", "INPUT_NAME", "serving_function"]
 
 
 def versions(model_root: Path | str) -> list[int]:
@@ -127,29 +117,29 @@ def non_finite(x: np.ndarray) -> int:
     return int(x.size - np.count_nonzero(np.isfinite(x))) if x.dtype.kind in "fc" else 0
 
 
-def serving_function(model):
-    """The model as a serving function: named float32 input with any batch size, named outputs."""
-    import tensorflow as tf
-
-    def serve(inputs):
-        logits = model(inputs, training=False)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
-
-    return serve
-
-
 def export(
     model,
     root: Path | str = "saved_models",
     *,
     name: str | None = None,
     version: int | None = None,
+    format: str = "savedmodel",
+    quantize: str = "none",
+    representative: np.ndarray | None = None,
+    select_tf_ops: bool = False,
     metadata: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write root/<name>/<version>/ atomically; an existing version is an error that names a free one."""
+    """Write root/<name>/<version>/ atomically in `format`; an existing version is an error naming a free one.
+
+    Args:
+      quantize: LiteRT only: none, dynamic (int8 weights) or int8 (weights and activations).
+      representative: input rows that int8 quantization calibrates its ranges on.
+      select_tf_ops: LiteRT only: run ops LiteRT lacks as TensorFlow ops (needs the Flex delegate).
+    """
     import keras
     import tensorflow as tf
 
+    check_options(format, quantize, select_tf_ops, representative)
     name = name or model.name
     if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name):
         raise ExportError(f"invalid export name {name!r}: use a plain folder name such as 'mnist-cnn'")
@@ -161,29 +151,30 @@ def export(
     if final.exists():
         raise ExportError(f"{final} exists and is never overwritten; the next free version is "
                           f"{next_version(model_root)} (--version {next_version(model_root)}, or leave it out)")
+    made_root = not Path(root).exists()
     model_root.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(model_root)
     input_shape = tuple(model.input_shape[1:])
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint(name=SIGNATURE, fn=serving_function(model), input_signature=[
-        keras.InputSpec(shape=(None, *input_shape), dtype="float32", name=INPUT_NAME)])
+    options = {"quantize": quantize, "representative": representative}
+    if select_tf_ops:
+        options["select_tf_ops"] = True
     # Written beside the target, then renamed: readers and TF Serving see a whole version or none.
     staging = Path(tempfile.mkdtemp(prefix=f".{version}.partial-{socket.gethostname()}-{os.getpid()}-",
                                     dir=model_root))
     try:
-        archive.write_out(str(staging), verbose=False)
+        written = FORMATS[format].write(model, staging, **options)
         meta = {
             "name": name,
             "version": version,
             "model": model.name,
+            "format": format,
             "signature": SIGNATURE,
             "inputs": {INPUT_NAME: {"dtype": "float32", "shape": [None, *input_shape]}},
-            "outputs": {k: {"dtype": "float32", "shape": [None, int(model.output_shape[-1])]}
-                        for k in ("logits", "probabilities")},
+            "outputs": {k: {"dtype": "float32", "shape": [None, int(model.output_shape[-1])]} for k in OUTPUT_NAMES},
             "tfperf": __version__,
             "tensorflow": tf.__version__,
             "keras": keras.__version__,
+            **written,
             **dict(metadata or {}),
         }
         (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -195,75 +186,58 @@ def export(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+        # A first export that failed leaves no empty folders behind.
+        if not any(model_root.iterdir()):
+            model_root.rmdir()
+            if made_root and not any(Path(root).iterdir()):
+                Path(root).rmdir()
     return final
 
 
 def check_model_dir(path: Path | str) -> Path:
-    """The folder if it looks like a SavedModel, else a ModelError that says what is wrong."""
+    """The folder if it holds an export of a known format, else a ModelError that says what is wrong."""
     path = Path(path)
+    expected = "expected an export folder such as saved_models/<name>/<version>"
     if not path.exists():
-        raise ModelError(f"no model at {path}: expected a SavedModel folder such as saved_models/<name>/<version>")
+        raise ModelError(f"no model at {path}: {expected}")
     if not path.is_dir():
-        raise ModelError(f"{path} is a file: expected a SavedModel folder such as saved_models/<name>/<version>")
-    if not (path / "saved_model.pb").is_file():
+        raise ModelError(f"{path} is a file: {expected}")
+    if format_of(path) is None:
         hint = ""
         if versions(path):
             hint = f"; it holds versions {versions(path)}: pass {path / str(versions(path)[-1])}"
-        raise ModelError(f"{path} has no saved_model.pb, so it is not a SavedModel{hint}")
+        markers = ", ".join(f.marker for f in FORMATS.values())
+        raise ModelError(f"{path} holds none of {markers}, so it is not an export{hint}")
     return path
 
 
-def load(path: Path | str):
-    """Load a SavedModel's serving signature (no tfperf model code needed); ModelError if unusable."""
-    import tensorflow as tf
+def load(path: Path | str, threads: int | None = None) -> Runner:
+    """An export loaded in its format's runtime (no tfperf model code needed); ModelError if unusable.
 
+    Args:
+      threads: the runtime's threads for one call (LiteRT, ONNX Runtime); None leaves its default.
+    """
     path = check_model_dir(path)
-    try:
-        loaded = tf.saved_model.load(str(path))
-    except Exception as exc:  # protobuf, checkpoint and op errors all mean: this folder is broken
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{path} is not a loadable SavedModel ({type(exc).__name__}: {first[:200]})") from None
-    if SIGNATURE not in loaded.signatures:
-        raise ModelError(f"{path} has no {SIGNATURE!r} signature (it has {sorted(loaded.signatures)})")
-    return loaded
+    return format_of(path).load(path, threads=threads)
 
 
-def input_spec(signature) -> tuple[str, Any]:
-    """The signature's single named input and its TensorSpec."""
-    specs = signature.structured_input_signature[1]
-    if len(specs) != 1:
-        raise ModelError(f"expected one input, the signature takes {sorted(specs)}")
-    return next(iter(specs.items()))
-
-
-def describe(spec) -> str:
-    """A spec as users read it: float32[None, 28, 28, 1]."""
-    dims = ", ".join("None" if d is None else str(d) for d in spec.shape.as_list())
-    return f"{spec.dtype.name}[{dims}]"
-
-
-def check_input(x: np.ndarray, spec, name: str = INPUT_NAME) -> np.ndarray:
+def check_input(x: np.ndarray, spec: TensorSpec) -> np.ndarray:
     """`x` converted to the spec's dtype (any int or float is accepted), or an InputError naming the spec."""
-    want = spec.shape.as_list()
-    expected = f"the signature {SIGNATURE!r} takes {name}: {describe(spec)}"
+    expected = f"the signature {SIGNATURE!r} takes {spec.name}: {spec}"
     if not isinstance(x, np.ndarray) or x.dtype.kind not in "fiu":
         kind = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
         raise InputError(f"input has dtype {kind}, not numbers; {expected}")
+    want = spec.shape
     if len(x.shape) != len(want) or any(w is not None and w != d for w, d in zip(want, x.shape)):
         raise InputError(f"input has shape {list(x.shape)}; {expected}")
     if x.shape[0] == 0:
         raise InputError(f"input has no rows (shape {list(x.shape)}); {expected}")
-    return x.astype(spec.dtype.as_numpy_dtype, copy=False)
+    return np.ascontiguousarray(x, dtype=spec.dtype)
 
 
-def predict(loaded, x: np.ndarray) -> dict[str, np.ndarray]:
-    """Run the serving signature on checked input; outputs as NumPy arrays by name."""
-    import tensorflow as tf
-
-    signature = loaded.signatures[SIGNATURE]
-    name, spec = input_spec(signature)
-    x = check_input(x, spec, name)
-    return {k: v.numpy() for k, v in signature(**{name: tf.constant(x)}).items()}
+def predict(runner: Runner, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Run a loaded export on checked input; outputs as NumPy arrays by name."""
+    return runner(check_input(x, runner.input))
 
 
 def read_metadata(path: Path | str) -> dict[str, Any]:

@@ -1,0 +1,385 @@
+"""The export formats in one place: how each is written, loaded, run and described.
+
+A format is a `Format`: the file that marks a folder as one of its exports, a writer that turns a
+Keras model into that file, a loader that returns a `Runner`, and an inspector that describes the
+file without running it. `FORMATS` lists them; `tfperf.serving` puts any of them in the versioned,
+atomic layout. A new format is one `Format` added here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SIGNATURE = "serving_default"
+INPUT_NAME = "inputs"
+OUTPUT_NAMES = ("logits", "probabilities")
+QUANTIZATIONS = ("none", "dynamic", "int8")
+ONNX_OPSET = 17  # supported by tf2onnx 1.17 and every onnxruntime since 1.13
+
+
+class ExportError(ValueError):
+    """An export that must not happen as asked (a version that exists, a bad name, an op a format lacks)."""
+
+
+class ModelError(ValueError):
+    """A model folder that cannot be used: missing, not an export, corrupt, or without the signature."""
+
+
+class InputError(ValueError):
+    """Input that does not fit the model's input: the message names the expected spec."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """A named tensor's dtype (NumPy's name) and shape (None where any size goes)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...]
+
+    def __str__(self) -> str:
+        dims = ", ".join("None" if d is None else str(d) for d in self.shape)
+        return f"{self.dtype}[{dims}]"
+
+
+class Runner:
+    """A loaded export: its input spec, its output names, and a call on NumPy input."""
+
+    format: str
+    input: TensorSpec
+    outputs: tuple[str, ...]
+
+    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """Run on input already checked against `self.input`; outputs by name."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """How one export format is written, loaded and described."""
+
+    name: str
+    marker: str  # the file inside an export folder that says it is this format
+    write: Callable[..., dict[str, Any]]  # (model, folder, quantize=, representative=) -> metadata
+    load: Callable[..., Runner]  # (folder, threads=None) -> Runner
+    describe: str  # one line for --help
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's first non-empty line, for one-line error messages."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
+def serving_function(model):
+    """The model as a serving function: named float32 input with any batch size, named outputs."""
+    import tensorflow as tf
+
+    def serve(inputs):
+        logits = model(inputs, training=False)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+    return serve
+
+
+def traced_serving_function(model):
+    """The serving function as a tf.function for any batch size (what tf2onnx converts)."""
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((None, *model.input_shape[1:]), tf.float32, name=INPUT_NAME)
+    return tf.function(serving_function(model), input_signature=[spec])
+
+
+def check_options(fmt: str, quantize: str = "none", select_tf_ops: bool = False, representative=None) -> None:
+    """An ExportError unless the options fit the format (checked before anything is written)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}: choose from {', '.join(FORMATS)}")
+    if quantize not in QUANTIZATIONS:
+        raise ExportError(f"unknown quantization {quantize!r}: choose from {', '.join(QUANTIZATIONS)}")
+    if quantize != "none" and fmt != "litert":
+        raise ExportError(f"--quantize {quantize} is for --format litert; {fmt} exports are float32")
+    if select_tf_ops and fmt != "litert":
+        raise ExportError("--select-tf-ops is for --format litert")
+    if quantize == "int8" and (representative is None or len(representative) == 0):
+        raise ExportError("--quantize int8 needs a representative sample of the training data to calibrate on")
+
+
+def _check_quantize(fmt: str, quantize: str) -> None:
+    check_options(fmt, quantize)
+
+
+# SavedModel ------------------------------------------------------------------------------------
+
+
+def write_savedmodel(model, folder: Path, *, quantize: str = "none", representative=None) -> dict[str, Any]:
+    """A SavedModel with one signature, `serving_default`, through Keras' ExportArchive."""
+    import keras
+
+    _check_quantize("savedmodel", quantize)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(name=SIGNATURE, fn=serving_function(model), input_signature=[
+        keras.InputSpec(shape=(None, *model.input_shape[1:]), dtype="float32", name=INPUT_NAME)])
+    archive.write_out(str(folder), verbose=False)
+    return {"signature": SIGNATURE}
+
+
+class SavedModelRunner(Runner):
+    """A reloaded SavedModel's serving signature (TensorFlow's runtime, no tfperf or Keras code)."""
+
+    format = "savedmodel"
+
+    def __init__(self, loaded):
+        self.loaded = loaded
+        self.signature = loaded.signatures[SIGNATURE]
+        specs = self.signature.structured_input_signature[1]
+        if len(specs) != 1:
+            raise ModelError(f"expected one input, the signature takes {sorted(specs)}")
+        name, spec = next(iter(specs.items()))
+        self.input = TensorSpec(name, spec.dtype.name, tuple(spec.shape.as_list()))
+        self.outputs = tuple(sorted(self.signature.structured_outputs))
+
+    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        import tensorflow as tf
+
+        return {k: v.numpy() for k, v in self.signature(**{self.input.name: tf.constant(x)}).items()}
+
+
+def load_savedmodel(folder: Path, threads: int | None = None) -> SavedModelRunner:
+    """Load a SavedModel's serving signature; ModelError if unusable. `threads` is TensorFlow's, set by
+    the caller before TensorFlow starts (tf.config.threading), so it is not taken here."""
+    import tensorflow as tf
+
+    if threads is not None:
+        raise ModelError("a SavedModel runs on TensorFlow's thread pools, fixed when TensorFlow starts: "
+                         "set them with tf.config.threading before loading")
+    try:
+        loaded = tf.saved_model.load(str(folder))
+    except Exception as exc:  # protobuf, checkpoint and op errors all mean: this folder is broken
+        raise ModelError(f"{folder} is not a loadable SavedModel ({type(exc).__name__}: {first_line(exc)})") from None
+    if SIGNATURE not in loaded.signatures:
+        raise ModelError(f"{folder} has no {SIGNATURE!r} signature (it has {sorted(loaded.signatures)})")
+    return SavedModelRunner(loaded)
+
+
+# LiteRT ----------------------------------------------------------------------------------------
+
+# The converter's words for an op with no LiteRT kernel: 'tf.MatrixInverse' op is neither a custom op nor a flex op
+_NOT_IN_LITERT = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op")
+
+
+def write_litert(model, folder: Path, *, quantize: str = "none", representative=None,
+                 select_tf_ops: bool = False) -> dict[str, Any]:
+    """model.tflite from the serving function; `quantize` dynamic (int8 weights) or int8 (weights and
+    activations, calibrated on `representative`, inputs and outputs kept float32)."""
+    import tensorflow as tf
+
+    check_options("litert", quantize, select_tf_ops, representative)
+    # From the SavedModel, not from the traced function: given a Keras 3 model's function directly, the
+    # converter does not freeze its variables (a 5 KB file that answers NaN).
+    saved = folder / ".savedmodel"
+    write_savedmodel(model, saved)
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved), signature_keys=[SIGNATURE])
+    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if quantize != "none":
+        # Quantization: int8 weights; with int8, activations too, ranges taken from real inputs
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    if quantize == "int8":
+        sample = np.asarray(representative, np.float32)
+        converter.representative_dataset = lambda: ([sample[i:i + 1]] for i in range(len(sample)))
+        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    if select_tf_ops:
+        ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
+    converter.target_spec.supported_ops = ops
+    try:
+        flat = converter.convert()
+    except Exception as exc:  # ConverterError; its text names the ops LiteRT lacks
+        missing = sorted(set(_NOT_IN_LITERT.findall(str(exc))))
+        if missing:
+            raise ExportError(
+                f"LiteRT has no kernel for {', '.join(missing)}: export --format litert --select-tf-ops to run "
+                f"them as TensorFlow ops (the runtime must then link the Flex delegate), or use --format onnx "
+                f"or savedmodel") from None
+        raise ExportError(f"the LiteRT converter failed: {first_line(exc)}") from None
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
+    (folder / "model.tflite").write_bytes(flat)
+    flex = litert_flex_ops(folder / "model.tflite")
+    return {"file": "model.tflite", "quantization": quantize, "flex_ops": flex,
+            "converter": {"tensorflow": tf.__version__}}
+
+
+def litert_ops(path: Path) -> list[str]:
+    """The op names a .tflite file uses (builtin names; custom ops by their code, Flex ops as FlexX)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    found = []
+    for code in model.operatorCodes or []:
+        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+        if builtin == schema.BuiltinOperator.CUSTOM:
+            found.append((code.customCode or b"").decode() or "CUSTOM")
+        else:
+            found.append(names.get(builtin, f"BUILTIN_{builtin}"))
+    return sorted(set(found))
+
+
+def litert_flex_ops(path: Path) -> list[str]:
+    """The TensorFlow ops a .tflite file runs through the Flex delegate (Select TF ops)."""
+    return [op[len("Flex"):] for op in litert_ops(path) if op.startswith("Flex")]
+
+
+class LiteRTRunner(Runner):
+    """A .tflite model in the LiteRT interpreter (ai-edge-litert), through its serving signature."""
+
+    format = "litert"
+
+    def __init__(self, interpreter):
+        self.interpreter = interpreter
+        self.runner = interpreter.get_signature_runner(SIGNATURE)
+        details = self.runner.get_input_details()
+        if len(details) != 1:
+            raise ModelError(f"expected one input, the signature takes {sorted(details)}")
+        name, info = next(iter(details.items()))
+        shape = tuple(None if d < 0 else int(d) for d in info["shape_signature"])
+        self.input = TensorSpec(name, np.dtype(info["dtype"]).name, shape)
+        self.outputs = tuple(sorted(self.runner.get_output_details()))
+
+    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        return self.runner(**{self.input.name: x})
+
+
+def load_litert(folder: Path, threads: int | None = None) -> LiteRTRunner:
+    """model.tflite in a LiteRT interpreter with `threads` threads (default: LiteRT's choice)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    path = folder / "model.tflite"
+    flex = litert_flex_ops(path)
+    try:
+        interpreter = Interpreter(model_path=str(path), num_threads=threads)
+        interpreter.allocate_tensors()  # prepares every op: a missing kernel (Flex) fails here, not at the first call
+        runner = LiteRTRunner(interpreter)
+    except (ValueError, RuntimeError) as exc:
+        if flex and "Flex" in str(exc):
+            raise ModelError(f"{path} runs TensorFlow ops {', '.join(flex)} through the Flex delegate, which the "
+                             f"installed LiteRT interpreter does not link; run it where the Flex delegate is "
+                             f"linked, or export --format onnx or savedmodel") from None
+        raise ModelError(f"{path} does not load in LiteRT ({first_line(exc)})") from None
+    return runner
+
+
+# ONNX ------------------------------------------------------------------------------------------
+
+_NOT_IN_ONNX = re.compile(r"Unsupported ops: Counter\(\{(.*?)\}\)")
+
+
+def write_onnx(model, folder: Path, *, quantize: str = "none", representative=None) -> dict[str, Any]:
+    """model.onnx from the serving function (tf2onnx), its outputs named as the signature's."""
+    import logging
+
+    import onnx
+    import tf2onnx
+
+    _check_quantize("onnx", quantize)
+    function = traced_serving_function(model)
+    # The signature's output names are the contract; map any tensor name tf2onnx gives back to them.
+    concrete = function.get_concrete_function()
+    tensor_to_key = {t.name: key for key, t in concrete.structured_outputs.items()}
+    spec = function.input_signature[0]
+    # tf2onnx reports ops it cannot convert in its log, not in an exception: listen to it while converting
+    # (and keep it off the terminal: the error below says the same in one line).
+    log = logging.getLogger("tf2onnx")
+    captured: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: captured.append(record.getMessage())
+    log.addHandler(handler)
+    propagate, log.propagate = log.propagate, False
+    failure = None
+    try:
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=[spec], opset=ONNX_OPSET)
+    except Exception as exc:
+        failure = exc
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
+    missing = sorted({op for text in _NOT_IN_ONNX.findall(" ".join(captured) + str(failure or ""))
+                      for op in re.findall(r"'(\w+)'", text)})
+    if missing:
+        raise ExportError(f"ONNX (tf2onnx {tf2onnx.__version__}, opset {ONNX_OPSET}) has no conversion for "
+                          f"{', '.join(missing)}: use --format savedmodel, or litert if LiteRT has it")
+    if failure is not None:
+        raise ExportError(f"the ONNX converter failed: {first_line(failure)}") from None
+    renamed = {}
+    for out in proto.graph.output:
+        key = tensor_to_key.get(out.name, out.name)
+        renamed[out.name] = key
+        out.name = key
+    for node in proto.graph.node:
+        node.output[:] = [renamed.get(o, o) for o in node.output]
+    onnx.checker.check_model(proto)
+    (folder / "model.onnx").write_bytes(proto.SerializeToString())
+    return {"file": "model.onnx", "quantization": "none",
+            "converter": {"tf2onnx": tf2onnx.__version__, "onnx": onnx.__version__, "opset": ONNX_OPSET}}
+
+
+class OnnxRunner(Runner):
+    """A .onnx model in ONNX Runtime's CPU execution provider."""
+
+    format = "onnx"
+
+    def __init__(self, session):
+        self.session = session
+        inputs = session.get_inputs()
+        if len(inputs) != 1:
+            raise ModelError(f"expected one input, the model takes {[i.name for i in inputs]}")
+        info = inputs[0]
+        dtype = re.fullmatch(r"tensor\((\w+)\)", info.type)
+        dtype = {"float": "float32", "double": "float64"}.get(dtype[1], dtype[1]) if dtype else info.type
+        shape = tuple(d if isinstance(d, int) else None for d in info.shape)
+        self.input = TensorSpec(info.name, dtype, shape)
+        self.outputs = tuple(o.name for o in session.get_outputs())
+
+    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        return dict(zip(self.outputs, self.session.run(self.outputs, {self.input.name: x})))
+
+
+def load_onnx(folder: Path, threads: int | None = None) -> OnnxRunner:
+    """model.onnx in an ONNX Runtime session with `threads` intra-op threads (default: its choice)."""
+    import onnxruntime as ort
+
+    path = folder / "model.onnx"
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
+        raise ModelError(f"{path} does not load in ONNX Runtime ({first_line(exc)})") from None
+    return OnnxRunner(session)
+
+
+FORMATS: Mapping[str, Format] = {f.name: f for f in (
+    Format("savedmodel", "saved_model.pb", write_savedmodel, load_savedmodel,
+           "SavedModel for TensorFlow and TF Serving (the default)"),
+    Format("litert", "model.tflite", write_litert, load_litert,
+           "LiteRT flatbuffer (.tflite) for the LiteRT interpreter; --quantize dynamic or int8"),
+    Format("onnx", "model.onnx", write_onnx, load_onnx, "ONNX (opset 17) for ONNX Runtime"),
+)}
+
+
+def format_of(folder: Path | str) -> Format | None:
+    """The format whose marker file the folder holds, or None."""
+    folder = Path(folder)
+    for fmt in FORMATS.values():
+        if (folder / fmt.marker).is_file():
+            return fmt
+    return None

@@ -82,13 +82,34 @@ def test_saved_model_recipe_times_load_and_latency(tmp_path):
     assert "outputs match in-process: True" in out and "retraces over 2 batch sizes: 0" in out
     records = read_records(tmp_path / "saved_model.jsonl")
     startup = [r for r in records if r["table"].startswith("start-up")]
-    assert [r["row"].split(":")[0] for r in startup] == [
-        "in-process", "reloaded, same process", "reloaded, fresh process"]
-    assert startup[2]["metrics"]["tensorflow_import_s"] > 0
+    assert [r["row"].split(":")[0] for r in startup] == ["in-process", "reloaded, same process"]
     latency = [r["row"] for r in records if r["table"].startswith("steady-state")]
     assert latency == ["in-process, batch 1", "reloaded, batch 1", "in-process, batch 4", "reloaded, batch 4"]
     for r in records:
         assert r["metrics"][r["primary"]] > 0
+
+
+def test_serving_runtimes_times_every_runtime_and_checks_their_answers(tmp_path):
+    out = run([sys.executable, recipe("serving_runtimes"), "--quick", "--model", "mlp", "--train-steps", "20",
+               "--batches", "4", "--cold-runs", "1", "--min-time", "0.05", "--out", tmp_path]).stdout
+    assert "best batch-1 runtime: " in out and "x faster than the SavedModel signature" in out
+    records = read_records(tmp_path / "serving_runtimes.jsonl")
+    runtimes = ["Keras predict()", "Keras __call__", "SavedModel signature", "LiteRT float32",
+                "LiteRT dynamic-range int8", "LiteRT int8", "ONNX Runtime"]
+    tables = {}
+    for r in records:
+        tables.setdefault(r["table"].split(":")[0].split(" by ")[0], {})[r["row"]] = r
+    assert list(tables["files, agreement with Keras, test accuracy"]) == runtimes
+    for name in ("SavedModel signature", "LiteRT float32", "ONNX Runtime"):  # float32: Keras' answers
+        assert tables["files, agreement with Keras, test accuracy"][name]["metrics"]["max_abs_difference"] < 1e-4
+    latency = tables["batch-1 latency"]
+    assert [row.split(",")[0] for row in latency][:7] == runtimes and len(latency) in (7, 14)  # 1 and all threads
+    for row, r in latency.items():
+        assert len(r["samples_s"]) == r["n"] and r["metrics"]["p50_us"] > 0
+        assert ("verdict" in r) == (not row.startswith("SavedModel")), row  # judged against the signature
+    assert all(", batch 4, " in row for row in tables["throughput"])
+    cold = tables["cold start in a fresh process"]
+    assert list(cold) == runtimes and all(r["metrics"]["import_s"] > 0 for r in cold.values())
 
 
 @pytest.mark.slow

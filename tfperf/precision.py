@@ -31,6 +31,18 @@ def cpu_bf16_support() -> str:
     return "none: bf16 is converted to float32 for the arithmetic"
 
 
+def cpu_int8_support() -> str:
+    """How this CPU computes int8 dot products (what quantized kernels such as XNNPACK's run on)."""
+    flags = cpu_flags()
+    if "amx_int8" in flags:
+        return "AMX int8 tiles"
+    if "avx512_vnni" in flags or "avx_vnni" in flags:
+        return "VNNI (int8 dot products in one instruction)"
+    if "avx2" in flags:
+        return "no VNNI: int8 dot products take several AVX2 instructions"
+    return "no int8 dot-product instructions"
+
+
 def gpu_compute_capabilities() -> list[tuple[int, int]]:
     """Compute capability of each visible GPU; float16 tensor cores need 7.0 or more."""
     caps = []

@@ -157,6 +157,17 @@ def test_interleave_alternates_shuffled_rounds_and_versus_pairs_them():
         interleave([fake_timer([1.0]), fake_timer([1.0])], rounds=1, samples=1)
 
 
+def test_interleave_continues_earlier_rounds_of_the_same_timers():
+    timers = [fake_timer([1.0] + [t] * 100, name=name) for name, t in (("a", 0.3), ("b", 0.1))]
+    first = interleave(timers, rounds=3, samples=3, warmup=0)
+    more = interleave(timers, rounds=4, samples=4, warmup=0, seed=1, after=first)
+    assert [m.rounds for m in more] == [7, 7] and [m.n for m in more] == [7, 7]
+    assert more[0].samples_s[:3] == first[0].samples_s and timers[0].first_call_s == 1.0  # no second first call
+    assert versus(*more).paired and versus(*more).ratio == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="same timers"):
+        interleave(timers[::-1], rounds=1, samples=1, after=first)
+
+
 def test_identical_alternatives_show_no_measurable_difference():
     x = tf.random.normal([256, 256])
     f = tf.function(lambda: tf.matmul(x, x))

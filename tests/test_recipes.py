@@ -197,7 +197,8 @@ def test_training_ladder_keeps_only_rungs_its_confidence_interval_calls_faster(t
     for r in rows[1:]:
         # Every rung is judged against the best configuration so far, from interleaved samples.
         assert r["versus"] == best and r["verdict"] in ("faster", "slower", "no measurable difference")
-        assert r["n"] == 2 and len(r["samples_s"]) == 2 and r["ratio_ci95"][0] <= r["ratio"] <= r["ratio_ci95"][1]
+        # 2 rounds, and 2 more at a time (at most twice) while the CI straddles a bar.
+        assert r["n"] in (2, 4, 6) and len(r["samples_s"]) == r["n"] and r["ratio_ci95"][0] <= r["ratio"] <= r["ratio_ci95"][1]
         assert r["metrics"]["kept"] == (r["verdict"] == "faster" and r["metrics"]["accurate_enough"])
         best = r["row"] if r["metrics"]["kept"] else best
     for metrics in m.values():

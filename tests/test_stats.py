@@ -94,3 +94,16 @@ def test_too_few_rounds_or_samples_never_make_a_verdict():
     assert paired.verdict == stats.NO_DIFFERENCE and paired.units == 3
     enough = stats.compare_times([2.0, 2.1, 1.9] * 4, [1.0, 1.05, 0.95] * 4, rounds=stats.MIN_UNITS)
     assert enough.verdict == stats.FASTER and not enough.too_few
+
+
+@pytest.mark.parametrize("ci, threshold, decided", [
+    ((1.10, 1.20), 0.02, True),   # faster, whatever more data says
+    ((0.99, 1.01), 0.02, True),   # inside the band: no difference worth a change
+    ((1.01, 1.08), 0.02, False),  # straddles the 2% bar: more rounds could settle it either way
+    ((0.90, 0.99), 0.02, False),  # straddles the mirror bar for slower
+    ((0.95, 1.05), 0.0, False),   # with no threshold, an interval around 1 is never settled
+])
+def test_a_comparison_knows_when_its_interval_straddles_a_bar(ci, threshold, decided):
+    c = stats.Comparison("a", "b", ratio=sum(ci) / 2, ci95=ci, verdict=stats.verdict(ci, threshold=threshold),
+                         paired=True, threshold=threshold, units=10)
+    assert c.decided is decided

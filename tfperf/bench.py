@@ -356,13 +356,15 @@ class Timer:
 
 def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None = None,
                warmup: int = 1, min_time_s: float = 0.5, seed: int = 0,
-               profile_dir: str | None = None, profile_steps: int = 10) -> list[Measurement]:
+               profile_dir: str | None = None, profile_steps: int = 10,
+               after: Sequence[Measurement] = ()) -> list[Measurement]:
     """Measure alternatives in `rounds` rounds; each round takes a share of every timer's samples, the
     timers in a shuffled order, so that slow phases of the machine fall on all of them alike.
 
     `samples` is each timer's total (rounded up to whole rounds); with None, each timer takes as many
     as fill about `min_time_s`, estimated from three calls after its warm-up. Compare the results with
-    `versus`, which pairs them round by round.
+    `versus`, which pairs them round by round. `after` continues earlier measurements of the same
+    timers (from interleave, in the same order): their rounds come first in what is returned.
     """
     if not timers:
         raise ValueError("interleave needs at least one timer")
@@ -386,6 +388,10 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
             taken[i].extend(timers[i].take(per_round[i]))
     for t in timers:
         t.profile(profile_dir, steps=profile_steps)
+    if after:
+        if [m.name for m in after] != names:
+            raise ValueError(f"`after` must hold the same timers' measurements in order, got {[m.name for m in after]}")
+        return [t._measurement([*m.samples_s, *s], rounds=m.rounds + rounds) for t, m, s in zip(timers, after, taken)]
     return [t._measurement(s, rounds=rounds) for t, s in zip(timers, taken)]
 
 

@@ -148,6 +148,13 @@ class Comparison:
         """Too few rounds or samples for any verdict but 'no measurable difference'."""
         return self.units is not None and self.units < MIN_UNITS
 
+    @property
+    def decided(self) -> bool:
+        """True when the CI lies wholly on one side of each verdict boundary (1 + threshold and its
+        inverse): more samples would not be expected to change the verdict. False when it straddles one."""
+        low, high = self.ci95
+        return not any(low < bound < high for bound in (1 + self.threshold, 1 / (1 + self.threshold)))
+
     def describe(self) -> str:
         """'1.42x faster (95% CI 1.31-1.55x)' or 'no measurable difference (0.97x, 95% CI 0.91-1.04x)'."""
         low, high = self.ci95
@@ -159,7 +166,9 @@ class Comparison:
             return f"{self.ratio:.2f}x faster (95% CI {low:.2f}-{high:.2f}x)"
         if self.verdict == SLOWER:
             return f"{1 / self.ratio:.2f}x slower (95% CI {1 / high:.2f}-{1 / low:.2f}x)"
-        below = f", under the {self.threshold:.0%} that counts" if self.threshold and (low > 1 or high < 1) else ""
+        # The interval excludes 1 but does not clear the threshold: a change, not shown to be one that counts.
+        below = f", not shown to clear the {self.threshold:.0%} that counts" if self.threshold and (low > 1 or high < 1) \
+            else ""
         return f"no measurable difference ({self.ratio:.2f}x, 95% CI {low:.2f}-{high:.2f}x{below})"
 
 

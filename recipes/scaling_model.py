@@ -13,9 +13,7 @@ synchronisation of gradients. Both are measured here, not assumed: t1 by timing 
 of recipes/mnist_hvd.py (its functions, imported) with the all-reduce left out, on as many ranks under
 horovodrun as there will be, each with the threads a rank gets (ranks on one host share its cores); t2
 by timing Horovod's all-reduce over a range of sizes and fitting the ring model, where each of n ranks
-sends and receives 2(n-1) chunks of S/n bytes: t2 = 2(n-1)(alpha + S/(n beta)); and, for the prediction,
-by timing the all-reduce of the model's own gradients at each rank count, sent as the run sends them (even
-alone, a rank's gradients pass through Horovod's background thread, once per cycle). Then the recipe runs
+sends and receives 2(n-1) chunks of S/n bytes: t2 = 2(n-1)(alpha + S/(n beta)). Then the recipe runs
 mnist_hvd.py with np = 1, 2, 4, each run right after its own probes (this host's speed drifts over
 minutes), and compares, with a 95% interval for each error. Finally it projects, on paper, to
 8, 64 and 512 workers, the regime of Horovod's published 90% scaling efficiency.
@@ -46,7 +44,7 @@ BIN = Path(sys.executable).parent
 ALLREDUCE, PREDICTED, PROJECTION = ("all-reduce time by size (Horovod, gloo, np=2)",
                                     "predicted vs measured (mnist_hvd)", "projection on paper")
 GOAL = 0.15
-# With one rank nothing crosses a wire: t1 plus Horovod's own pass over the gradients must predict the run.
+# With one rank there is no communication at all: t1 alone must predict the run, or t1 is not its step.
 NP1_GOAL = 0.10
 # Published figures the projection is compared with (Horovod's README and paper, Sergeev & Del Balso 2018):
 # 90% scaling efficiency for ResNet-101 on 512 Pascal GPUs over 25 Gbit/s RoCE. A ResNet-101 step of
@@ -106,34 +104,6 @@ def probe_allreduce(sizes: list[int], reps: int) -> list[dict]:
     return rows if hvd.rank() == 0 else []
 
 
-def probe_gradient_allreduce(batch_size: int, reps: int) -> dict:
-    """t2 of the run itself (under horovodrun): one all-reduce of every gradient, the way mnist_hvd's
-    DistributedGradientTape sends them (one Horovod op per tensor inside the step's tf.function, fused by
-    Horovod's background thread), with zeros shaped like the model's variables and no compute around it."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    from tfperf import hvd as thvd
-    from tfperf.bench import Timer
-    from tfperf.data import load_arrays
-    from tfperf.models import get_net
-
-    hvd.init()
-    thvd.pin_to_local_gpu()
-    data = load_arrays("mnist-5k")
-    model = get_net("cnn", input_shape=data.input_shape, num_classes=data.num_classes)
-    grads = [tf.zeros_like(v) for v in model.trainable_variables]
-
-    @tf.function
-    def allreduce_gradients():
-        return [hvd.allreduce(g, op=hvd.Average, name=f"grad_{i}") for i, g in enumerate(grads)]
-
-    # A fixed count on every rank: each all-reduce needs all ranks. Even alone (np=1) every tensor passes
-    # through Horovod's background thread, which collects work once per cycle (HOROVOD_CYCLE_TIME).
-    m = Timer(allreduce_gradients, name="t2").measure(reps, warmup=3)
-    return {"s": m.median_s, "ci95_s": list(m.ci95_s), "samples_s": list(m.samples_s)} if hvd.rank() == 0 else {}
-
-
 def ring_t2(n: int, size: float, alpha: float, beta: float) -> float:
     """Ring all-reduce: 2(n-1) steps, each a message of size/n bytes (latency alpha, bandwidth beta)."""
     return 0.0 if n == 1 else 2 * (n - 1) * (alpha + size / n / beta)
@@ -153,7 +123,8 @@ def add_flags(p) -> None:
     p.add_argument("--reps", type=flags.positive_int, help="all-reduce repetitions per size")
     p.add_argument("--pairs", type=flags.positive_int, help="probe-then-run pairs per rank count")
     # Internal: the probes run in their own processes under horovodrun.
-    p.add_argument("--role", choices=["compute", "allreduce", "gradients"], help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=["compute", "allreduce"], help=argparse.SUPPRESS)
+    p.add_argument("--probe-bytes", type=int, nargs="+", help=argparse.SUPPRESS)
 
 
 def task(args) -> int:
@@ -161,12 +132,7 @@ def task(args) -> int:
     if args.role == "compute":
         print(result_line(probe_compute(args.batch_size, min_time_s=1.0 if args.quick else 3.0)))
         return 0
-    if args.role == "gradients":
-        found = probe_gradient_allreduce(args.batch_size, args.reps)
-        if found:
-            print(result_line(found))
-        return 0
-    for row in probe_allreduce(sweep_sizes(args.quick), args.reps):
+    for row in probe_allreduce(args.probe_bytes or sweep_sizes(args.quick), args.reps):
         print(json.dumps(row))
     return 0
 
@@ -215,7 +181,7 @@ def measure(args, rec) -> dict:
     # This host's speed drifts by tens of percent over minutes; a probe taken a minute before its run
     # would measure another machine. So each run follows its own probe, in `--pairs` pairs.
     threads_for = {n: max(1, cores // n) for n in args.ranks}
-    t1_of, t2_of = {}, {}
+    t1_of, t2_of = {}, {1: 0.0}
     gradient_bytes = 0
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.ranks:
@@ -224,13 +190,13 @@ def measure(args, rec) -> dict:
             for pair in range(args.pairs):
                 samples, gradient_bytes = probe_t1(n)
                 t1_samples += samples
-                if pair == 0:
-                    # t2 for the model's own gradients, sent as the run sends them, at this rank count: with
-                    # more ranks than cores a ring step also waits for its neighbour to be scheduled, which no
-                    # fit can know; and with one rank the gradients still pass through Horovod's cycle.
-                    out = launch([BIN / "horovodrun", "-np", n, *me, "--role", "gradients"])
-                    probe = next(json.loads(line.split(RESULT_PREFIX, 1)[1]) for line in out.splitlines()
-                                 if RESULT_PREFIX in line)
+                if n > 1 and pair == 0:
+                    # t2 for the model's own gradients, measured at this rank count: with more ranks than
+                    # cores a ring step also waits for its neighbour to be scheduled, which no fit can know.
+                    out = launch([BIN / "horovodrun", "-np", n, *me, "--role", "allreduce",
+                                  "--probe-bytes", gradient_bytes])
+                    probe = next(json.loads(line.split(":", 1)[1]) for line in out.splitlines()
+                                 if line.startswith("[0]<stdout>:{"))
                     t2_of[n], t2_ci = probe["s"], tuple(probe["ci95_s"])
                     print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
                           f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)
@@ -280,7 +246,7 @@ def conclude(args, rec, found) -> Conclusion:
     lines = [f"largest prediction error: {errors[worst]:+.0%} at {worst}; goal +-{GOAL:.0%}: "
              f"{'met' if within else 'NOT met'}"]
     if "np=1" in errors:
-        lines.append(f"np=1 (no network): error {errors['np=1']:+.1%}; goal +-{NP1_GOAL:.0%}: "
+        lines.append(f"np=1 (t1 alone): error {errors['np=1']:+.1%}; goal +-{NP1_GOAL:.0%}: "
                      f"{'met' if abs(errors['np=1']) <= NP1_GOAL else 'NOT met'}")
 
     # Conclusion, from this run's numbers ------------------------------------------------------

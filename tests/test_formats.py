@@ -175,3 +175,13 @@ def test_inspect_flags_a_flex_op_off_the_allowlist_and_a_custom_onnx_domain(tmp_
     np.save(tmp_path / "x.npy", np.ones(3, np.float32))
     proc = tfperf("predict", tmp_path / "onnx", "--input", tmp_path / "x.npy", check=False)
     assert proc.returncode == 2 and "evil.ops.Exfiltrate" in proc.stderr and "--trust" in proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["litert", "onnx"])
+def test_no_format_overwrites_an_existing_version(exports, fmt):
+    root = exports["root"] / "saved_models"
+    before = [(p, p.stat().st_size) for p in sorted(root.rglob("*"))]
+    proc = tfperf("export", "--name", "cnn", "--root", root, "--format", fmt, "--version", "1", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "exists and is never overwritten; the next free version is 6" in proc.stderr.strip().splitlines()[-1]
+    assert [(p, p.stat().st_size) for p in sorted(root.rglob("*"))] == before

@@ -79,6 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                            "test_accuracy": result.test_accuracy, "final_loss": result.final_loss}})
         except _model_errors() as exc:
             raise UserError(str(exc)) from None
+        warn_flex(path)
         print(f"exported: {path}")
     return 0
 
@@ -99,8 +100,20 @@ def cmd_export(args: argparse.Namespace) -> int:
                       metadata=metadata)
     except (FileNotFoundError, ValueError) as exc:  # ExportError is a ValueError
         raise UserError(str(exc)) from None
+    warn_flex(path)
     print(path)
     return 0
+
+
+def warn_flex(path: Path) -> None:
+    """Say on stderr when a LiteRT export needs the Flex delegate, which the installed interpreter lacks."""
+    from tfperf.serving import read_metadata
+
+    flex = read_metadata(path).get("flex_ops")
+    if flex:
+        print(f"tfperf export: warning: {path} runs TensorFlow ops {', '.join(flex)} through the Flex delegate; "
+              f"ai-edge-litert's interpreter does not link it, so only a runtime built with it can load this model",
+              file=sys.stderr)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

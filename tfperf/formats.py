@@ -69,7 +69,19 @@ class Format:
     marker: str  # the file inside an export folder that says it is this format
     write: Callable[..., dict[str, Any]]  # (model, folder, quantize=, representative=) -> metadata
     load: Callable[..., Runner]  # (folder, threads=None) -> Runner
+    inspect: Callable[..., Any]  # (folder) -> inspection.Report, read without running the model
     describe: str  # one line for --help
+
+
+def _inspector(name: str) -> Callable[..., Any]:
+    """tfperf.inspection's reader for a format (imported when used: inspection imports this module)."""
+
+    def inspect(folder):
+        from tfperf import inspection
+
+        return getattr(inspection, name)(folder)
+
+    return inspect
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
@@ -111,9 +123,6 @@ def check_options(fmt: str, quantize: str = "none", select_tf_ops: bool = False,
         raise ExportError("--quantize int8 needs a representative sample of the training data to calibrate on")
 
 
-def _check_quantize(fmt: str, quantize: str) -> None:
-    check_options(fmt, quantize)
-
 
 # SavedModel ------------------------------------------------------------------------------------
 
@@ -122,7 +131,7 @@ def write_savedmodel(model, folder: Path, *, quantize: str = "none", representat
     """A SavedModel with one signature, `serving_default`, through Keras' ExportArchive."""
     import keras
 
-    _check_quantize("savedmodel", quantize)
+    check_options("savedmodel", quantize)
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint(name=SIGNATURE, fn=serving_function(model), input_signature=[
@@ -288,7 +297,7 @@ def write_onnx(model, folder: Path, *, quantize: str = "none", representative=No
     import onnx
     import tf2onnx
 
-    _check_quantize("onnx", quantize)
+    check_options("onnx", quantize)
     function = traced_serving_function(model)
     # The signature's output names are the contract; map any tensor name tf2onnx gives back to them.
     concrete = function.get_concrete_function()
@@ -368,11 +377,12 @@ def load_onnx(folder: Path, threads: int | None = None) -> OnnxRunner:
 
 
 FORMATS: Mapping[str, Format] = {f.name: f for f in (
-    Format("savedmodel", "saved_model.pb", write_savedmodel, load_savedmodel,
+    Format("savedmodel", "saved_model.pb", write_savedmodel, load_savedmodel, _inspector("inspect_saved_model"),
            "SavedModel for TensorFlow and TF Serving (the default)"),
-    Format("litert", "model.tflite", write_litert, load_litert,
+    Format("litert", "model.tflite", write_litert, load_litert, _inspector("inspect_litert"),
            "LiteRT flatbuffer (.tflite) for the LiteRT interpreter; --quantize dynamic or int8"),
-    Format("onnx", "model.onnx", write_onnx, load_onnx, "ONNX (opset 17) for ONNX Runtime"),
+    Format("onnx", "model.onnx", write_onnx, load_onnx, _inspector("inspect_onnx"),
+           "ONNX (opset 17) for ONNX Runtime"),
 )}
 
 

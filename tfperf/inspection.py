@@ -331,8 +331,7 @@ def inspect_onnx(path: Path | str) -> Report:
 def inspect_model(path: Path | str) -> Report:
     """The report of an export of any format, read without running it."""
     path = check_model_dir(path)
-    return {"savedmodel": inspect_saved_model, "litert": inspect_litert, "onnx": inspect_onnx}[
-        format_of(path).name](path)
+    return format_of(path).inspect(path)
 
 
 def check_safe(path: Path | str) -> Report:

@@ -113,6 +113,29 @@ def test_serving_runtimes_times_every_runtime_and_checks_their_answers(tmp_path)
 
 
 @pytest.mark.slow
+def test_keras_backends_trains_the_same_models_alike_under_each_stack(tmp_path):
+    out = run([sys.executable, recipe("keras_backends"), "--quick", "--rounds", "1", "--epochs", "1", "--calls", "2",
+               "--train-size", "256", "--out", tmp_path]).stdout
+    records = read_records(tmp_path / "keras_backends.jsonl")
+    stacks = ["Keras 2 (tf_keras)", "Keras 3, TensorFlow", "Keras 3, JAX"]
+    losses = {r["row"]: r["metrics"] for r in records if r["table"].startswith("final loss")}
+    for model in ("cnn", "lstm"):
+        values = [losses[f"{model}, {s}"]["test_loss"] for s in stacks]
+        assert max(values) / min(values) - 1 < 0.05  # same weights, same batches: the same training
+        assert losses[f"{model}, Keras 3, JAX"]["jit_compile"] is True  # JAX always compiles the step
+    fit = [r for r in records if r["table"] == "fit throughput"]
+    assert [r["row"] for r in fit] == [f"{m}, {s}" for m in ("cnn", "lstm") for s in stacks]
+    for r in fit:
+        assert (r.get("versus") == f"{r['row'].split(',')[0]}, Keras 2 (tf_keras)") == ("Keras 2" not in r["row"])
+        assert r["metrics"]["samples_per_s"] > 0 and len(r["samples_s"]) == r["n"] == 1
+    inference = {r["row"] for r in records if r["table"] == "inference calls"}
+    assert "lstm, predict(), batch 256, Keras 3, JAX" in inference and "cnn, model(x), batch 1, Keras 2 (tf_keras)" in inference
+    jit_rows = [r["row"] for r in records if r["table"].startswith("Keras 3 on TensorFlow")]
+    assert len(jit_rows) == 4 and sum("(default)" in row for row in jit_rows) == 2
+    assert "cnn: test loss after the same steps" in out
+
+
+@pytest.mark.slow
 def test_multi_device_scratch_trains_like_one_device(tmp_path):
     out = run([sys.executable, recipe("multi_device_scratch"), "--quick", "--max-steps", "2", "--epochs", "2",
                "--out", tmp_path]).stdout

@@ -14,69 +14,69 @@ from tfperf.catalog import MODEL_NAMES
 Shape = tuple[int, ...]
 
 
-def _head(x, num_classes: int):
+def _head(x, num_classes: int, k):
     # float32 logits under any mixed policy: softmax/loss in half precision loses accuracy.
-    return layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return k.layers.Dense(num_classes, dtype="float32", name="logits")(x)
 
 
-def _mlp(input_shape: Shape, num_classes: int) -> keras.Model:
+def _mlp(input_shape: Shape, num_classes: int, k) -> keras.Model:
     """The seed's hybridize MLP: 512 -> 256 -> 128 -> 2, ReLU."""
-    inputs = keras.Input(input_shape)
-    x = layers.Flatten()(inputs) if len(input_shape) > 1 else inputs
-    x = layers.Dense(256, activation="relu")(x)
-    x = layers.Dense(128, activation="relu")(x)
-    return keras.Model(inputs, _head(x, num_classes), name="mlp")
+    inputs = k.Input(input_shape)
+    x = k.layers.Flatten()(inputs) if len(input_shape) > 1 else inputs
+    x = k.layers.Dense(256, activation="relu")(x)
+    x = k.layers.Dense(128, activation="relu")(x)
+    return k.Model(inputs, _head(x, num_classes, k), name="mlp")
 
 
-def _cnn(input_shape: Shape, num_classes: int) -> keras.Model:
+def _cnn(input_shape: Shape, num_classes: int, k) -> keras.Model:
     """The mixed-precision seed's MNIST network: Conv 32 3x3, MaxPool 2, Dense 64, Dense 10."""
-    inputs = keras.Input(input_shape)
-    x = layers.Conv2D(32, 3, activation="relu")(inputs)
-    x = layers.MaxPooling2D(2)(x)
-    x = layers.Flatten()(x)
-    x = layers.Dense(64, activation="relu")(x)
-    return keras.Model(inputs, _head(x, num_classes), name="cnn")
+    inputs = k.Input(input_shape)
+    x = k.layers.Conv2D(32, 3, activation="relu")(inputs)
+    x = k.layers.MaxPooling2D(2)(x)
+    x = k.layers.Flatten()(x)
+    x = k.layers.Dense(64, activation="relu")(x)
+    return k.Model(inputs, _head(x, num_classes, k), name="cnn")
 
 
-def _lenet(input_shape: Shape, num_classes: int) -> keras.Model:
+def _lenet(input_shape: Shape, num_classes: int, k) -> keras.Model:
     """d2l's LeNet-5 (6-16-120-84), with ReLU instead of sigmoid so that it trains in a few steps."""
-    inputs = keras.Input(input_shape)
-    x = layers.Conv2D(6, 5, padding="same", activation="relu")(inputs)
-    x = layers.AveragePooling2D(2)(x)
-    x = layers.Conv2D(16, 5, activation="relu")(x)
-    x = layers.AveragePooling2D(2)(x)
-    x = layers.Flatten()(x)
-    x = layers.Dense(120, activation="relu")(x)
-    x = layers.Dense(84, activation="relu")(x)
-    return keras.Model(inputs, _head(x, num_classes), name="lenet")
+    inputs = k.Input(input_shape)
+    x = k.layers.Conv2D(6, 5, padding="same", activation="relu")(inputs)
+    x = k.layers.AveragePooling2D(2)(x)
+    x = k.layers.Conv2D(16, 5, activation="relu")(x)
+    x = k.layers.AveragePooling2D(2)(x)
+    x = k.layers.Flatten()(x)
+    x = k.layers.Dense(120, activation="relu")(x)
+    x = k.layers.Dense(84, activation="relu")(x)
+    return k.Model(inputs, _head(x, num_classes, k), name="lenet")
 
 
-def _residual(x, channels: int, strides: int):
+def _residual(x, channels: int, strides: int, k):
     shortcut = x
-    y = layers.Conv2D(channels, 3, strides=strides, padding="same")(x)
-    y = layers.BatchNormalization()(y)
-    y = layers.ReLU()(y)
-    y = layers.Conv2D(channels, 3, padding="same")(y)
-    y = layers.BatchNormalization()(y)
+    y = k.layers.Conv2D(channels, 3, strides=strides, padding="same")(x)
+    y = k.layers.BatchNormalization()(y)
+    y = k.layers.ReLU()(y)
+    y = k.layers.Conv2D(channels, 3, padding="same")(y)
+    y = k.layers.BatchNormalization()(y)
     if strides != 1 or shortcut.shape[-1] != channels:
-        shortcut = layers.Conv2D(channels, 1, strides=strides)(shortcut)
-    return layers.ReLU()(layers.Add()([y, shortcut]))
+        shortcut = k.layers.Conv2D(channels, 1, strides=strides)(shortcut)
+    return k.layers.ReLU()(k.layers.Add()([y, shortcut]))
 
 
-def _resnet18(input_shape: Shape, num_classes: int) -> keras.Model:
+def _resnet18(input_shape: Shape, num_classes: int, k) -> keras.Model:
     """d2l's ResNet-18 for 28x28 inputs: 3x3 stem, no max-pool, stages 64-128-256-512 of 2 blocks."""
-    inputs = keras.Input(input_shape)
-    x = layers.Conv2D(64, 3, padding="same")(inputs)
-    x = layers.BatchNormalization()(x)
-    x = layers.ReLU()(x)
+    inputs = k.Input(input_shape)
+    x = k.layers.Conv2D(64, 3, padding="same")(inputs)
+    x = k.layers.BatchNormalization()(x)
+    x = k.layers.ReLU()(x)
     for stage, channels in enumerate((64, 128, 256, 512)):
         for block in range(2):
-            x = _residual(x, channels, strides=2 if stage > 0 and block == 0 else 1)
-    x = layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, _head(x, num_classes), name="resnet18")
+            x = _residual(x, channels, 2 if stage > 0 and block == 0 else 1, k)
+    x = k.layers.GlobalAveragePooling2D()(x)
+    return k.Model(inputs, _head(x, num_classes, k), name="resnet18")
 
 
-_BUILDERS: dict[str, tuple[Callable[[Shape, int], keras.Model], Shape, int]] = {
+_BUILDERS: dict[str, tuple[Callable[..., keras.Model], Shape, int]] = {
     "mlp": (_mlp, (512,), 2),
     "cnn": (_cnn, (28, 28, 1), 10),
     "lenet": (_lenet, (28, 28, 1), 10),
@@ -100,9 +100,14 @@ def _builder(name: str):
 
 
 def get_net(
-    name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None
+    name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None, keras_module=None
 ) -> keras.Model:
-    """Build the named model, uncompiled, with float32 logits whatever the dtype policy."""
+    """Build the named model, uncompiled, with float32 logits whatever the dtype policy.
+
+    Args:
+      keras_module: the Keras to build it with: `keras` (Keras 3, the default) or `tf_keras` (Keras 2),
+        whose layer and model APIs these builders share.
+    """
     build, default_shape, default_classes = _builder(name)
     shape = tuple(int(d) for d in (input_shape if input_shape is not None else default_shape))
     classes = int(num_classes if num_classes is not None else default_classes)
@@ -112,7 +117,7 @@ def get_net(
         raise ValueError(f"num_classes must be at least 1, got {classes}")
     if name != "mlp" and len(shape) != 3:
         raise ValueError(f"model {name!r} takes images (height, width, channels), got input_shape {shape}")
-    return build(shape, classes)
+    return build(shape, classes, keras_module or keras)
 
 
 def _layer_flops(layer: keras.layers.Layer) -> int:

@@ -61,16 +61,17 @@ def restore_newest(ckpt: tf.train.Checkpoint, candidates: list[str]) -> tuple[st
     return None, skipped
 
 
-def fit_epochs(model, x, y=None, **fit_kwargs) -> tuple[Callable[[], Elapsed], list[float]]:
+def fit_epochs(model, x, y=None, *, keras_module=None, **fit_kwargs) -> tuple[Callable[[], Elapsed], list[float]]:
     """A function that trains `model` one more epoch per call, for a `bench.Timer`, and the losses it appends.
 
     Each call returns the epoch's own time as an Elapsed, read by a callback at the epoch's ends: the
     data adapter and callbacks each `fit` call sets up stay out of the clock. Keras reads the epoch's
-    logs before its end, so the work is done when the clock stops.
+    logs before its end, so the work is done when the clock stops. `keras_module` is the Keras the
+    model was built with (`tf_keras` for Keras 2; default Keras 3).
     """
     losses: list[float] = []
     started: list[float] = []
-    clock = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: started.append(time.perf_counter()),
+    clock = (keras_module or keras).callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: started.append(time.perf_counter()),
                                            on_epoch_end=lambda epoch, logs: started.append(time.perf_counter()))
 
     def epoch() -> Elapsed:

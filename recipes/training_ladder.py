@@ -68,6 +68,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, model_name: str, data, lr: float, seed: int):
         self.cfg, self.data, self.losses = cfg, data, []
+        self.quality: tuple[float, float] | None = None  # (final loss, test accuracy) after the first rounds
         keras.utils.set_random_seed(seed)
         with dtype_policy(cfg.policy):
             self.model = get_net(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
@@ -148,6 +149,9 @@ def measure(args, rec) -> dict:
         # --profile traces one more epoch of each, after the timed ones.
         ms = interleave(timers, rounds=args.rounds, samples=args.rounds, warmup=0, seed=args.seed,
                         profile_dir=args.profile, profile_steps=1)
+        # Loss and accuracy now, after the same epochs for every rung; extra rounds only add timings.
+        for t in trainers:
+            t.quality = (float(t.losses[-1]), accuracy(t.model, data.x_test, data.y_test))
         c = versus(*ms, threshold=MIN_GAIN)
         for extension in range(1, MAX_EXTENSIONS + 1):
             if c.decided:
@@ -158,8 +162,7 @@ def measure(args, rec) -> dict:
         return ms, c, trainers
 
     def record(table, row, m, trainer, comparison=None, kept=None):
-        loss = float(trainer.losses[-1])
-        acc = accuracy(trainer.model, data.x_test, data.y_test)
+        loss, acc = trainer.quality
         metrics = {"samples_per_s": m.items_per_s, "mfu": train_flops * m.items_per_s / peak,
                    "first_epoch_s": m.first_call_s, "final_loss": loss, "test_accuracy": acc,
                    "xla": trainer.xla, "batch": trainer.cfg.batch}

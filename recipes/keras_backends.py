@@ -25,7 +25,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import ClusterError, parse_result, result_line
+from tfperf.cluster import result_line, run_task
 from tfperf.recipe import Conclusion, Recipe
 
 FIT, FIRST, PREDICT, LOSS, JIT = ("fit throughput", "first epoch (trace and compile)", "inference calls",
@@ -135,16 +134,13 @@ def task(args) -> int:
 
 
 def run_stack(stack: str, args, work: Path) -> dict:
-    """Start one stack's process with its environment; its result, or ClusterError with its last lines."""
+    """Run one stack's process with its environment; its result (ClusterError when it fails)."""
     env = {**os.environ, **STACKS[stack]}
     if "TF_USE_LEGACY_KERAS" not in STACKS[stack]:
         env.pop("TF_USE_LEGACY_KERAS", None)
     argv = [sys.executable, __file__, "--role", "stack", "--stack", stack, "--work", work, "--epochs", args.epochs,
             "--calls", args.calls, "--seed", args.seed]
-    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise ClusterError(f"the {stack} process exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return parse_result(proc.stdout, f"the {stack} process")
+    return run_task(argv, env=env, task=f"the {stack} process")
 
 
 def measure(args, rec) -> dict:

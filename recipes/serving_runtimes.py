@@ -26,7 +26,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.bench import Measurement, Timer, fresh_processes, interleave, versus
-from tfperf.cluster import ClusterError, parse_result, result_line
+from tfperf.cluster import result_line, run_task
 from tfperf.devices import usable_cores
 from tfperf.precision import cpu_int8_support
 from tfperf.recipe import Conclusion, Recipe
@@ -140,14 +139,6 @@ def task(args) -> int:
     return 0
 
 
-def launch(argv: list) -> str:
-    """A child process's output; ClusterError naming its last lines when it fails."""
-    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise ClusterError(f"{' '.join(map(str, argv[1:4]))} exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return proc.stdout
-
-
 def measure(args, rec) -> dict:
     import keras
 
@@ -196,10 +187,11 @@ def measure(args, rec) -> dict:
         # Latency and throughput: one process per thread setting, all runtimes in the same rounds ---
         timed = {}
         for n in threads:
-            out = launch([sys.executable, __file__, "--role", "time", "--threads", n, "--work", work,
-                          "--batches", *args.batches, "--min-time", args.min_time, "--seed", args.seed])
+            found = run_task([sys.executable, __file__, "--role", "time", "--threads", n, "--work", work,
+                              "--batches", *args.batches, "--min-time", args.min_time, "--seed", args.seed],
+                             task=f"timing with {n} thread(s)")
             timed[n] = {int(b): {m["name"]: Measurement(**{**m, "samples_s": tuple(m["samples_s"])}) for m in ms}
-                        for b, ms in parse_result(out, f"timing with {n} thread(s)").items()}
+                        for b, ms in found.items()}
             # Each measurement takes its row's name: a compared row names the row it is compared with.
             for batch, ms in timed[n].items():
                 where = f"batch {batch}, " * (batch > 1) + f"{n} thread{'s' * (n > 1)}"

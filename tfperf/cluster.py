@@ -31,6 +31,16 @@ class ClusterError(RuntimeError):
     """A task of a local cluster failed or did not finish in time; the message names it and its log."""
 
 
+def run_task(argv: Sequence[object], *, env: Mapping[str, str] | None = None, task: str = "task") -> object:
+    """Run a task process to its end and return the result it printed; ClusterError with its last
+    stderr lines when it fails or prints none."""
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env=None if env is None else dict(env))
+    if proc.returncode != 0:
+        raise ClusterError(f"{task} exited {proc.returncode}: {proc.stderr[-1500:]}")
+    return parse_result(proc.stdout, task)
+
+
 def free_ports(count: int) -> list[int]:
     """`count` TCP ports that were free a moment ago (bound together, so they are distinct)."""
     sockets = [socket.socket() for _ in range(count)]

@@ -195,7 +195,23 @@ def write_litert(model, folder: Path, *, quantize: str = "none", representative=
     # converter does not freeze its variables (a 5 KB file that answers NaN).
     saved = folder / ".savedmodel"
     write_savedmodel(model, saved)
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved), signature_keys=[SIGNATURE])
+    try:
+        flat = litert_from_saved_model(saved, quantize=quantize, representative=representative,
+                                       select_tf_ops=select_tf_ops)
+    finally:
+        shutil.rmtree(saved, ignore_errors=True)
+    (folder / "model.tflite").write_bytes(flat)
+    flex = litert_flex_ops(folder / "model.tflite")
+    return {"file": "model.tflite", "quantization": quantize, "flex_ops": flex,
+            "converter": {"tensorflow": tf.__version__}}
+
+
+def litert_from_saved_model(saved: Path, *, signature: str = SIGNATURE, quantize: str = "none",
+                            representative=None, select_tf_ops: bool = False) -> bytes:
+    """A SavedModel signature converted to a LiteRT flatbuffer; ExportError naming the ops LiteRT lacks."""
+    import tensorflow as tf
+
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved), signature_keys=[signature])
     ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     if quantize != "none":
         # Quantization: int8 weights; with int8, activations too, ranges taken from real inputs
@@ -208,7 +224,7 @@ def write_litert(model, folder: Path, *, quantize: str = "none", representative=
         ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
     converter.target_spec.supported_ops = ops
     try:
-        flat = converter.convert()
+        return converter.convert()
     except Exception as exc:  # ConverterError; its text names the ops LiteRT lacks
         missing = sorted(set(_NOT_IN_LITERT.findall(str(exc))))
         if missing:
@@ -217,12 +233,6 @@ def write_litert(model, folder: Path, *, quantize: str = "none", representative=
                 f"them as TensorFlow ops (the runtime must then link the Flex delegate), or use --format onnx "
                 f"or savedmodel") from None
         raise ExportError(f"the LiteRT converter failed: {first_line(exc)}") from None
-    finally:
-        shutil.rmtree(saved, ignore_errors=True)
-    (folder / "model.tflite").write_bytes(flat)
-    flex = litert_flex_ops(folder / "model.tflite")
-    return {"file": "model.tflite", "quantization": quantize, "flex_ops": flex,
-            "converter": {"tensorflow": tf.__version__}}
 
 
 def litert_ops(path: Path) -> list[str]:
@@ -292,17 +302,28 @@ _NOT_IN_ONNX = re.compile(r"Unsupported ops: Counter\(\{(.*?)\}\)")
 
 def write_onnx(model, folder: Path, *, quantize: str = "none", representative=None) -> dict[str, Any]:
     """model.onnx from the serving function (tf2onnx), its outputs named as the signature's."""
-    import logging
-
     import onnx
     import tf2onnx
 
     check_options("onnx", quantize)
     function = traced_serving_function(model)
-    # The signature's output names are the contract; map any tensor name tf2onnx gives back to them.
-    concrete = function.get_concrete_function()
+    proto = onnx_from_function(function, function.input_signature)
+    (folder / "model.onnx").write_bytes(proto.SerializeToString())
+    return {"file": "model.onnx", "quantization": "none",
+            "converter": {"tf2onnx": tf2onnx.__version__, "onnx": onnx.__version__, "opset": ONNX_OPSET}}
+
+
+def onnx_from_function(function, input_signature) -> Any:
+    """A tf.function returning a dict converted to a checked ONNX model whose outputs carry the dict's
+    keys; ExportError naming the ops tf2onnx cannot convert."""
+    import logging
+
+    import onnx
+    import tf2onnx
+
+    # The function's output names are the contract; map any tensor name tf2onnx gives back to them.
+    concrete = function.get_concrete_function(*input_signature)
     tensor_to_key = {t.name: key for key, t in concrete.structured_outputs.items()}
-    spec = function.input_signature[0]
     # tf2onnx reports ops it cannot convert in its log, not in an exception: listen to it while converting
     # (and keep it off the terminal: the error below says the same in one line).
     log = logging.getLogger("tf2onnx")
@@ -313,7 +334,7 @@ def write_onnx(model, folder: Path, *, quantize: str = "none", representative=No
     propagate, log.propagate = log.propagate, False
     failure = None
     try:
-        proto, _ = tf2onnx.convert.from_function(function, input_signature=[spec], opset=ONNX_OPSET)
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=list(input_signature), opset=ONNX_OPSET)
     except Exception as exc:
         failure = exc
     finally:
@@ -334,9 +355,7 @@ def write_onnx(model, folder: Path, *, quantize: str = "none", representative=No
     for node in proto.graph.node:
         node.output[:] = [renamed.get(o, o) for o in node.output]
     onnx.checker.check_model(proto)
-    (folder / "model.onnx").write_bytes(proto.SerializeToString())
-    return {"file": "model.onnx", "quantization": "none",
-            "converter": {"tf2onnx": tf2onnx.__version__, "onnx": onnx.__version__, "opset": ONNX_OPSET}}
+    return proto
 
 
 class OnnxRunner(Runner):

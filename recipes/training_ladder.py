@@ -38,8 +38,8 @@ import sys
 import keras
 import tensorflow as tf
 
-from tfperf import flags
-from tfperf.bench import Timer, interleave, peak_matmul_flops_per_s, versus
+from tfperf import bench, flags
+from tfperf.bench import Timer, peak_matmul_flops_per_s, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.models import flops, get_net
 from tfperf.precision import dtype_policy, hardware_summary
@@ -146,19 +146,16 @@ def measure(args, rec) -> dict:
         the bar is then settled by more data, not by which side this run's noise fell on."""
         trainers = [Trainer(cfg, args.model, data, args.lr, args.seed) for _, cfg in (a, b)]
         timers = [Timer(t.epoch, name=row, items_per_call=examples) for (row, _), t in zip((a, b), trainers)]
+
+        # Loss and accuracy after the first rounds, the same epochs for every rung; extra rounds only add timings.
+        def quality(_):
+            for t in trainers:
+                t.quality = (float(t.losses[-1]), accuracy(t.model, data.x_test, data.y_test))
+
         # --profile traces one more epoch of each, after the timed ones.
-        ms = interleave(timers, rounds=args.rounds, samples=args.rounds, warmup=0, seed=args.seed,
-                        profile_dir=args.profile, profile_steps=1)
-        # Loss and accuracy now, after the same epochs for every rung; extra rounds only add timings.
-        for t in trainers:
-            t.quality = (float(t.losses[-1]), accuracy(t.model, data.x_test, data.y_test))
-        c = versus(*ms, threshold=MIN_GAIN)
-        for extension in range(1, MAX_EXTENSIONS + 1):
-            if c.decided:
-                break
-            ms = interleave(timers, rounds=args.rounds, samples=args.rounds, warmup=0, seed=args.seed + extension,
-                            after=ms)
-            c = versus(*ms, threshold=MIN_GAIN)
+        ms, (c,) = bench.race(timers, rounds=args.rounds, samples=args.rounds, threshold=MIN_GAIN,
+                              max_extensions=MAX_EXTENSIONS, warmup=0, seed=args.seed, profile_dir=args.profile,
+                              profile_steps=1, on_first_rounds=quality)
         return ms, c, trainers
 
     def record(table, row, m, trainer, comparison=None, kept=None):

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from tfperf import stats
-from tfperf.bench import Elapsed, Measurement, Timer, fresh_processes, interleave, synchronous_execution, timing_ms, versus
+from tfperf.bench import (Elapsed, Measurement, Timer, TimerProcess, fresh_processes, interleave, race,
+                          synchronous_execution, timing_ms, versus)
 
 
 class FakeClock:
@@ -246,3 +247,46 @@ def test_fresh_processes_collects_each_named_time_per_run():
 def test_fresh_processes_says_why_a_run_failed():
     with pytest.raises(RuntimeError, match="exited with 3: .*broken"):
         fresh_processes([sys.executable, "-c", "import sys; print('broken', file=sys.stderr); sys.exit(3)"], 2)
+
+
+def test_race_runs_more_rounds_only_while_a_comparison_is_undecided():
+    # b is 10% faster with noise that 6 rounds cannot settle against a 9% bar; more rounds do.
+    rng = np.random.default_rng(0)
+    noisy = lambda mean: [1.0] + list(mean * (1 + 0.2 * rng.standard_normal(1000)))  # noqa: E731
+    timers = [fake_timer(noisy(1.0), name="a"), fake_timer(noisy(0.9), name="b")]
+    seen = []
+    ms, (c,) = race(timers, rounds=6, samples=6, threshold=0.09, max_extensions=2, warmup=0,
+                    on_first_rounds=lambda found: seen.append([m.rounds for m in found]))
+    assert seen == [[6, 6]]  # the hook saw the first rounds only
+    assert ms[0].rounds in (6, 12, 18) and c.ratio == pytest.approx(versus(*ms, threshold=0.09).ratio)
+    clear = [fake_timer([1.0] + [0.2] * 100, name="slow"), fake_timer([1.0] + [0.1] * 100, name="fast")]
+    ms, (c,) = race(clear, rounds=6, samples=6, warmup=0)
+    assert ms[0].rounds == 6 and c.verdict == stats.FASTER  # decided at once: no extension
+
+
+def test_interleave_continues_an_autoranged_race_at_the_same_share_per_round():
+    slow = fake_timer([1.0] + [0.1] * 1000, name="slow")
+    fast = fake_timer([1.0] + [0.01] * 1000, name="fast")
+    first = interleave([slow, fast], rounds=5, min_time_s=1.0, warmup=0)
+    more = interleave([slow, fast], rounds=5, min_time_s=1.0, warmup=0, after=first)
+    assert (more[0].n, more[1].n) == (20, 200) and more[0].rounds == 10
+
+
+def test_timers_in_other_processes_take_turns_in_interleaved_rounds(tmp_path):
+    script = tmp_path / "timers.py"
+    script.write_text("import time\nfrom tfperf.bench import Timer, serve_timers\n"
+                      "serve_timers([Timer(lambda: time.sleep(0.004), name='4 ms'),\n"
+                      "              Timer(lambda: time.sleep(0.002), name='2 ms')], warmup=0)\n")
+    with TimerProcess([sys.executable, script]) as one, TimerProcess([sys.executable, script]) as two:
+        timers = [one.timer("4 ms", name="first process"), two.timer("2 ms", name="second process")]
+        slow, fast = interleave(timers, rounds=6, samples=12)
+        with pytest.raises(ValueError, match="no timer 'nope'"):
+            one.timer("nope")
+    assert slow.rounds == 6 and slow.n == 12 and slow.first_call_s is not None
+    assert min(slow.samples_s) >= 0.004 and min(fast.samples_s) >= 0.002
+    c = versus(slow, fast)
+    assert c.paired and c.verdict == stats.FASTER and 1.3 < c.ratio < 2.5
+    broken = tmp_path / "broken.py"
+    broken.write_text("import sys\nsys.exit('no model here')\n")
+    with pytest.raises(RuntimeError, match="no model here"):
+        TimerProcess([sys.executable, broken]).timer("any")

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -364,7 +365,8 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
     `samples` is each timer's total (rounded up to whole rounds); with None, each timer takes as many
     as fill about `min_time_s`, estimated from three calls after its warm-up. Compare the results with
     `versus`, which pairs them round by round. `after` continues earlier measurements of the same
-    timers (from interleave, in the same order): their rounds come first in what is returned.
+    timers (from interleave, in the same order; with `samples` None, at the same share per round):
+    their rounds come first in what is returned.
     """
     if not timers:
         raise ValueError("interleave needs at least one timer")
@@ -375,10 +377,14 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
     names = [t.name for t in timers]
     if len(set(names)) != len(names):
         raise ValueError(f"timers need distinct names, got {names}")
+    if after and [m.name for m in after] != names:
+        raise ValueError(f"`after` must hold the same timers' measurements in order, got {[m.name for m in after]}")
     for t in timers:
         t.start(warmup)
     if samples is not None:
         per_round = [-(-samples // rounds)] * len(timers)
+    elif after:  # the same share per round as before, so that every round weighs the same
+        per_round = [m.n // m.rounds for m in after]
     else:
         per_round = [max(1, round(min_time_s / rounds / max(float(np.median(t.take(3))), 1e-9))) for t in timers]
     rng = np.random.default_rng(seed)
@@ -389,10 +395,34 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
     for t in timers:
         t.profile(profile_dir, steps=profile_steps)
     if after:
-        if [m.name for m in after] != names:
-            raise ValueError(f"`after` must hold the same timers' measurements in order, got {[m.name for m in after]}")
         return [t._measurement([*m.samples_s, *s], rounds=m.rounds + rounds) for t, m, s in zip(timers, after, taken)]
     return [t._measurement(s, rounds=rounds) for t, s in zip(timers, taken)]
+
+
+def race(timers: Sequence[Timer], *, rounds: int, samples: int | None = None, threshold: float = 0.0,
+         max_extensions: int = 2, seed: int = 0, warmup: int = 1, min_time_s: float = 0.5,
+         profile_dir: str | None = None, profile_steps: int = 10,
+         on_first_rounds: Callable[[list[Measurement]], None] | None = None,
+         ) -> tuple[list[Measurement], list[stats.Comparison]]:
+    """Interleave the timers and compare each with the first (`versus`); while a comparison's CI
+    straddles a verdict's bar (not `decided`), run `rounds` more rounds of all, at most
+    `max_extensions` times: a gain near the bar is then settled by more data, not by which side one
+    run's noise fell on. `on_first_rounds` sees the measurements before any extension (a training
+    race reads its losses there, after the same epochs for everyone). Returns the measurements and
+    the comparisons of timers[1:] against timers[0]."""
+    ms = interleave(timers, rounds=rounds, samples=samples, warmup=warmup, min_time_s=min_time_s, seed=seed,
+                    profile_dir=profile_dir, profile_steps=profile_steps)
+    if on_first_rounds is not None:
+        on_first_rounds(ms)
+    compare = lambda found: [versus(found[0], m, threshold=threshold) for m in found[1:]]  # noqa: E731
+    comparisons = compare(ms)
+    for extension in range(1, max_extensions + 1):
+        if all(c.decided for c in comparisons):
+            break
+        ms = interleave(timers, rounds=rounds, samples=samples, warmup=0, min_time_s=min_time_s,
+                        seed=seed + extension, after=ms)
+        comparisons = compare(ms)
+    return ms, comparisons
 
 
 def one_after_another(measurements: Sequence[Measurement], *, name: str) -> Measurement:
@@ -427,6 +457,122 @@ def fresh_processes(argv: Sequence[str], runs: int, *, timeout: float = 600) -> 
         for name, seconds in times.items():
             taken.setdefault(name, []).append(float(seconds))
     return {name: Measurement(name=name, samples_s=tuple(samples)) for name, samples in taken.items()}
+
+
+# Timers in other processes ----------------------------------------------------------------------
+# What is fixed when a process starts (thread pools, a Keras backend) can only be compared across
+# processes. Each such process keeps its timers ready and takes samples when asked, one process at a
+# time, so `interleave` runs them in shuffled rounds like timers of one process: a slow phase of the
+# machine falls on all of them, and the comparison is paired by rounds.
+
+_PROTOCOL = "TIMER "  # prefix of the lines a timer process answers with (a model may print too)
+
+
+def serve_timers(timers: Sequence[Timer], *, warmup: int = 1, lines=None, reply=None) -> None:
+    """The timer process's side: start each timer, say so, then answer `take NAME N` with N samples of
+    NAME until `quit` or the end of input. `lines` and `reply` default to stdin and stdout."""
+    import sys
+
+    lines = lines if lines is not None else sys.stdin
+    reply = reply or (lambda text: print(text, flush=True))
+    by_name = {t.name: t for t in timers}
+    for t in timers:
+        t.start(warmup)
+    reply(_PROTOCOL + json.dumps({t.name: {"first_call_s": t.first_call_s, "overhead_s": t.overhead_s(),
+                                           "block_size": int(t.block_size), "items_per_call": t.items_per_call}
+                                  for t in timers}))
+    for line in lines:
+        words = line.split()
+        if not words or words[0] == "quit":
+            return
+        name, count = " ".join(words[1:-1]), int(words[-1])
+        reply(_PROTOCOL + json.dumps(by_name[name].take(count)))
+
+
+class TimerProcess:
+    """A process started with `argv` that serves timers (`serve_timers`); `timer` gives their stand-ins
+    here, for `interleave`. Use it as a context manager: the process ends with it."""
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600):
+        self.argv = [str(a) for a in argv]
+        self.timeout = timeout
+        # stderr to a file: a pipe nobody reads while the process logs would fill and stall it.
+        self.errors = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.errors, text=True, env=env)
+        self._ready: dict[str, dict] | None = None
+
+    def timer(self, remote: str, name: str | None = None) -> ProcessTimer:
+        """A stand-in here for the process's timer `remote`, named `name` (default the same), waiting
+        for the process to be ready. Start several processes before asking: they start side by side."""
+        if self._ready is None:
+            self._ready = self._answer()
+        if remote not in self._ready:
+            raise ValueError(f"the timer process has no timer {remote!r}; it has {sorted(self._ready)}")
+        return ProcessTimer(self, remote, name=name or remote, **self._ready[remote])
+
+    def _answer(self) -> Any:
+        for line in self.proc.stdout:
+            if line.startswith(_PROTOCOL):
+                return json.loads(line[len(_PROTOCOL):])
+        self.proc.wait(timeout=self.timeout)
+        self.errors.seek(0)
+        tail = " | ".join(self.errors.read().strip().splitlines()[-3:])
+        raise RuntimeError(f"timer process {Path(self.argv[-1]).name} exited with {self.proc.returncode}: "
+                           f"{tail or 'no output'}")
+
+    def take(self, name: str, samples: int) -> list[float]:
+        """`samples` samples of the timer `name`, taken in the process while this one waits."""
+        self.proc.stdin.write(f"take {name} {samples}\n")
+        self.proc.stdin.flush()
+        return [float(s) for s in self._answer()]
+
+    def close(self) -> None:
+        """Ask the process to end, and make sure it does."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.errors.close()
+
+    def __enter__(self) -> TimerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ProcessTimer:
+    """A Timer served by a TimerProcess: what `interleave` needs of a Timer (start, take, profile)."""
+
+    def __init__(self, process: TimerProcess, remote: str, *, name: str, first_call_s: float | None,
+                 overhead_s: float | None, block_size: int, items_per_call: int):
+        self.process, self.remote, self.name = process, remote, name
+        self.first_call_s, self._overhead_s = first_call_s, overhead_s
+        self.block_size, self.items_per_call = block_size, items_per_call
+
+    def start(self, warmup: int = 1) -> float | None:
+        """Nothing to do: the process started and warmed its timers before it said it was ready."""
+        return self.first_call_s
+
+    def take(self, samples: int) -> list[float]:
+        return self.process.take(self.remote, samples)
+
+    def overhead_s(self) -> float | None:
+        return self._overhead_s
+
+    def profile(self, profile_dir: str | None, *, steps: int = 10) -> None:
+        if profile_dir is not None:
+            raise ValueError(f"{self.name}: a timer in another process cannot be profiled from here")
+
+    def _measurement(self, samples: Sequence[float], *, rounds: int) -> Measurement:
+        return Measurement(name=self.name, samples_s=tuple(float(s) for s in samples), block_size=self.block_size,
+                           items_per_call=self.items_per_call, rounds=rounds, first_call_s=self.first_call_s,
+                           overhead_s=self._overhead_s)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tfperf import __version__, deploy, flags
+from tfperf import __version__, deploy, doctor_command, flags
 from tfperf.flags import UserError
 from tfperf.recipe import Declaration, declarations
 from tfperf.report import REPEATS
@@ -188,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.set_defaults(func=cmd_compare)
 
     deploy.add_commands(sub)
+    doctor_command.add_command(sub)
 
     env = sub.add_parser("env", help="print the environment recorded with each measurement")
     env.set_defaults(func=cmd_env)

@@ -233,7 +233,7 @@ def write_conclusion(out: Path | str, recipe: str, text: str) -> Path:
     return path
 
 
-def build_report(results_dir: Path | str, *, order: Sequence[str] = ()) -> Path:
+def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: str = "tfperf report") -> Path:
     """Write results_dir/report.md: per recipe its tables, charts, extra figures and conclusion."""
     results_dir = Path(results_dir)
     files = sorted(results_dir.glob("*.jsonl"))
@@ -243,7 +243,7 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = ()) -> Path:
     files.sort(key=lambda f: (rank.get(f.stem, len(rank)), f.stem))
     figures = results_dir / "figures"
     reruns = sorted((results_dir / REPEATS).glob("*/"), key=lambda d: (len(d.name), d.name))
-    parts = ["# tfperf report", ""]
+    parts = [f"# {title}", ""]
     if reruns:
         parts += [f"Each recipe ran {len(reruns) + 1} times in fresh processes: the tables show the first run, "
                   f"and a column the spread over all runs and the verdicts each reached.", ""]

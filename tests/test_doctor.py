@@ -1,0 +1,279 @@
+"""tfperf doctor on models unlike the cookbook's: token inputs through an Embedding and an LSTM or
+attention, several inputs in dicts and lists, several outputs, a SavedModel from a tf.Module without
+Keras; retracing detected where it happens and only there; every bad input in one line with exit 2."""
+
+import json
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfperf import doctor
+from tfperf.cli import main
+from tfperf.results import read_records
+from tfperf.stats import FASTER, NO_DIFFERENCE, SLOWER
+
+VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE)
+
+TINY = dict(batch_sizes=(1, 4), rounds=6, min_time_s=0.01, train_examples=64, threads=False)
+
+FACTORIES = textwrap.dedent("""
+    import keras
+    import tensorflow as tf
+
+    def text_model():
+        # Token ids through a masking Embedding and an LSTM, beside a float input: a dict of inputs.
+        tokens = keras.Input((12,), dtype="int32", name="tokens")
+        extra = keras.Input((3,), name="extra")
+        h = keras.layers.LSTM(8)(keras.layers.Embedding(40, 8, mask_zero=True)(tokens))
+        out = keras.layers.Dense(4)(keras.layers.Concatenate()([h, extra]))
+        return keras.Model({"tokens": tokens, "extra": extra}, out, name="text")
+
+    def above_100(x):
+        tf.debugging.assert_greater(x, 100.0, message="this model takes values above 100")
+        return x
+
+    def failing_model():
+        # It builds (the output shape is declared) and fails on values below 100, such as doctor's.
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, keras.layers.Lambda(above_100, output_shape=(4,))(inputs))
+
+    def not_a_model():
+        return 42
+""")
+
+
+@pytest.fixture
+def factories(tmp_path, monkeypatch):
+    """A module of model factories in the working folder, importable as `factories_<test>`."""
+    name = f"factories_{abs(hash(str(tmp_path)))}"
+    (tmp_path / f"{name}.py").write_text(FACTORIES)
+    monkeypatch.chdir(tmp_path)
+    yield name
+    sys.modules.pop(name, None)
+
+
+def attention_file(tmp_path):
+    """A .keras file: token ids through self-attention beside a float input (a list), two outputs."""
+    ids, side = keras.Input((10,), dtype="int32", name="ids"), keras.Input((4,), name="side")
+    h = keras.layers.Embedding(30, 16)(ids)
+    h = keras.layers.GlobalAveragePooling1D()(keras.layers.MultiHeadAttention(2, 8)(h, h))
+    model = keras.Model([ids, side], [keras.layers.Dense(3)(h), keras.layers.Dense(1)(side)], name="attn")
+    path = tmp_path / "attn.keras"
+    model.save(path)
+    return path
+
+
+class Scorer(tf.Module):
+    """A model without Keras: a tf.Module whose one tf.function becomes the SavedModel's signature."""
+
+    def __init__(self):
+        self.w = tf.Variable(tf.random.normal([6, 3], seed=1))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6], tf.float32, name="features")])
+    def __call__(self, features):
+        return {"scores": tf.nn.softmax(tf.matmul(features, self.w))}
+
+
+def check_structure(d, out, tables):
+    """The report and records a run leaves: tables, raw samples, intervals, verdicts, the summary's parts."""
+    report = doctor.write_report(d, out)
+    records = read_records(out / "doctor.jsonl")
+    assert {r["table"] for r in records} >= set(tables)
+    for r in records:
+        assert r["recipe"] == "doctor"
+        if "samples_s" in r:
+            assert r["n"] == len(r["samples_s"]) and len(r["ci95"]) == 2
+        if "versus" in r:
+            assert r["verdict"] in VERDICTS and len(r["ratio_ci95"]) == 2
+    text = report.read_text()
+    assert text.startswith(f"# tfperf doctor: {d.subject.name}") and all(f"### {t}" in text for t in tables)
+    summary = doctor.summary(d)
+    assert "Advice" in summary or "No change measured here" in summary
+    assert "Measured without a gain that counts" in summary
+    for finding, also in d.advice:  # advice is only ever a significant gain that keeps the answers
+        assert finding.comparison.verdict == "faster" and finding.agrees and finding.code
+        assert all(o.comparison.verdict == "faster" for o in also)
+    return records
+
+
+def test_token_dict_model_from_a_factory_with_training(factories, tmp_path):
+    subject = doctor.load_subject(f"{factories}:text_model")
+    assert [(i.name, i.dtype, i.shape) for i in subject.inputs] == [("extra", "float32", (3,)),
+                                                                     ("tokens", "int32", (12,))]
+    assert subject.vocabulary == 40 and subject.mask_zero
+    x = doctor.make_inputs(subject, 64, seed=0)
+    tokens = x["tokens"]
+    assert tokens.max() < 40 and (tokens[:, 0] > 0).all()  # within the vocabulary, never all padding
+    assert (tokens == 0).any() and all((row[np.argmax(row == 0):] == 0).all() for row in tokens if (row == 0).any())
+    options = doctor.Options(**TINY, train=True, loss="sparse_categorical_crossentropy", from_logits=True)
+    d = doctor.diagnose(subject, options, tmp_path / "work")
+    records = check_structure(d, tmp_path / "out", ["batch 1 latency", "throughput at batch 4", "retracing",
+                                                    "training"])
+    training = {r["row"]: r["metrics"] for r in records if r["table"] == "training"}
+    assert {"plain fit (batch 32)", "steps_per_execution=16", "jit_compile=True"} <= set(training)
+    assert all(np.isfinite(m["final_loss"]) for m in training.values())
+    latency = {r["row"]: r["metrics"] for r in records if r["table"] == "batch 1 latency"}
+    assert {"predict()", "model(x)", "tf.function", "tf.function, jit_compile=True", "ONNX Runtime"} <= set(latency)
+    assert latency["ONNX Runtime"]["max_abs_diff"] < 1e-4
+    # The LSTM with a mask needs TensorFlow ops LiteRT lacks: said, not hidden.
+    assert "LiteRT interpreter" in latency or "LiteRT interpreter" in d.skipped
+
+
+def test_list_inputs_and_two_outputs_from_a_keras_file_with_mixed_precision(tmp_path):
+    subject = doctor.load_subject(str(attention_file(tmp_path)))
+    assert subject.structure == ["ids", "side"] and subject.vocabulary == 30 and not subject.mask_zero
+    options = doctor.Options(**TINY, train=True, loss="mean_squared_error")
+    d = doctor.diagnose(subject, options, tmp_path / "work")
+    records = check_structure(d, tmp_path / "out", ["batch 1 latency", "retracing", "training"])
+    assert len(d.facts["outputs"]) == 2
+    assert any(r["row"].startswith("mixed_") for r in records if r["table"] == "training"), d.skipped
+    latency = {r["row"]: r["metrics"] for r in records if r["table"] == "batch 1 latency"}
+    assert all(m["max_abs_diff"] < 1e-4 for row, m in latency.items()), latency
+
+
+def test_a_saved_model_from_a_tf_module_without_keras(tmp_path):
+    tf.saved_model.save(Scorer(), str(tmp_path / "scorer"))
+    subject = doctor.load_subject(str(tmp_path / "scorer"))
+    assert subject.kind == "savedmodel" and [str(i) for i in subject.inputs] == ["features: float32[batch, 6]"]
+    d = doctor.diagnose(subject, doctor.Options(**TINY), tmp_path / "work")
+    records = check_structure(d, tmp_path / "out", ["batch 1 latency", "throughput at batch 4", "retracing"])
+    latency = {r["row"]: r["metrics"] for r in records if r["table"] == "batch 1 latency"}
+    assert list(latency)[0] == "signature" and {"LiteRT interpreter", "ONNX Runtime"} <= set(latency)
+    assert all(m["max_abs_diff"] < 1e-5 for m in latency.values())
+    with pytest.raises(doctor.DoctorError, match="need the Keras model"):
+        doctor.training(subject, None, doctor.Options(**TINY, train=True, loss="mse"), print)
+
+
+def test_retracing_is_detected_where_it_happens_and_only_there():
+    plain = tf.function(lambda x: x * 2)
+    by_shape = [(tf.zeros([n, 3]),) for n in (1, 2, 3, 4)]
+    assert doctor.count_traces(plain, by_shape) == 4 and doctor.retraces(tf.function(lambda x: x * 2), by_shape)
+    signed = tf.function(lambda x: x * 2, input_signature=[tf.TensorSpec([None, 3])])
+    assert doctor.count_traces(signed, by_shape) == 1 and not doctor.retraces(
+        tf.function(lambda x: x * 2, input_signature=[tf.TensorSpec([None, 3])]), by_shape)
+    same_shape = [(tf.zeros([2, 3]),)] * 4
+    assert not doctor.retraces(tf.function(lambda x: x * 2), same_shape)
+    scaled = lambda x, s: x * s  # noqa: E731
+    assert doctor.retraces(tf.function(scaled), [(tf.zeros([2]), v) for v in (0.1, 0.2, 0.3)])
+    assert not doctor.retraces(tf.function(scaled), [(tf.zeros([2]), tf.constant(v)) for v in (0.1, 0.2, 0.3)])
+
+
+def test_the_retracing_table_counts_traces_of_a_model(tmp_path):
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+    model.save(tmp_path / "m.keras")
+    subject = doctor.load_subject(str(tmp_path / "m.keras"))
+    from tfperf.results import Recorder
+
+    rec = Recorder("doctor", {})
+    findings, _ = doctor.retracing(subject, rec, doctor.Options(**TINY))
+    traces = {r["row"]: r["metrics"]["traces"] for r in rec.records}
+    calls = len(doctor.TRACE_BATCHES)
+    assert traces["tf.function, a new batch size each call"] == calls
+    assert traces["input_signature with a None batch axis"] == 1 and traces["reduce_retracing=True"] <= 2
+    assert traces["a Python float argument, a new value each call"] == calls
+    assert traces["the same values as tf.constant"] == 1
+    assert {f.section for f in findings} == {"retracing: new batch sizes", "retracing: Python numbers"}
+
+
+def test_samples_feed_the_inputs_and_are_checked(tmp_path, factories):
+    subject = doctor.load_subject(f"{factories}:text_model")
+    sample = {"tokens": np.arange(36, dtype=np.int32).reshape(3, 12) % 40, "extra": np.ones((3, 3), np.float32)}
+    x = doctor.make_inputs(subject, 5, sample=sample)
+    assert x["tokens"].shape == (5, 12) and (x["tokens"][3] == sample["tokens"][0]).all()
+    with pytest.raises(doctor.DoctorError, match="lacks extra"):
+        doctor.make_inputs(subject, 2, sample={"tokens": sample["tokens"]})
+    with pytest.raises(doctor.DoctorError, match=r"shape \[3, 5\]"):
+        doctor.make_inputs(subject, 2, sample={**sample, "extra": np.ones((3, 5), np.float32)})
+
+
+def run_cli(args, capsys):
+    code = main(["doctor", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_line_error(capsys, args, match):
+    code, _, err = run_cli(args, capsys)
+    lines = [line for line in err.strip().splitlines() if line.startswith("tfperf doctor: error:")]
+    assert code == 2 and len(lines) == 1 and match in lines[0], err[-2000:]
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_bad_input_is_one_line_with_exit_2(tmp_path, capsys, factories):
+    (tmp_path / "notes.txt").write_text("hello")
+    one_line_error(capsys, [tmp_path / "notes.txt"], "is not a model")
+    one_line_error(capsys, [tmp_path / "missing.keras"], "no such file")
+    one_line_error(capsys, ["nowhere"], "no such model")
+    (tmp_path / "broken.keras").write_bytes(b"PK\x03\x04 not really a zip")
+    one_line_error(capsys, [tmp_path / "broken.keras"], "is not a Keras file")
+    (tmp_path / "empty").mkdir()
+    one_line_error(capsys, [tmp_path / "empty"], "without saved_model.pb")
+
+    @keras.saving.register_keras_serializable(package="doctor_test")
+    class Doubler(keras.layers.Layer):
+        def call(self, x):
+            return x * 2
+
+    inputs = keras.Input((4,))
+    keras.Model(inputs, Doubler()(inputs)).save(tmp_path / "custom.keras")
+    keras.saving.get_custom_objects().clear()  # a fresh process would not know Doubler
+    one_line_error(capsys, [tmp_path / "custom.keras"], "module:factory")
+
+    inputs = keras.Input((None, 6))
+    keras.Model(inputs, keras.layers.Dense(2)(inputs)).save(tmp_path / "ragged.keras")
+    one_line_error(capsys, [tmp_path / "ragged.keras"], "--input-shape")
+    one_line_error(capsys, [tmp_path / "ragged.keras", "--input-shape", "7,7"], "declares")
+
+    text = keras.Input((1,), dtype="string", name="text")
+    keras.Model(text, keras.layers.StringLookup(vocabulary=["a", "b"])(text)).save(tmp_path / "text.keras")
+    one_line_error(capsys, [tmp_path / "text.keras", "--quick"], "--sample")
+
+    one_line_error(capsys, [f"{factories}:failing_model", "--quick"], "fails on doctor's synthetic inputs")
+    one_line_error(capsys, [f"{factories}:not_a_model"], "not a Keras model")
+    one_line_error(capsys, [f"{factories}:missing"], "has no function")
+    one_line_error(capsys, ["no_such_module_here:build"], "cannot import")
+    one_line_error(capsys, [f"{factories}:text_model", "--train"], "needs --loss")
+    one_line_error(capsys, [f"{factories}:text_model", "--quick", "--train", "--loss", "nonsense"], "unknown --loss")
+    (tmp_path / "bad.npz").write_bytes(b"not npz")
+    one_line_error(capsys, [f"{factories}:text_model", "--sample", tmp_path / "bad.npz"], "not a NumPy .npz")
+    assert not (tmp_path / "doctor").exists()  # nothing written for input that was refused
+
+
+def test_a_saved_model_that_reaches_risky_ops_is_refused_unless_trusted(tmp_path, capsys):
+    class Writer(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def __call__(self, x):
+            tf.io.write_file(str(tmp_path / "pwned"), tf.strings.as_string(x[0, 0]))
+            return {"y": x * 2}
+
+    tf.saved_model.save(Writer(), str(tmp_path / "writer"))
+    line = one_line_error(capsys, [tmp_path / "writer"], "WriteFile")
+    assert "--trust" in line and not (tmp_path / "pwned").exists()
+    assert doctor.load_subject(str(tmp_path / "writer"), trust=True).kind == "savedmodel"
+
+
+def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, capsys, tfperf_cli):
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)], name="small")
+    model.save(tmp_path / "small.keras")
+    out = tmp_path / "runs" / "a"
+    # The thread sweep runs here too: its processes take turns with this one's timers.
+    proc = tfperf_cli("doctor", tmp_path / "small.keras", "--quick", "--batch-sizes", "1,8", "--out", out,
+                      cwd=tmp_path)
+    assert "Doctor took" in proc.stdout and "goal for --quick" in proc.stdout
+    assert "doctor [" in proc.stderr and "threads at batch 8" in proc.stderr  # the progress bar
+    assert sorted(p.name for p in out.iterdir()) == ["doctor.conclusion.md", "doctor.jsonl", "figures", "report.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "small.keras"]
+    records = read_records(out / "doctor.jsonl")
+    threads = [r for r in records if r["table"] == "threads at batch 8"]
+    assert threads[0]["row"] == "default threads" and len(threads) >= 2
+    assert all(r["timing"]["rounds"] >= 6 for r in threads)
+    again = tfperf_cli("doctor", tmp_path / "small.keras", "--out", out, cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "already holds a doctor run" in again.stderr
+    same = tfperf_cli("compare", out / "doctor.jsonl", out / "doctor.jsonl", cwd=tmp_path)
+    assert "regressed" in same.stdout and same.returncode == 0
+    assert json.loads((out / "doctor.jsonl").read_text().splitlines()[0])["args"]["model"].endswith("small.keras")

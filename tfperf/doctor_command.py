@@ -1,0 +1,123 @@
+"""`tfperf doctor MODEL`: the command around tfperf.doctor (flags, progress, the terminal summary)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from tfperf import flags
+from tfperf.flags import UserError
+
+QUICK_GOAL_S = 180  # the issue's goal: --quick on a small model within 3 minutes on a 2-core machine
+
+
+def batch_sizes(text: str) -> list[int]:
+    """A comma-separated list of batch sizes, each at least 1."""
+    try:
+        sizes = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(b < 1 for b in sizes):
+        raise argparse.ArgumentTypeError(f"must be batch sizes such as 1,32,256, got {text!r}")
+    return sorted(set(sizes))
+
+
+def add_command(sub) -> None:
+    """Add `doctor` to the `tfperf` subcommands."""
+    p = sub.add_parser("doctor", help="run the cookbook's experiments on your own model: advice ranked by measured gain",
+                       description="Measure what makes YOUR model fast: predict() vs model(x) vs tf.function vs XLA "
+                                   "vs LiteRT and ONNX Runtime over batch sizes, retracing, thread pools, and with "
+                                   "--train --loss, training options. Verdicts come from 95%% intervals of "
+                                   "interleaved rounds; only significant gains are advised.")
+    p.add_argument("model", help="a .keras file, a SavedModel folder, or module:factory (a function returning a "
+                                 "Keras model, for custom layers)")
+    p.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
+                   help="sizes (without the batch axis) for an input the model leaves unknown; repeat per input")
+    p.add_argument("--sample", metavar="FILE.npz", help="real inputs, arrays named after the model's inputs "
+                                                         "(and 'y', targets for --train)")
+    p.add_argument("--train", action="store_true", help="also run the training experiments (needs --loss)")
+    p.add_argument("--loss", help="Keras loss name for --train, e.g. sparse_categorical_crossentropy")
+    p.add_argument("--from-logits", action="store_true", help="the model outputs logits (for the --loss)")
+    p.add_argument("--batch-sizes", type=batch_sizes, help="batch sizes to sweep (default 1,32,256; --quick 1,64)")
+    p.add_argument("--quick", action="store_true", help=f"fewer rounds and sizes: a small model in under "
+                                                        f"{QUICK_GOAL_S // 60} minutes on 2 cores")
+    p.add_argument("--budget", type=flags.positive_float, metavar="SECONDS",
+                   help="skip the experiments that would start after this many seconds (default: none; "
+                        f"--quick {QUICK_GOAL_S - 30})")
+    p.add_argument("--no-threads", action="store_true", help="skip the thread-pool sweep (it starts processes)")
+    p.add_argument("--out", help="folder for report.md and records (default doctor/<model name>/)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trust", action="store_true",
+                   help="load a SavedModel even though `tfperf inspect` finds ops off its allowlist")
+    # Internal: a thread-sweep process (its thread pools are fixed when TensorFlow starts).
+    p.add_argument("--role", choices=["threads"], help=argparse.SUPPRESS)
+    p.add_argument("--intra", type=flags.positive_int, help=argparse.SUPPRESS)
+    p.add_argument("--inter", type=flags.positive_int, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_doctor)
+
+
+def progress_bar(total: int):
+    """A progress line on stderr per step: a bar, the step's name and the time so far."""
+    started, done = time.perf_counter(), [0]
+
+    def step(name: str) -> None:
+        done[0] += 1
+        filled = round(20 * min(done[0], total) / total)
+        print(f"doctor [{'#' * filled}{'.' * (20 - filled)}] {min(done[0], total)}/{total} {name} "
+              f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    return step
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Diagnose a model: measure, write out/report.md and records, print the advice."""
+    from tfperf import doctor
+
+    try:
+        if args.role == "threads":
+            args.batch_sizes = args.batch_sizes or [1]
+            return doctor.serve_thread_timers(args)
+        if args.train and not args.loss:
+            raise UserError("--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)")
+        if args.loss and not args.train:
+            raise UserError("--loss is for the training experiments: add --train")
+        shapes = doctor.parse_input_shapes(args.input_shape or [])
+        sample = doctor.read_sample(args.sample) if args.sample else None
+        subject = doctor.load_subject(args.model, input_shapes=shapes, trust=args.trust)
+        out = Path(args.out) if args.out else Path("doctor") / subject.name
+        if (out / f"{doctor.RECIPE}.jsonl").exists():
+            raise UserError(f"{out} already holds a doctor run: pass another --out (then `tfperf compare "
+                            f"{out}/{doctor.RECIPE}.jsonl <new>/{doctor.RECIPE}.jsonl`), or remove it")
+        options = doctor.Options(
+            batch_sizes=tuple(args.batch_sizes or ((1, 64) if args.quick else (1, 32, 256))),
+            rounds=6 if args.quick else 10, min_time_s=0.15 if args.quick else 0.5, train=args.train,
+            loss=args.loss, from_logits=args.from_logits, train_examples=512 if args.quick else 2048,
+            threads=not args.no_threads, quick=args.quick,
+            budget_s=args.budget or (QUICK_GOAL_S - 30 if args.quick else None), seed=args.seed, sample=sample,
+            sample_path=args.sample, trust=args.trust, input_shapes=shapes)
+        # What can be refused is refused before anything is measured or written.
+        if args.train:
+            doctor.training_loss(args.loss, args.from_logits)
+        doctor.check_runs(subject, doctor.make_inputs(subject, 2, seed=args.seed, sample=sample))
+        created = not out.exists()
+        workdir = out / ".work"  # conversions happen here: nothing is written outside --out
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            plan = doctor.plan(subject, options)
+            print(f"doctor: {subject.source}: {len(plan)} steps: {', '.join(plan)}", file=sys.stderr)
+            diagnosis = doctor.diagnose(subject, options, workdir, progress=progress_bar(len(plan)))
+            report = doctor.write_report(diagnosis, out, goal_s=QUICK_GOAL_S if args.quick else None)
+        except BaseException:
+            if created:  # a run that failed leaves nothing behind
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    except doctor.DoctorError as exc:
+        raise UserError(str(exc)) from None
+    print(doctor.summary(diagnosis, goal_s=QUICK_GOAL_S if args.quick else None))
+    print(f"\nreport: {report}\nrecords: {out / (doctor.RECIPE + '.jsonl')} (compare two runs with tfperf compare)")
+    return 0

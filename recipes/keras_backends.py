@@ -25,6 +25,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -32,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import result_line, run_task
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.cluster import ClusterError, result_line, run_task
+from tfperf.recipe import Conclusion, Recipe, RecipeError
 
 FIT, FIRST, PREDICT, LOSS, JIT = ("fit throughput", "first epoch (trace and compile)", "inference calls",
                                   "final loss after the same steps", "Keras 3 on TensorFlow: jit_compile")
@@ -42,7 +43,12 @@ STACKS = {
     "Keras 3, TensorFlow": {"KERAS_BACKEND": "tensorflow"},
     "Keras 3, JAX": {"KERAS_BACKEND": "jax"},
 }
-BASELINE = "Keras 2 (tf_keras)"
+# How to install a stack that is missing (requirements.txt pins each; `make install` installs them all).
+INSTALL = {
+    "Keras 2 (tf_keras)": "pip install tf-keras==2.21.0",
+    "Keras 3, TensorFlow": "pip install 'tensorflow==2.21.*' 'keras==3.*'",
+    "Keras 3, JAX": "pip install 'jax[cpu]==0.10.2'",
+}
 MODELS = ("cnn", "lstm")
 BATCH = 128
 # Same weights, same batches in the same order: the stacks' losses differ only by floating-point
@@ -133,6 +139,12 @@ def task(args) -> int:
     return 0
 
 
+def import_failure(error: str) -> str | None:
+    """The import error in a stack process's failure, or None when it failed another way."""
+    found = re.findall(r"(?:ModuleNotFoundError|ImportError): [^\n|]*", error)
+    return found[-1].strip() if found else None
+
+
 def run_stack(stack: str, args, work: Path) -> dict:
     """Run one stack's process with its environment; its result (ClusterError when it fails)."""
     env = {**os.environ, **STACKS[stack]}
@@ -165,10 +177,28 @@ def measure(args, rec) -> dict:
             np.savez(work / f"{name}.weights.npz", **{f"w{i}": w for i, w in enumerate(build(name, keras).get_weights())})
 
         # The stacks take turns, round after round, in shuffled order --------------------------
+        # A stack that cannot be imported is said so, with how to install it, and the others go on.
         rng = np.random.default_rng(args.seed)
+        missing: dict[str, str] = {}
         for r in range(args.rounds):
-            rounds.append({str(stack): run_stack(str(stack), args, work) for stack in rng.permutation(list(STACKS))})
+            results = {}
+            for stack in rng.permutation(list(STACKS)):
+                if stack in missing:
+                    continue
+                try:
+                    results[str(stack)] = run_stack(str(stack), args, work)
+                except ClusterError as exc:
+                    why = import_failure(str(exc))
+                    if r > 0 or why is None:
+                        raise
+                    missing[str(stack)] = why
+                    print(f"{stack}: not measured: {why}; install it with {INSTALL[stack]}", flush=True)
+            rounds.append(results)
             print(f"round {r + 1}/{args.rounds} done", flush=True)
+    stacks = [s for s in STACKS if s not in missing]
+    if not stacks:
+        raise RecipeError("no Keras stack could be imported: " + "; ".join(f"{s}: {w}" for s, w in missing.items()))
+    baseline = stacks[0]  # Keras 2 when it is there: the stack users move from
 
     # Results: every stack against Keras 2, paired by round ---------------------------------------
     def measurement(row: str, samples: list, items: int = 1) -> Measurement:
@@ -178,7 +208,7 @@ def measure(args, rec) -> dict:
     def across(stack: str, model: str, key: str) -> list:
         return [s for rnd in rounds for s in np.atleast_1d(rnd[stack][model][key])]
 
-    found = {"jit": {}, "loss": {}, "compare": {}}
+    found = {"jit": {}, "loss": {}, "compare": {}, "stacks": stacks, "baseline": baseline, "missing": missing}
     kinds = (  # table, sample key, row label, items per call, primary metric
         (FIT, "fit_s", "", args.train_size, "samples_per_s"),
         (FIRST, "first_epoch_s", "", 1, "seconds"),
@@ -188,21 +218,23 @@ def measure(args, rec) -> dict:
     for model in MODELS:
         for table, key, label, items, metric in kinds:
             base = None
-            for stack in STACKS:
+            for stack in stacks:
                 m = measurement(f"{model}, {label}{stack}", across(stack, model, key), items)
-                base = base or m  # Keras 2 comes first
-                c = versus(base, m) if stack != BASELINE else None
+                base = base or m  # the baseline stack comes first
+                c = versus(base, m) if stack != baseline else None
                 value = {"samples_per_s": m.items_per_s, "seconds": m.median_s, "ms": m.median_s * 1e3}[metric]
                 rec.add(table, m.name, {metric: value}, primary=metric, lower_is_better=metric != "samples_per_s",
                         measurement=m, comparison=c)
                 found["compare"][label.rstrip(", ") or table, model, stack] = c
-        for stack in STACKS:
+        for stack in stacks:
             found["loss"][model, stack] = float(np.median([rnd[stack][model]["loss"] for rnd in rounds]))
             found["jit"][model, stack] = rounds[0][stack][model]["jit_compile"]
             rec.add(LOSS, f"{model}, {stack}", {"test_loss": found["loss"][model, stack],
                                                 "jit_compile": found["jit"][model, stack]},
                     primary="test_loss", lower_is_better=True, versus_first=False)
         # jit_compile on Keras 3's TensorFlow backend: the default against the other setting, epoch for epoch.
+        if "Keras 3, TensorFlow" not in stacks:
+            continue
         default_jit = found["jit"][model, "Keras 3, TensorFlow"]
         default = measurement(f"{model}, jit_compile={default_jit} (default)",
                               across("Keras 3, TensorFlow", model, "fit_s"), args.train_size)
@@ -218,45 +250,59 @@ def measure(args, rec) -> dict:
 def conclude(args, rec, found) -> Conclusion:
     # Results ----------------------------------------------------------------------------------
     compare, loss, jit = found["compare"], found["loss"], found["jit"]
+    stacks, baseline, missing = found["stacks"], found["baseline"], found["missing"]
+    others = [s for s in stacks if s != baseline]
+    short = {"Keras 2 (tf_keras)": "Keras 2", "Keras 3, TensorFlow": "Keras 3/TF", "Keras 3, JAX": "JAX"}
     lines, texts, failure = [], [], ""
     for model in MODELS:
-        spread = max(loss[model, s] for s in STACKS) / min(loss[model, s] for s in STACKS) - 1
-        lines.append(f"{model}: test loss after the same steps {', '.join(f'{s} {loss[model, s]:.4f}' for s in STACKS)}"
+        spread = max(loss[model, s] for s in stacks) / min(loss[model, s] for s in stacks) - 1
+        lines.append(f"{model}: test loss after the same steps {', '.join(f'{s} {loss[model, s]:.4f}' for s in stacks)}"
                      f" (spread {spread:.1%}, tolerance {LOSS_TOLERANCE:.0%}); jit_compile resolved to "
-                     f"{', '.join(f'{s} {jit[model, s]}' for s in STACKS)}")
+                     f"{', '.join(f'{s} {jit[model, s]}' for s in stacks)}")
         if spread > LOSS_TOLERANCE:
             failure = f"{model}: the stacks' losses differ by {spread:.1%}, over {LOSS_TOLERANCE:.0%}"
-        for stack in STACKS:
-            if stack != BASELINE:
-                lines.append(f"{model}, {stack} against Keras 2: fit {compare[FIT, model, stack].describe()}; "
-                             f"predict() at batch 1 {compare['predict(), batch 1', model, stack].describe()}")
+        for stack in others:
+            lines.append(f"{model}, {stack} against {baseline}: fit {compare[FIT, model, stack].describe()}; "
+                         f"predict() at batch 1 {compare['predict(), batch 1', model, stack].describe()}")
+    for stack, why in missing.items():
+        lines.append(f"{stack}: not measured ({why}); install it with {INSTALL[stack]}")
 
     # Conclusion, from this run's numbers -------------------------------------------------------
+    def against(table: str, model: str) -> str:
+        return ", ".join(f"{short[s]} {compare[table, model, s].describe()}" for s in others)
+
     for model in MODELS:
-        k3, jx = compare[FIT, model, "Keras 3, TensorFlow"], compare[FIT, model, "Keras 3, JAX"]
-        flip, default_jit = compare[JIT, model], jit[model, "Keras 3, TensorFlow"]
-        if k3.verdict == "slower":
-            advice = (f"Keras 3 on TensorFlow is slower here; setting jit_compile={not default_jit} in compile() "
-                      f"gives {flip.describe()} against the default ({default_jit})" +
-                      ("; that is the change to make" if flip.verdict == "faster" else
-                       ", so that setting is not the cure on this machine"))
-        else:
-            advice = (f"no change is needed for speed on Keras 3's TensorFlow backend; jit_compile={not default_jit} "
-                      f"there gives {flip.describe()} against the default ({default_jit})")
-        texts.append(
-            f"{model}, fit against Keras 2: Keras 3 on TensorFlow {k3.describe()} (jit_compile resolved to "
-            f"{default_jit}, Keras 2's {jit[model, BASELINE]}), Keras 3 on JAX {jx.describe()} (jit_compile "
-            f"{jit[model, 'Keras 3, JAX']}: JAX compiles the whole step with XLA, whose CPU kernels for this "
-            f"model differ from TensorFlow's). {advice[0].upper() + advice[1:]}. First epoch (tracing and "
-            f"compiling) against Keras 2: Keras 3/TF {compare[FIRST, model, 'Keras 3, TensorFlow'].describe()}, "
-            f"JAX {compare[FIRST, model, 'Keras 3, JAX'].describe()}. predict() on one row against Keras 2: "
-            f"Keras 3/TF {compare['predict(), batch 1', model, 'Keras 3, TensorFlow'].describe()}, JAX "
-            f"{compare['predict(), batch 1', model, 'Keras 3, JAX'].describe()}; model(x) on one row: Keras 3/TF "
-            f"{compare['model(x), batch 1', model, 'Keras 3, TensorFlow'].describe()}, JAX "
-            f"{compare['model(x), batch 1', model, 'Keras 3, JAX'].describe()}.")
+        text = []
+        if others:
+            fit = ", ".join(f"{s} {compare[FIT, model, s].describe()} (jit_compile resolved to {jit[model, s]})"
+                            for s in others)
+            text.append(f"{model}, fit against {baseline} (jit_compile {jit[model, baseline]}): {fit}.")
+            if "Keras 3, JAX" in stacks:
+                text.append("JAX compiles the whole step with XLA, whose CPU kernels for this model differ from "
+                            "TensorFlow's.")
+        if JIT in {key[0] for key in compare if key[1:] == (model,)}:
+            flip, default_jit = compare[JIT, model], jit[model, "Keras 3, TensorFlow"]
+            k3 = compare.get((FIT, model, "Keras 3, TensorFlow"))
+            if k3 is not None and k3.verdict == "slower":
+                advice = (f"Keras 3 on TensorFlow is slower here; setting jit_compile={not default_jit} in compile() "
+                          f"gives {flip.describe()} against the default ({default_jit})" +
+                          ("; that is the change to make" if flip.verdict == "faster" else
+                           ", so that setting is not the cure on this machine"))
+            else:
+                advice = (f"no change is needed for speed on Keras 3's TensorFlow backend; jit_compile="
+                          f"{not default_jit} there gives {flip.describe()} against the default ({default_jit})")
+            text.append(f"{advice[0].upper() + advice[1:]}.")
+        if others:
+            text.append(f"First epoch (tracing and compiling) against {short[baseline]}: {against(FIRST, model)}. "
+                        f"predict() on one row: {against('predict(), batch 1', model)}; model(x) on one row: "
+                        f"{against('model(x), batch 1', model)}.")
+        texts.append(" ".join(text))
     text = " ".join(texts) + (
         " On every stack predict() builds a data pipeline and a step function around each call: for single "
         "requests call the model, or export it (serving_runtimes.py measures the runtimes).")
+    if missing:
+        text += " Not measured: " + "; ".join(f"{s} ({why}; install it with `{INSTALL[s]}`)"
+                                             for s, why in missing.items()) + "."
     return Conclusion(text, lines, failure)
 
 

@@ -136,6 +136,22 @@ def test_keras_backends_trains_the_same_models_alike_under_each_stack(tmp_path):
 
 
 @pytest.mark.slow
+def test_keras_backends_says_which_stack_is_missing_and_measures_the_others(tmp_path):
+    # A tf_keras that fails to import, first on the path of every process the recipe starts.
+    fake = tmp_path / "fake"
+    (fake / "tf_keras").mkdir(parents=True)
+    (fake / "tf_keras" / "__init__.py").write_text("raise ImportError('tf_keras is broken in this test')\n")
+    proc = run([sys.executable, recipe("keras_backends"), "--quick", "--rounds", "1", "--epochs", "1", "--calls", "2",
+                "--train-size", "128", "--out", tmp_path / "out"], env={"PYTHONPATH": str(fake)})
+    assert "Keras 2 (tf_keras): not measured (ImportError: tf_keras is broken in this test)" in proc.stdout
+    assert "pip install tf-keras==2.21.0" in proc.stdout
+    records = read_records(tmp_path / "out" / "keras_backends.jsonl")
+    fit = [r for r in records if r["table"] == "fit throughput"]
+    assert [r["row"] for r in fit] == [f"{m}, {s}" for m in ("cnn", "lstm") for s in ("Keras 3, TensorFlow", "Keras 3, JAX")]
+    assert all(r.get("versus", "").endswith("Keras 3, TensorFlow") for r in fit if "JAX" in r["row"])
+
+
+@pytest.mark.slow
 def test_multi_device_scratch_trains_like_one_device(tmp_path):
     out = run([sys.executable, recipe("multi_device_scratch"), "--quick", "--max-steps", "2", "--epochs", "2",
                "--out", tmp_path]).stdout

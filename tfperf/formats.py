@@ -180,8 +180,10 @@ def load_savedmodel(folder: Path, threads: int | None = None) -> SavedModelRunne
 
 # LiteRT ----------------------------------------------------------------------------------------
 
-# The converter's words for an op with no LiteRT kernel: 'tf.MatrixInverse' op is neither a custom op nor a flex op
-_NOT_IN_LITERT = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op")
+# The converter's words for an op with no LiteRT kernel: 'tf.MatrixInverse' op is neither a custom op nor a
+# flex op; or, for a TensorList op it could not lower: failed to legalize operation 'tf.TensorListReserve'
+_NOT_IN_LITERT = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op"
+                            r"|failed to legalize operation 'tf\.(\w+)'")
 
 
 def write_litert(model, folder: Path, *, quantize: str = "none", representative=None,
@@ -226,7 +228,7 @@ def litert_from_saved_model(saved: Path, *, signature: str = SIGNATURE, quantize
     try:
         return converter.convert()
     except Exception as exc:  # ConverterError; its text names the ops LiteRT lacks
-        missing = sorted(set(_NOT_IN_LITERT.findall(str(exc))))
+        missing = sorted({op for ops in _NOT_IN_LITERT.findall(str(exc)) for op in ops if op})
         if missing:
             raise ExportError(
                 f"LiteRT has no kernel for {', '.join(missing)}: export --format litert --select-tf-ops to run "

@@ -617,7 +617,7 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress) 
     """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size."""
     import tensorflow as tf
 
-    from tfperf.bench import Timer, race
+    from tfperf.bench import Timer, race, versus
 
     findings, skipped = [], {}
     threads = os.cpu_count()
@@ -687,6 +687,14 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress) 
             agrees = diffs[m.name] <= tolerance
             note = "" if agrees else f"outputs differ from the model's by up to {diffs[m.name]:.2g}"
             findings.append(Finding(table, m.name, baseline, c, code, cost, agrees, note))
+        # XLA: the question users ask is whether to turn it on for a function they already trace.
+        by_name = {m.name: m for m in ms}
+        if "tf.function" in by_name and "tf.function, jit_compile=True" in by_name:
+            _, code, cost = calls["tf.function, jit_compile=True"]
+            findings.append(Finding(f"XLA at batch {batch}", "jit_compile=True", "tf.function",
+                                    versus(by_name["tf.function"], by_name["tf.function, jit_compile=True"],
+                                           threshold=MIN_GAIN), code, cost,
+                                    diffs["tf.function, jit_compile=True"] <= tolerance))
     return findings, skipped
 
 

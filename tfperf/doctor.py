@@ -786,13 +786,17 @@ def thread_configs(cores: int) -> list[tuple[str, int | None, int | None]]:
     return configs
 
 
+def thread_batches(subject: Subject, options: Options) -> list[int]:
+    """The sweep's smallest and largest batch sizes (latency and throughput), those the model takes."""
+    return sorted({b for b in (min(options.batch_sizes), max(options.batch_sizes)) if subject.fixed_batch in (None, b)})
+
+
 def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Finding], dict]:
     """Thread pools swept in processes of their own (they are fixed when TensorFlow starts), interleaved."""
     from tfperf.bench import TimerProcess, race
 
     configs = thread_configs(os.cpu_count() or 1)
-    batches = [b for b in (min(options.batch_sizes), max(options.batch_sizes)) if subject.fixed_batch in (None, b)]
-    batches = sorted(set(batches))
+    batches = thread_batches(subject, options)
     processes = []
     try:
         for row, intra, inter in configs:  # started side by side; each says when it is ready
@@ -975,9 +979,7 @@ def plan(subject: Subject, options: Options) -> list[str]:
     batches = [b for b in options.batch_sizes if subject.fixed_batch in (None, b)] or [subject.fixed_batch]
     steps = ["the model", *[f"inference at batch {b}" for b in batches], "retracing"]
     if options.threads:
-        thread_batches = sorted({b for b in (min(options.batch_sizes), max(options.batch_sizes))
-                                 if subject.fixed_batch in (None, b)})
-        steps += [f"threads at batch {b}" for b in thread_batches]
+        steps += [f"threads at batch {b}" for b in thread_batches(subject, options)]
     if options.train:
         steps.append("training")
     return steps

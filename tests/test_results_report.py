@@ -7,6 +7,7 @@ import pytest
 from tfperf.bench import Measurement, versus
 from tfperf.report import bar_chart, build_report, markdown_table, speedup, write_conclusion
 from tfperf.results import Recorder, environment, make_record, read_records, write_records
+from tfperf.stats import compare_times
 
 ENV = {"cpu": "test cpu", "cores": 2, "gpus": [], "python": "3.11", "tensorflow": "2.21.0",
        "keras": "3", "tfperf": "0.1.0", "git_commit": None}
@@ -118,6 +119,20 @@ def test_a_compared_record_carries_ratio_ci_and_verdict_and_the_table_shows_them
     table = markdown_table(records)
     assert "ms 95% CI" in table and "speedup (95% CI): verdict" in table
     assert ": faster than slow |" in table
+
+
+def test_a_compared_record_keeps_both_sides_samples_and_rejudges_to_the_same_verdict():
+    # The baseline as re-measured beside the row (here slower than its own row's samples) is what was judged.
+    own, beside, fast = measured("slow", 1.0), measured("slow", 3.0), measured("fast", 1.0)
+    c = versus(beside, fast, threshold=0.02)
+    record = make_record("demo", "t", "fast", {"ms": fast.median_s * 1e3}, primary="ms", lower_is_better=True,
+                         env=ENV, measurement=fast, comparison=c)
+    evidence = json.loads(json.dumps(record))["compared"]
+    assert evidence["baseline_per_item_s"] == list(beside.per_item_s) != list(own.per_item_s)
+    assert evidence["rounds"] == 10 and evidence["threshold"] == 0.02
+    again = compare_times(evidence["baseline_per_item_s"], evidence["candidate_per_item_s"],
+                          rounds=evidence["rounds"], threshold=evidence["threshold"])
+    assert (again.ratio, again.ci95, again.verdict) == (record["ratio"], tuple(record["ratio_ci95"]), "faster")
 
 
 def test_rows_with_samples_get_a_bootstrapped_ci_against_the_first_row():

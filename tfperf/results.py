@@ -180,8 +180,14 @@ def measured_fields(m: Measurement, primary_value: float, lower_is_better: bool)
 
 
 def compared_fields(c: Comparison) -> dict[str, Any]:
-    """A row judged against another: which, by how much, how sure, and the verdict."""
-    return {"versus": c.baseline, "ratio": c.ratio, "ratio_ci95": list(c.ci95), "verdict": c.verdict}
+    """A row judged against another: which, by how much, how sure, the verdict, and the evidence: the
+    times per item both sides were judged on (the baseline re-measured beside this row, not its own
+    row's samples) and the rounds that paired them, so that `stats.compare_times` can re-judge it."""
+    fields = {"versus": c.baseline, "ratio": c.ratio, "ratio_ci95": list(c.ci95), "verdict": c.verdict}
+    if c.samples is not None:
+        fields["compared"] = {"baseline_per_item_s": list(c.samples[0]), "candidate_per_item_s": list(c.samples[1]),
+                              "rounds": c.units if c.paired else None, "threshold": c.threshold}
+    return fields
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:

@@ -142,6 +142,8 @@ class Comparison:
     paired: bool
     threshold: float = 0.0
     units: int | None = None  # the rounds (paired) or the smaller side's samples the interval rests on
+    # The times per item both sides were judged on (baseline, candidate), so that a record can be re-judged.
+    samples: tuple[tuple[float, ...], tuple[float, ...]] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def too_few(self) -> bool:
@@ -186,7 +188,8 @@ def compare_times(
     units = rounds if rounds is not None else min(len(baseline), len(candidate))
     judged = verdict(ci, threshold=threshold) if units >= MIN_UNITS else NO_DIFFERENCE
     return Comparison(baseline=names[0], candidate=names[1], ratio=ratio, ci95=ci, verdict=judged,
-                      paired=rounds is not None, threshold=threshold, units=units)
+                      paired=rounds is not None, threshold=threshold, units=units,
+                      samples=(tuple(map(float, baseline)), tuple(map(float, candidate))))
 
 
 def geometric_mean(values: Sequence[float]) -> float:

@@ -21,6 +21,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -41,7 +42,8 @@ from tfperf.recipe import Conclusion, Recipe, RecipeError
 from tfperf.train import accuracy
 
 TARGET_ACCURACY = {"mnist-5k": 0.95, "mnist": 0.98}  # after a full-size run (10 epochs)
-THROUGHPUT, RESULT = "throughput per rank and in total", "training result"
+THROUGHPUT, RESULT, T1 = "throughput per rank and in total", "training result", "t1: the step without its all-reduce"
+PROBE_BLOCK = 8  # --t1-probe: steps per probe block, one block after every PROBE_BLOCK steps of the run
 
 
 def input_batches(data, batch_size: int, seed: int, rank: int, size: int):
@@ -75,6 +77,19 @@ def make_train_step(model, optimizer, loss_fn, *, communicate: bool = True):
     return train_step
 
 
+def t1_probe(args, data, size: int, rank: int, warmup_steps: int, loss_fn) -> Timer:
+    """scaling_model's t1: a twin of the model (its own weights, optimizer and batches) taking the run's
+    step without the all-reduce, in blocks of PROBE_BLOCK steps; started and warmed up."""
+    twin = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    optimizer = make_optimizer(args.lr, size, warmup_steps)
+    optimizer.build(twin.trainable_variables)
+    step = make_train_step(twin, optimizer, loss_fn, communicate=False)
+    batches = input_batches(data, args.batch_size, args.seed + 1, rank, size)
+    probe = Timer(lambda: step(*next(batches)), name="t1", items_per_call=args.batch_size, block_size=PROBE_BLOCK)
+    probe.start(warmup=2)
+    return probe
+
+
 def add_flags(p) -> None:
     flags.add_model_flag(p, "cnn")
     flags.add_dataset_flag(p, "mnist-5k")
@@ -84,6 +99,8 @@ def add_flags(p) -> None:
     p.add_argument("--checkpoint-dir", default="checkpoints/mnist_hvd", help="each run writes a new folder here")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue from the latest checkpoint in a run folder")
     p.add_argument("--max-steps", type=flags.positive_int, help="at most this many steps per epoch (tests)")
+    # Internal (scaling_model): also time the step without its all-reduce, between the run's steps.
+    p.add_argument("--t1-probe", action="store_true", help=argparse.SUPPRESS)
 
 
 def measure(args, rec) -> dict:
@@ -127,6 +144,7 @@ def measure(args, rec) -> dict:
               f"(global batch {args.batch_size * size}); lr {args.lr} -> {args.lr * size} over "
               f"{warmup_steps} steps", flush=True)
     train_step = make_train_step(model, optimizer, loss_fn)
+    probe = t1_probe(args, data, size, rank, warmup_steps, loss_fn) if args.t1_probe else None
 
     # Training ---------------------------------------------------------------------------------
     losses = []
@@ -137,7 +155,7 @@ def measure(args, rec) -> dict:
 
     # Each step is a sample; the very first (it traces) is timed apart, as one of the first epoch's steps.
     clock = Timer(step, name=f"rank {rank} steps, np={size}", items_per_call=args.batch_size)
-    step_times, started, traced, finished = [], time.perf_counter(), 0, 0
+    step_times, probe_times, started, traced, finished = [], [], time.perf_counter(), 0, 0
     try:
         while int(epoch.numpy()) < args.epochs:
             finished += len(losses)
@@ -150,7 +168,14 @@ def measure(args, rec) -> dict:
             trace = bool(args.profile) and chief and int(epoch.numpy()) == args.epochs - 1 and args.epochs > 1
             traced = todo if trace else traced
             with profiled(args.profile if trace else None, f"rank0-np{size}"):
-                step_times.extend(clock.take(todo))
+                if probe is None or trace:
+                    step_times.extend(clock.take(todo))
+                # --t1-probe: a block of the step without its all-reduce after every PROBE_BLOCK steps of the
+                # run, on every rank at once (each rank follows the same schedule): the machine's drift falls
+                # on the run and on its t1 alike.
+                for done in range(0, todo, PROBE_BLOCK) if probe is not None and not trace else ():
+                    step_times.extend(clock.take(min(PROBE_BLOCK, todo - done)))
+                    probe_times.extend(probe.take(1))
             # Horovod: metrics over all ranks
             mean_loss = thvd.average({"loss": float(np.mean([float(loss) for loss in losses]))})["loss"]
             epoch.assign_add(1)
@@ -171,6 +196,8 @@ def measure(args, rec) -> dict:
     timed = np.array(recorded[args.warmup:] or recorded)  # the first steps still settle (allocations, caches)
     mine = args.batch_size / float(np.median(timed))
     per_rank = hvd.allgather(tf.constant([mine], tf.float64)).numpy()  # Horovod: collect every rank's rate
+    # Horovod: every rank's probe blocks, for one t1 of the ranks computing at once
+    probed = hvd.allgather(tf.constant(probe_times, tf.float64)).numpy() if probe is not None else None
     # Horovod: test accuracy over the whole test set, each rank scoring its own shard
     test_x, test_y = data.x_test[rank::size], data.y_test[rank::size]
     correct = round(accuracy(model, test_x, test_y) * len(test_y))
@@ -188,6 +215,12 @@ def measure(args, rec) -> dict:
     rec.add(THROUGHPUT, f"total, np={size}", {"samples_per_s": float(per_rank.sum()),
                                                "ms_per_step": float(np.median(timed)) * 1e3},
             primary="samples_per_s", lower_is_better=False, measurement=steps)
+    if probe is not None:
+        t1 = Measurement(f"t1, np={size}", tuple(float(t) for t in probed), block_size=PROBE_BLOCK,
+                         items_per_call=args.batch_size, first_call_s=probe.first_call_s)
+        rec.add(T1, f"np={size}", {"ms_per_step": float(np.median(t1.per_call_s)) * 1e3,
+                                   "gradient_bytes": 4 * model.count_params()},
+                primary="ms_per_step", lower_is_better=True, versus_first=False, measurement=t1)
     rec.add(RESULT, f"np={size}", {
         "test_accuracy": test_accuracy, "final_loss": mean_loss, "weight_drift": drift, "epochs": int(epoch.numpy()),
         "global_batch": args.batch_size * size, "updates": finished + len(losses), "wall_s": time.perf_counter() - started},

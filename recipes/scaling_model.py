@@ -9,14 +9,15 @@ Needs: Horovod 0.28.1 with TensorFlow and Gloo (`make install`); it launches hor
 Introduction
 ------------
 Seed 002's course notes split a data-parallel step into t1, the forward and backward pass, and t2, the
-synchronisation of gradients. Both are measured here, not assumed: t1 by timing the very training step
-of recipes/mnist_hvd.py (its functions, imported) with the all-reduce left out, on as many ranks under
-horovodrun as there will be, each with the threads a rank gets (ranks on one host share its cores); t2
-by timing Horovod's all-reduce over a range of sizes and fitting the ring model, where each of n ranks
-sends and receives 2(n-1) chunks of S/n bytes: t2 = 2(n-1)(alpha + S/(n beta)). Then the recipe runs
-mnist_hvd.py with np = 1, 2, 4, each run right after its own probes (this host's speed drifts over
-minutes), and compares, with a 95% interval for each error. Finally it projects, on paper, to
-8, 64 and 512 workers, the regime of Horovod's published 90% scaling efficiency.
+synchronisation of gradients. Both are measured here, not assumed: t1 inside the run itself, where
+recipes/mnist_hvd.py (`--t1-probe`) has a twin of its model take the very same step with the all-reduce
+left out, a block of steps after every few steps of the run, on every rank at once with the threads a
+rank gets (this host's speed drifts by tens of percent within a minute, so t1 taken in another process
+at another moment would measure another machine); t2 by timing Horovod's all-reduce over a range of
+sizes and fitting the ring model, where each of n ranks sends and receives 2(n-1) chunks of S/n bytes:
+t2 = 2(n-1)(alpha + S/(n beta)), and for the model's own gradients at each rank count. Then it compares
+t1 + t2 with the run's throughput at np = 1, 2, 4, with a 95% interval for each error. Finally it
+projects, on paper, to 8, 64 and 512 workers, the regime of Horovod's published 90% scaling efficiency.
 """
 
 import os
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import RESULT_PREFIX, ClusterError, result_line
+from tfperf.cluster import ClusterError
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe
 from tfperf.results import read_records
@@ -50,39 +51,6 @@ NP1_GOAL = 0.10
 # 90% scaling efficiency for ResNet-101 on 512 Pascal GPUs over 25 Gbit/s RoCE. A ResNet-101 step of
 # batch 64 at about 130 images/s per P100 (tf_cnn_benchmarks) is t1 = 0.49 s: an assumption, not measured here.
 RESNET101_BYTES, RESNET101_T1, HOP_LATENCY_S = 44.5e6 * 4, 64 / 130, 50e-6
-
-
-def probe_compute(batch_size: int, min_time_s: float) -> dict:
-    """t1 on one rank (run under horovodrun): the step mnist_hvd runs (its input shard, optimizer, schedule,
-    train_step and the float() that reads the loss), with the all-reduce left out, beside Horovod's own
-    threads and launcher and the other ranks computing at the same time, as in the run."""
-    import horovod.tensorflow as hvd
-    import keras
-    import tensorflow as tf
-
-    import mnist_hvd  # beside this file: the step that the run executes, not a look-alike
-    from tfperf import hvd as thvd
-    from tfperf.bench import Timer
-    from tfperf.data import load_arrays
-    from tfperf.models import get_net
-
-    hvd.init()
-    thvd.pin_to_local_gpu()  # the run's threads per rank
-    data = load_arrays("mnist-5k")
-    model = get_net("cnn", input_shape=data.input_shape, num_classes=data.num_classes)
-    optimizer = mnist_hvd.make_optimizer(1e-3, hvd.size(), warmup_steps=10)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    batches = mnist_hvd.input_batches(data, batch_size, seed=0, rank=hvd.rank(), size=hvd.size())
-    step = mnist_hvd.make_train_step(model, optimizer, loss_fn, communicate=False)
-    # Throughput mode, blocks of steps per clock read: with more ranks than cores a rank is descheduled for
-    # whole time slices, which a median of single steps would skip and a block includes, as the run does
-    # (its all-reduce waits for the slowest rank every step).
-    timer = Timer(lambda: float(step(*next(batches))), name="t1", block_size=8)
-    timer.start(warmup=5)
-    # Horovod: one all-reduce as a starting gun, so that the ranks' timed windows overlap as in the run.
-    hvd.allreduce(tf.constant(0.0), name="t1_start").numpy()
-    m = timer.measure(warmup=0, min_time_s=min_time_s)
-    return {"t1_s": m.median_s, "samples_s": [float(s) for s in m.per_call_s], "gradient_bytes": 4 * model.count_params()}
 
 
 def probe_allreduce(sizes: list[int], reps: int) -> list[dict]:
@@ -121,17 +89,14 @@ def launch(cmd: list) -> str:
 def add_flags(p) -> None:
     p.add_argument("--ranks", type=flags.positive_int, nargs="+", help="np values to predict and run")
     p.add_argument("--reps", type=flags.positive_int, help="all-reduce repetitions per size")
-    p.add_argument("--pairs", type=flags.positive_int, help="probe-then-run pairs per rank count")
-    # Internal: the probes run in their own processes under horovodrun.
-    p.add_argument("--role", choices=["compute", "allreduce"], help=argparse.SUPPRESS)
+    p.add_argument("--pairs", type=flags.positive_int, help="runs (each with its t1 probe) per rank count")
+    # Internal: the all-reduce probe runs in its own processes under horovodrun.
+    p.add_argument("--role", choices=["allreduce"], help=argparse.SUPPRESS)
     p.add_argument("--probe-bytes", type=int, nargs="+", help=argparse.SUPPRESS)
 
 
 def task(args) -> int:
-    """A probe on one rank (--role compute or allreduce): prints its result for the launching process."""
-    if args.role == "compute":
-        print(result_line(probe_compute(args.batch_size, min_time_s=1.0 if args.quick else 3.0)))
-        return 0
+    """The all-reduce probe on one rank: prints its rows for the launching process."""
     for row in probe_allreduce(args.probe_bytes or sweep_sizes(args.quick), args.reps):
         print(json.dumps(row))
     return 0
@@ -161,25 +126,19 @@ def measure(args, rec) -> dict:
             "gb_per_s": r["bytes"] / r["s"] / 1e9}, primary="ms", lower_is_better=True, versus_first=False)
     print(f"ring fit: alpha {alpha * 1e6:.0f} us per message, beta {beta / 1e9:.2f} GB/s", flush=True)
 
-    def probe_t1(n: int) -> tuple[list[float], int]:
-        """t1's samples from n ranks under horovodrun computing at once (ranks on one host compete for its
-        cores, caches and memory bus), each with the threads a rank gets, and no communication while timed."""
-        out = launch([BIN / "horovodrun", "-np", n, *me, *(["--quick"] if args.quick else []), "--role", "compute"])
-        found = [json.loads(line.split(RESULT_PREFIX, 1)[1]) for line in out.splitlines() if RESULT_PREFIX in line]
-        if len(found) != n:
-            sys.exit(f"scaling_model: error: {len(found)} of {n} t1 probes reported a result")
-        return [s for f in found for s in f["samples_s"]], found[0]["gradient_bytes"]
+    from mnist_hvd import T1  # beside this file: the table its --t1-probe writes
 
-    def run_hvd(n: int, out: Path) -> dict:
-        """mnist_hvd.py on n ranks: its record of the total throughput (rank 0's step samples inside)."""
-        launch([BIN / "horovodrun", "-np", n, sys.executable, HERE / "mnist_hvd.py", "--quick",
+    def run_hvd(n: int, out: Path) -> tuple[dict, dict]:
+        """mnist_hvd.py on n ranks with its t1 probe: its records of the total throughput (rank 0's step
+        samples inside) and of t1 (every rank's probe blocks)."""
+        launch([BIN / "horovodrun", "-np", n, sys.executable, HERE / "mnist_hvd.py", "--quick", "--t1-probe",
                 "--batch-size", args.batch_size, "--warmup", args.warmup, "--out", out,
                 "--checkpoint-dir", out / "ckpt", *(["--profile", Path(args.profile).resolve()] if args.profile else [])])
-        return next(r for r in read_records(out / "mnist_hvd.jsonl") if r["row"] == f"total, np={n}")
+        records = read_records(out / "mnist_hvd.jsonl")
+        total = next(r for r in records if r["row"] == f"total, np={n}")
+        return total, next(r for r in records if r["table"] == T1 and r["row"] == f"np={n}")
 
-    # Predict, then run: each probe right before its run ------------------------------------------
-    # This host's speed drifts by tens of percent over minutes; a probe taken a minute before its run
-    # would measure another machine. So each run follows its own probe, in `--pairs` pairs.
+    # Run, with t1 measured inside each run; t2 right after the first run of each rank count ---------
     threads_for = {n: max(1, cores // n) for n in args.ranks}
     t1_of, t2_of = {}, {1: 0.0}
     gradient_bytes = 0
@@ -188,8 +147,11 @@ def measure(args, rec) -> dict:
             k = threads_for[n]
             t1_samples, step_samples, totals, t2_ci = [], [], [], (0.0, 0.0)
             for pair in range(args.pairs):
-                samples, gradient_bytes = probe_t1(n)
-                t1_samples += samples
+                total, t1_record = run_hvd(n, Path(tmp) / f"np{n}-{pair}")
+                totals.append(total["metrics"]["samples_per_s"])
+                step_samples += total["samples_s"]
+                t1_samples += [s / t1_record["timing"]["block_size"] for s in t1_record["samples_s"]]
+                gradient_bytes = t1_record["metrics"]["gradient_bytes"]
                 if n > 1 and pair == 0:
                     # t2 for the model's own gradients, measured at this rank count: with more ranks than
                     # cores a ring step also waits for its neighbour to be scheduled, which no fit can know.
@@ -200,9 +162,6 @@ def measure(args, rec) -> dict:
                     t2_of[n], t2_ci = probe["s"], tuple(probe["ci95_s"])
                     print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
                           f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)
-                total = run_hvd(n, Path(tmp) / f"np{n}-{pair}")
-                totals.append(total["metrics"]["samples_per_s"])
-                step_samples += total["samples_s"]
             t1_of[n], t1_ci = float(np.median(t1_samples)), median_ci(t1_samples)
             t1, t2 = t1_of[n], t2_of[n]
             print(f"t1 with {n} rank(s) computing at once, {k} thread(s) each: {t1 * 1e3:.1f} ms", flush=True)

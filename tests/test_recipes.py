@@ -189,6 +189,8 @@ def test_scaling_model_predicts_and_measures(tmp_path):
         low, high = m["error_ci95"]
         assert low <= m["error"] <= high
     assert predicted["np=1"]["t2_ms"] == 0 and predicted["np=2"]["t2_ms"] > 0
+    # t1 comes from the probe blocks inside each run (mnist_hvd --t1-probe).
+    assert all(m["t1_ms"] > 0 for m in predicted.values())
     sweep = [r["metrics"] for r in records if r["table"].startswith("all-reduce")]
     assert len(sweep) >= 5 and sweep[-1]["ms"] > sweep[0]["ms"]  # 16 MiB takes longer than 1 KiB
     assert any("512 workers" in r["row"] for r in records if r["table"] == "projection on paper")

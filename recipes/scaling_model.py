@@ -3,7 +3,7 @@
 t1 is the compute of one training step, t2 the all-reduce of its gradients; a step on n ranks takes
 about t1(n) + t2(n). Measure both here, predict np = 1, 2, 4, run them, and compare.
 
-Run:   python recipes/scaling_model.py --quick        (about two minutes on 2 CPU cores)
+Run:   python recipes/scaling_model.py --quick        (about six minutes on 2 CPU cores)
 Needs: Horovod 0.28.1 with TensorFlow and Gloo (`make install`); it launches horovodrun itself.
 
 Introduction

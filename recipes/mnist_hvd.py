@@ -85,6 +85,9 @@ def t1_probe(args, data, size: int, rank: int, warmup_steps: int, loss_fn) -> Ti
     optimizer.build(twin.trainable_variables)
     step = make_train_step(twin, optimizer, loss_fn, communicate=False)
     batches = input_batches(data, args.batch_size, args.seed + 1, rank, size)
+    # Blocks of steps per clock read: with more ranks than cores a rank is descheduled for whole time slices,
+    # which a median of single steps would skip and a block includes, as the run does (its all-reduce
+    # waits for the slowest rank every step).
     probe = Timer(lambda: step(*next(batches)), name="t1", items_per_call=args.batch_size, block_size=PROBE_BLOCK)
     probe.start(warmup=2)
     return probe
@@ -170,12 +173,13 @@ def measure(args, rec) -> dict:
             with profiled(args.profile if trace else None, f"rank0-np{size}"):
                 if probe is None or trace:
                     step_times.extend(clock.take(todo))
-                # --t1-probe: a block of the step without its all-reduce after every PROBE_BLOCK steps of the
-                # run, on every rank at once (each rank follows the same schedule): the machine's drift falls
-                # on the run and on its t1 alike.
-                for done in range(0, todo, PROBE_BLOCK) if probe is not None and not trace else ():
-                    step_times.extend(clock.take(min(PROBE_BLOCK, todo - done)))
-                    probe_times.extend(probe.take(1))
+                else:
+                    # --t1-probe: a block of the step without its all-reduce after every PROBE_BLOCK steps of
+                    # the run, on every rank at once (each rank follows the same schedule): the machine's
+                    # drift falls on the run and on its t1 alike.
+                    for done in range(0, todo, PROBE_BLOCK):
+                        step_times.extend(clock.take(min(PROBE_BLOCK, todo - done)))
+                        probe_times.extend(probe.take(1))
             # Horovod: metrics over all ranks
             mean_loss = thvd.average({"loss": float(np.mean([float(loss) for loss in losses]))})["loss"]
             epoch.assign_add(1)

@@ -241,6 +241,8 @@ def test_training_ladder_keeps_only_rungs_its_confidence_interval_calls_faster(t
         # 2 rounds, and 2 more at a time (at most twice) while the CI straddles a bar.
         assert r["n"] in (2, 4, 6) and len(r["samples_s"]) == r["n"] and r["ratio_ci95"][0] <= r["ratio"] <= r["ratio_ci95"][1]
         assert r["metrics"]["kept"] == (r["verdict"] == "faster" and r["metrics"]["accurate_enough"])
+        low, high = r["ratio_ci95"]
+        assert r["metrics"]["unsettled"] == (r["metrics"]["accurate_enough"] and low <= 1.02 < high)
         best = r["row"] if r["metrics"]["kept"] else best
     for metrics in m.values():
         assert 0 < metrics["mfu"] < 1 and np.isfinite(metrics["final_loss"])

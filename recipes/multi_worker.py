@@ -15,6 +15,8 @@ The training step is the one any custom loop has, with two changes tagged `# MWM
 averaged over the global batch, and the optimizer, called inside `strategy.run`, sums the workers'
 gradients with a collective all-reduce. The recipe runs 1 worker (the baseline) and N, checks that N
 workers train exactly like one process on the same global batches, and times the all-reduce by size.
+Both clusters stay up and take their timed steps in turns (shuffled rounds), so that this host's
+drift, tens of percent within a minute, falls on both and the speedup is judged round by round.
 """
 
 import os
@@ -22,6 +24,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -30,8 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.bench import Measurement, Timer, profiled, versus
-from tfperf.cluster import LocalCluster, local_cluster, parse_result, result_line, tf_config
+from tfperf.bench import (Measurement, Timer, TimerCluster, TimerProcess, interleave, profiled, serve_timers,
+                          versus)
+from tfperf.cluster import ClusterError, local_cluster, tf_config
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 from tfperf.stats import FASTER, SLOWER
@@ -39,6 +43,7 @@ from tfperf.stats import FASTER, SLOWER
 TRAINING, ALLREDUCE = "training, same global batch", "collective all-reduce by size"
 AGREEMENT_STEPS, TOLERANCE = 5, 1e-4
 ALLREDUCE_REPS, PROFILE_STEPS = 6, 5  # timed all-reduces per size; steps traced under --profile
+ROUNDS = 10  # turns each cluster takes, --steps shared out among them
 
 
 def worker(args) -> None:
@@ -88,16 +93,17 @@ def worker(args) -> None:
     losses = [float(train_step(next(fixed))) for _ in range(AGREEMENT_STEPS)]
     np.savez(Path(args.weights_dir) / f"n{n_workers}-worker{ctx_index}.npz", *[v.numpy() for v in model.weights])
 
-    # Speed: per-step times after a warm-up. Every worker takes the same number of steps (each step is a
-    # collective), so steps are fixed, never chosen by a clock; --profile traces extra steps on all of them.
+    # Speed: this cluster stays up and takes steps when the recipe asks, in turns with the other cluster,
+    # so that the two are compared round by round. Every worker is asked for the same steps at once (each
+    # step is a collective); the clock waits for the step's loss without copying it to the host.
     batches = worker_batches(seed=args.seed, repeat=True)
-    step = Timer(lambda: train_step(next(batches)), name=f"{n_workers} workers", items_per_call=global_batch)
-    timed = step.measure(args.steps, warmup=args.warmup)
+    step = Timer(lambda: train_step(next(batches)), name="step", items_per_call=global_batch)
+    serve_timers([step], warmup=args.warmup)
+    # --profile traces extra steps on all the workers, never the timed ones.
     if args.profile:
         with profiled(args.profile if ctx_index == 0 else None, f"worker0-of-{n_workers}"):
             step.take(PROFILE_STEPS)
-    result = {"workers": n_workers, "global_batch": global_batch, "step_samples_s": list(timed.samples_s),
-              "agreement_losses": losses, "allreduce": []}
+    result = {"workers": n_workers, "global_batch": global_batch, "agreement_losses": losses, "allreduce": []}
 
     for size in ([] if n_workers == 1 else args.sizes):
         # The tensor is made inside the replica function: all_reduce needs a value that lives on the replica.
@@ -108,21 +114,18 @@ def worker(args) -> None:
         reps = Timer(allreduce, name=f"all-reduce {size}").measure(ALLREDUCE_REPS, warmup=1)
         result["allreduce"].append({"bytes": size, "samples_s": list(reps.samples_s)})
     if ctx_index == 0:
-        print(result_line(result), flush=True)
+        (Path(args.weights_dir) / f"n{n_workers}-result.json").write_text(json.dumps(result))
 
 
-def run_workers(n: int, args, tmp: Path) -> dict:
-    """Start n worker processes with their TF_CONFIG, wait for all, return the chief's result."""
+def start_workers(n: int, args, tmp: Path) -> TimerCluster:
+    """Start n worker processes with their TF_CONFIG, as one cluster of timer processes."""
     cluster = local_cluster({"worker": n})
     cmd = [sys.executable, __file__, "--role", "worker", "--weights-dir", tmp, "--batch-size", args.batch_size,
-           "--steps", args.steps, "--warmup", args.warmup, "--seed", args.seed, "--lr", args.lr,
+           "--warmup", args.warmup, "--seed", args.seed, "--lr", args.lr,
            "--sizes", *args.sizes, *(["--profile", Path(args.profile).resolve()] if args.profile else [])]
-    with LocalCluster(tmp / f"logs-{n}") as procs:
-        for i in range(n):
-            procs.start(f"worker{i}", cmd, {"TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}",
-                                            "TF_CPP_MIN_LOG_LEVEL": "2"})
-        procs.wait(timeout=args.timeout)
-        return parse_result(procs.output("worker0"), "worker0")
+    return TimerCluster([TimerProcess(cmd, timeout=args.timeout, env={
+        **os.environ, "TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}", "TF_CPP_MIN_LOG_LEVEL": "2"})
+        for i in range(n)])
 
 
 def add_flags(p) -> None:
@@ -137,17 +140,24 @@ def measure(args, rec) -> dict:
         raise RecipeError(f"the global --batch-size {args.batch_size} must split evenly over "
                           f"{args.workers} workers: use a multiple of {args.workers}")
 
-    # Baseline (1 worker), then N workers -------------------------------------------------------
+    # Baseline (1 worker) and N workers, both clusters up, taking steps in turns ------------------
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        results = {}
-        for n in sorted({1, args.workers}):
-            results[n] = run_workers(n, args, tmp)
-            steps = Measurement(f"{n} worker{'s' * (n > 1)}", tuple(results[n]["step_samples_s"]),
-                                items_per_call=results[n]["global_batch"])
-            results[n]["timed"] = steps
-            print(f"{n} worker(s): {steps.median_s * 1e3:.1f} ms per step of {results[n]['global_batch']}",
-                  flush=True)
+        counts = sorted({1, args.workers})
+        try:
+            with contextlib.ExitStack() as stack:
+                # One cluster gets ready (traces, compiles, warms up) before the next starts: none of it is timed.
+                timers = [stack.enter_context(start_workers(n, args, tmp)).timer(
+                    "step", f"{n} worker{'s' * (n > 1)}") for n in counts]
+                timed = dict(zip(counts, interleave(timers, rounds=ROUNDS, samples=args.steps, warmup=0,
+                                                    seed=args.seed)))
+            results = {n: {**json.loads((tmp / f"n{n}-result.json").read_text()), "timed": timed[n]}
+                       for n in counts}
+        except (RuntimeError, OSError) as exc:  # a worker failed: the message carries its last lines
+            raise ClusterError(f"the local cluster failed: {exc}") from None
+        for n in counts:
+            m = results[n]["timed"]
+            print(f"{m.name}: {m.median_s * 1e3:.1f} ms per step of {results[n]['global_batch']}", flush=True)
         one = dict(np.load(tmp / "n1-worker0.npz"))
         many = [dict(np.load(tmp / f"n{args.workers}-worker{i}.npz")) for i in range(args.workers)]
     weight_diff = max(float(np.max(np.abs(many[0][k] - one[k]))) for k in one)
@@ -172,7 +182,7 @@ def measure(args, rec) -> dict:
 def conclude(args, rec, found) -> Conclusion:
     results, weight_diff, between = found["results"], found["weight_diff"], found["between"]
     agrees = weight_diff <= TOLERANCE and between == 0.0
-    # Same global batch: the ratio of samples/s, from samples of two separate runs (unpaired).
+    # Same global batch: the ratio of samples/s, paired round by round.
     speed = versus(results[1]["timed"], results[args.workers]["timed"])
     line = (f"{args.workers} workers vs 1: {speed.describe()}; same training as one process: {agrees} "
           f"(max weight difference {weight_diff:.2g}, between workers {between:g})")
@@ -210,7 +220,7 @@ def task(args) -> int:
 
 RECIPE = Recipe(name="multi_worker", doc=__doc__, order=100, measure=measure, conclude=conclude, add_flags=add_flags,
                 task=task, uses=("steps", "warmup", "batch_size"),
-                sizes={"steps": (50, 20), "warmup": (5, 3), "batch_size": (128, 128),
+                sizes={"steps": (100, 40), "warmup": (5, 3), "batch_size": (128, 128),
                        "sizes": ([4 ** k for k in range(5, 14)], [4 ** k for k in range(5, 13)])})
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ to the server that owns the keys, `pull` fetches the current parameters. With
 `tf.distribute.ParameterServerStrategy` that is literal: variables created in `strategy.scope()` live
 on the ps tasks, a step function scheduled on a worker reads them (pull) and `assign_sub`s its update
 (push). The recipe times pull and push by size, trains with 1 and 2 workers, and compares the traffic
-with the ring all-reduce that synchronous strategies use (multi_worker.py, scaling_model.py).
+with the ring all-reduce that synchronous strategies use (multi_worker.py, scaling_model.py). Both
+clusters stay up and run their timed blocks of steps in turns, so the speedup is judged round by round.
 """
 
 import os
@@ -23,6 +24,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -31,14 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.bench import Measurement, Timer, versus
-from tfperf.cluster import LocalCluster, local_cluster, parse_result, result_line
+from tfperf.bench import Measurement, Timer, TimerProcess, interleave, serve_timers, versus
+from tfperf.cluster import ClusterError, LocalCluster, local_cluster
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe
 from tfperf.stats import FASTER, SLOWER
 
 TRAINING, KV = "asynchronous training, 1 ps", "key-value store: pull and push by size"
-BLOCKS, KV_REPS = 8, 6  # timed blocks of training steps per cluster; timed pulls and pushes per size
+BLOCKS, KV_REPS = 8, 6  # timed blocks of training steps per cluster (one a turn); pulls and pushes per size
 
 
 def server(args) -> None:
@@ -87,14 +89,14 @@ def coordinator(args) -> dict:
 
     # Throughput: blocks of steps scheduled back to back, one join per block (asynchronous workers have
     # no common step to time); the first step and --warmup more, each joined, let the workers trace it.
+    # The cluster then stays up and runs a block when the recipe asks, in turns with the other cluster.
     losses = []
-    block = max(1, args.steps // BLOCKS)
-    schedule = Timer(lambda: losses.append(coord.schedule(train_step, args=(batches,))),
-                     name=f"coordinator-{args.workers}-workers", items_per_call=args.batch_size,
-                     block_size=block, sync_fn=lambda _: coord.join())
-    timed = schedule.measure(BLOCKS, warmup=args.warmup)
+    schedule = Timer(lambda: losses.append(coord.schedule(train_step, args=(batches,))), name="block",
+                     items_per_call=args.batch_size, block_size=block_steps(args.steps),
+                     sync_fn=lambda _: coord.join())
+    serve_timers([schedule], warmup=args.warmup)
     schedule.profile(args.profile, steps=1)  # the chief's side of one more block: scheduling, RPCs
-    result = {"workers": args.workers, "block": block, "samples_s": list(timed.samples_s), "placement": placement,
+    result = {"workers": args.workers, "placement": placement,
               "final_loss": float(np.mean([l.fetch() for l in losses[-10:]])),
               "test_accuracy": accuracy(model, data.x_test, data.y_test), "kv": []}
 
@@ -119,50 +121,62 @@ def coordinator(args) -> dict:
     return result
 
 
-def run_cluster(workers: int, args, tmp: Path) -> dict:
-    """One ps, `workers` workers and a coordinator, each its own process; the coordinator's result."""
+def block_steps(steps: int) -> int:
+    """Training steps per timed block: --steps shared out over BLOCKS blocks."""
+    return max(1, steps // BLOCKS)
+
+
+def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> TimerProcess:
+    """One ps and `workers` workers (started in `servers`) and a coordinator that serves its block timer."""
     cluster = local_cluster({"chief": 1, "worker": workers, "ps": 1})
     base = [sys.executable, __file__, "--cluster", json.dumps(cluster), "--workers", workers]
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": "{}"}
-    with LocalCluster(tmp / f"logs-{workers}") as procs:
-        for job in ("ps", "worker"):
-            for i in range(len(cluster[job])):
-                procs.start(f"{job}{i}", [*base, "--role", "server", "--job", job, "--index", i], env)
-        procs.start("chief", [*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,
-                              "--batch-size", args.batch_size, "--lr", args.lr, "--seed", args.seed,
-                              "--sizes", *args.sizes,
-                              *(["--profile", Path(args.profile).resolve()] if args.profile else [])], env)
-        procs.wait(["chief"], timeout=args.timeout)
-        return parse_result(procs.output("chief"), "the coordinator")
+    for job in ("ps", "worker"):
+        for i in range(len(cluster[job])):
+            servers.start(f"{job}{i}-of-{workers}-workers", [*base, "--role", "server", "--job", job, "--index", i],
+                          env)
+    return TimerProcess([*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,
+                         "--batch-size", args.batch_size, "--lr", args.lr, "--seed", args.seed,
+                         "--sizes", *args.sizes, "--result", tmp / f"result-{workers}.json",
+                         *(["--profile", Path(args.profile).resolve()] if args.profile else [])],
+                        env={**os.environ, **env}, timeout=args.timeout)
 
 
 def add_flags(p) -> None:
     flags.add_cluster_flags(p, sizes_help="pull/push sizes in bytes")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    for internal in ("--role", "--cluster", "--job"):  # set by run_cluster for the processes it starts
+    for internal in ("--role", "--cluster", "--job", "--result"):  # set by start_cluster for its processes
         p.add_argument(internal, help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, help=argparse.SUPPRESS)
 
 
 def task(args) -> int:
-    """A process of the cluster that run_cluster starts (--role server or coordinator)."""
+    """A process of the cluster that start_cluster starts (--role server or coordinator)."""
     if args.role == "server":
         server(args)
         return 0
-    print(result_line(coordinator(args)), flush=True)
+    Path(args.result).write_text(json.dumps(coordinator(args)))
     os._exit(0)  # skip teardown: the servers are killed next, and the eager context would try to reach them
 
 
 def measure(args, rec) -> dict:
-    # Baseline (1 worker), then N workers -------------------------------------------------------
+    # Baseline (1 worker) and N workers, both clusters up, running blocks of steps in turns ---------
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in sorted({1, args.workers}):
-            r = results[n] = run_cluster(n, args, Path(tmp))
-            r["timed"] = Measurement(f"{n} worker{'s' * (n > 1)}", tuple(r["samples_s"]), block_size=r["block"],
-                                     items_per_call=args.batch_size)
-            print(f"{n} worker(s): {r['timed'].items_per_s:,.0f} samples/s over {BLOCKS} blocks of {r['block']} steps",
-                  flush=True)
+    counts = sorted({1, args.workers})
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp) / "logs") as servers:
+        try:
+            with contextlib.ExitStack() as stack:
+                # One cluster gets ready (traces, warms up) before the next starts: none of it is timed.
+                timers = [stack.enter_context(start_cluster(n, args, Path(tmp), servers)).timer(
+                    "block", f"{n} worker{'s' * (n > 1)}") for n in counts]
+                timed = interleave(timers, rounds=BLOCKS, samples=BLOCKS, warmup=0, seed=args.seed)
+            for n, m in zip(counts, timed):
+                results[n] = {**json.loads((Path(tmp) / f"result-{n}.json").read_text()), "timed": m}
+        except (RuntimeError, OSError) as exc:  # a coordinator failed: the message carries its last lines
+            raise ClusterError(f"the local cluster failed: {exc}") from None
+    for n, r in results.items():
+        print(f"{n} worker(s): {r['timed'].items_per_s:,.0f} samples/s over {BLOCKS} blocks of "
+              f"{block_steps(args.steps)} steps", flush=True)
     for n, r in results.items():
         m = r["timed"]
         rec.add(TRAINING, m.name, {

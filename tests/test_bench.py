@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 from tfperf import stats
-from tfperf.bench import (Elapsed, Measurement, Timer, TimerProcess, fresh_processes, interleave, race,
-                          synchronous_execution, timing_ms, versus)
+from tfperf.bench import (Elapsed, Measurement, Timer, TimerCluster, TimerProcess, fresh_processes, interleave,
+                          race, synchronous_execution, timing_ms, versus)
 
 
 class FakeClock:
@@ -290,3 +290,23 @@ def test_timers_in_other_processes_take_turns_in_interleaved_rounds(tmp_path):
     broken.write_text("import sys\nsys.exit('no model here')\n")
     with pytest.raises(RuntimeError, match="no model here"):
         TimerProcess([sys.executable, broken]).timer("any")
+
+
+def test_a_timer_cluster_asks_all_its_processes_for_every_sample_and_lets_them_finish(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text("import sys, time, pathlib\nfrom tfperf.bench import Timer, serve_timers\n"
+                      "rank = int(sys.argv[1]); calls = []\n"
+                      "step = lambda: calls.append(time.sleep(0.001 if rank == 0 else 0.02))\n"
+                      "serve_timers([Timer(step, name='step')], warmup=0)\n"
+                      "time.sleep(0.3)  # work of its own after quit, like a cluster's last collectives\n"
+                      f"pathlib.Path({str(tmp_path)!r}, f'rank{{rank}}').write_text(str(len(calls)))\n")
+    with TimerCluster([TimerProcess([sys.executable, script, rank]) for rank in (0, 1)]) as cluster:
+        (m,) = interleave([cluster.timer("step", name="cluster")], rounds=6, samples=12)
+    # Every process took every sample (and its first call); the chief's times are the ones returned.
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["13", "13"]
+    assert m.n == 12 and m.median_s < 0.015
+    broken = tmp_path / "broken.py"
+    broken.write_text("import sys\nsys.exit('worker 1 lost')\n")
+    with pytest.raises(RuntimeError, match="worker 1 lost"):
+        with TimerCluster([TimerProcess([sys.executable, script, 0]), TimerProcess([sys.executable, broken])]) as c:
+            c.timer("step")

@@ -523,23 +523,79 @@ class TimerProcess:
 
     def take(self, name: str, samples: int) -> list[float]:
         """`samples` samples of the timer `name`, taken in the process while this one waits."""
-        self.proc.stdin.write(f"take {name} {samples}\n")
-        self.proc.stdin.flush()
+        self.ask(name, samples)
+        return self.samples()
+
+    def ask(self, name: str, samples: int) -> None:
+        """Ask for `samples` samples of the timer `name` without waiting for them (see `samples`)."""
+        try:
+            self.proc.stdin.write(f"take {name} {samples}\n")
+            self.proc.stdin.flush()
+        except OSError:  # it has ended: `samples` says how, from its stderr
+            pass
+
+    def samples(self) -> list[float]:
+        """The samples last asked for, once the process has taken them."""
         return [float(s) for s in self._answer()]
 
     def close(self) -> None:
-        """Ask the process to end, and make sure it does."""
+        """Ask the process to end, and make sure it does: it may finish work of its own after `quit`
+        (a cluster's last collectives), for up to `timeout` seconds."""
+        self.quit()
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
+                self.proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         self.errors.close()
 
+    def quit(self) -> None:
+        """Say `quit` (the end of input) without waiting for the process to end."""
+        if not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except OSError:  # it has already ended
+                pass
+
     def __enter__(self) -> TimerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TimerCluster:
+    """Timer processes that take every sample together, as the workers of one cluster must (each step
+    is a collective): all are asked at once, and the first one's samples (the chief's) count."""
+
+    def __init__(self, processes: Sequence[TimerProcess]):
+        if not processes:
+            raise ValueError("a timer cluster needs at least one process")
+        self.processes = list(processes)
+
+    def timer(self, remote: str, name: str | None = None) -> ProcessTimer:
+        """A stand-in here for the timer `remote` that every process serves, once all are ready."""
+        stand_ins = [p.timer(remote, name) for p in self.processes]
+        return ProcessTimer(self, remote, name=stand_ins[0].name, first_call_s=stand_ins[0].first_call_s,
+                            overhead_s=stand_ins[0].overhead_s(), block_size=stand_ins[0].block_size,
+                            items_per_call=stand_ins[0].items_per_call)
+
+    def take(self, name: str, samples: int) -> list[float]:
+        for p in self.processes:
+            p.ask(name, samples)
+        taken = [p.samples() for p in self.processes]
+        return taken[0]
+
+    def close(self) -> None:
+        """Ask every process to end (all at once: a cluster's last collectives need them all), and wait."""
+        for p in self.processes:
+            p.quit()
+        for p in self.processes:
+            p.close()
+
+    def __enter__(self) -> TimerCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -549,7 +605,7 @@ class TimerProcess:
 class ProcessTimer:
     """A Timer served by a TimerProcess: what `interleave` needs of a Timer (start, take, profile)."""
 
-    def __init__(self, process: TimerProcess, remote: str, *, name: str, first_call_s: float | None,
+    def __init__(self, process: TimerProcess | TimerCluster, remote: str, *, name: str, first_call_s: float | None,
                  overhead_s: float | None, block_size: int, items_per_call: int):
         self.process, self.remote, self.name = process, remote, name
         self.first_call_s, self._overhead_s = first_call_s, overhead_s

@@ -4,7 +4,7 @@ Each rung adds one technique to the best configuration so far and keeps it only 
 faster and no less accurate, so the last kept rung is the best configuration this machine found, with
 the price of each step on the way.
 
-Run:   python recipes/training_ladder.py --quick          (about two minutes on 2 CPU cores)
+Run:   python recipes/training_ladder.py --quick          (3-5 minutes on 2 CPU cores; more near the bar)
        python recipes/training_ladder.py --model resnet18 (slow on a CPU)
 Needs: TensorFlow 2.21 and Keras 3; mnist-5k works offline.
 

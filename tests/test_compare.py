@@ -38,6 +38,17 @@ def test_a_slower_run_regresses_and_a_faster_one_improves():
     assert [r.status for r in compare_runs(run_records(1.5), run_records()).rows] == [IMPROVED, IMPROVED]
 
 
+def test_the_samples_decide_when_a_copy_scales_them_and_not_the_stored_figures():
+    slower = run_records()
+    for r in slower:
+        r["samples_s"] = [1.5 * t for t in r["samples_s"]]
+    result = compare_runs(run_records(), slower)
+    assert [r.status for r in result.rows] == [REGRESSED, REGRESSED]
+    assert result.rows[0].ratio == pytest.approx(1 / 1.5) and result.rows[0].b == pytest.approx(1.5 * result.rows[0].a)
+    low, high = result.rows[0].ci95
+    assert low <= 1 / 1.5 <= high
+
+
 def test_a_change_under_the_threshold_does_not_count():
     result = compare_runs(run_records(), run_records(1.03), threshold=0.05)
     assert [r.status for r in result.rows] == [UNCHANGED, UNCHANGED]

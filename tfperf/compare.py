@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from tfperf import stats
 from tfperf.report import per_call_samples, speedup
 
@@ -63,12 +65,19 @@ def judge(a: Record, b: Record, *, threshold: float, seed: int = 0) -> RowChange
     when the change is also larger than `threshold`."""
     key = (b["recipe"], b["table"], b["row"])
     metric = b["primary"]
+    value_a, value_b = float(a["metrics"][metric]), float(b["metrics"][metric])
     ratio = speedup(b, a)
     ci, p, status = None, None, NOT_JUDGED
     if a.get("samples_s") and b.get("samples_s") and math.isfinite(ratio):
         sa, sb = per_call_samples(a), per_call_samples(b)
         per_call, (low, high) = stats.ratio_ci(sa, sb, seed=seed)
-        scale = ratio / per_call  # the primary metric is proportional to the time per call or its inverse
+        # The samples are the evidence, the metric their summary: each run's metric is proportional to its
+        # time per call (or its inverse), with a factor of its own (items, bytes per call) read from the
+        # median it was computed from. So the figures and the ratio follow the samples.
+        value_a, value_b = at_samples_median(a, sa), at_samples_median(b, sb)
+        if value_a and value_b:
+            ratio = value_a / value_b if b["lower_is_better"] else value_b / value_a
+        scale = ratio / per_call
         ci = (low * scale, high * scale)
         p = stats.mann_whitney_p(sa, sb)
         significant = p < SIGNIFICANCE and (ci[0] > 1 or ci[1] < 1)
@@ -78,7 +87,19 @@ def judge(a: Record, b: Record, *, threshold: float, seed: int = 0) -> RowChange
             status = REGRESSED
         else:
             status = UNCHANGED
-    return RowChange(key, metric, float(a["metrics"][metric]), float(b["metrics"][metric]), ratio, ci, p, status)
+    return RowChange(key, metric, value_a, value_b, ratio, ci, p, status)
+
+
+def at_samples_median(record: Record, per_call: Sequence[float]) -> float:
+    """The record's primary metric as its samples give it: the stored figure, scaled from the median it
+    was computed from (`timing.median_s`) to the median of the samples now in the record."""
+    value = float(record["metrics"][record["primary"]])
+    timing = record.get("timing") or {}
+    if not timing.get("median_s"):
+        return value  # an older record: the figure as stored
+    recorded = timing["median_s"] / timing.get("block_size", 1)
+    now = float(np.median(per_call))
+    return value * now / recorded if record["lower_is_better"] else value * recorded / now
 
 
 def _differences(a: Mapping[str, Any], b: Mapping[str, Any], keys: Sequence[str]) -> dict[str, tuple[Any, Any]]:

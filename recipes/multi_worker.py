@@ -123,7 +123,7 @@ def start_workers(n: int, args, tmp: Path) -> TimerCluster:
     cmd = [sys.executable, __file__, "--role", "worker", "--weights-dir", tmp, "--batch-size", args.batch_size,
            "--warmup", args.warmup, "--seed", args.seed, "--lr", args.lr,
            "--sizes", *args.sizes, *(["--profile", Path(args.profile).resolve()] if args.profile else [])]
-    return TimerCluster([TimerProcess(cmd, timeout=args.timeout, env={
+    return TimerCluster([TimerProcess(cmd, timeout=args.timeout, name=f"worker {i} of {n}", env={
         **os.environ, "TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}", "TF_CPP_MIN_LOG_LEVEL": "2"})
         for i in range(n)])
 

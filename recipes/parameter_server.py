@@ -139,7 +139,8 @@ def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> Timer
                          "--batch-size", args.batch_size, "--lr", args.lr, "--seed", args.seed,
                          "--sizes", *args.sizes, "--result", tmp / f"result-{workers}.json",
                          *(["--profile", Path(args.profile).resolve()] if args.profile else [])],
-                        env={**os.environ, **env}, timeout=args.timeout)
+                        env={**os.environ, **env}, timeout=args.timeout,
+                        name=f"the coordinator of {workers} worker(s)")
 
 
 def add_flags(p) -> None:

@@ -310,3 +310,29 @@ def test_a_timer_cluster_asks_all_its_processes_for_every_sample_and_lets_them_f
     with pytest.raises(RuntimeError, match="worker 1 lost"):
         with TimerCluster([TimerProcess([sys.executable, script, 0]), TimerProcess([sys.executable, broken])]) as c:
             c.timer("step")
+
+
+def test_a_timer_cluster_whose_worker_dies_mid_step_fails_at_once_and_a_silent_one_at_its_deadline(tmp_path):
+    # The chief's step hangs after its first call (as a collective does when a peer is gone); worker 1 dies.
+    script = tmp_path / "worker.py"
+    script.write_text("import sys, time\nfrom tfperf.bench import Timer, serve_timers\n"
+                      "rank, calls = int(sys.argv[1]), []\n"
+                      "def step():\n"
+                      "    calls.append(1)\n"
+                      "    if len(calls) > 1:\n"
+                      "        time.sleep(60) if rank == 0 else sys.exit('worker 1: connection reset')\n"
+                      "serve_timers([Timer(step, name='step')], warmup=0)\n")
+    with TimerCluster([TimerProcess([sys.executable, script, r], name=f"worker {r}", timeout=60)
+                       for r in (0, 1)]) as cluster:
+        step = cluster.timer("step")
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="worker 1 exited with 1: .*connection reset"):
+            step.take(1)
+        assert time.monotonic() - started < 10  # at once, not at the chief's 60 s deadline
+        for p in cluster.processes:
+            p.timeout = 1  # and let the hung chief go at close
+    with TimerProcess([sys.executable, script, 0], name="worker 0", timeout=60) as alone:
+        step = alone.timer("step")
+        alone.timeout = 1  # a deadline for the step alone (starting TensorFlow takes longer)
+        with pytest.raises(RuntimeError, match="worker 0 gave no answer within 1 s"):
+            step.take(1)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import queue
 import re
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -466,6 +468,7 @@ def fresh_processes(argv: Sequence[str], runs: int, *, timeout: float = 600) -> 
 # machine falls on all of them, and the comparison is paired by rounds.
 
 _PROTOCOL = "TIMER "  # prefix of the lines a timer process answers with (a model may print too)
+_ENDED = object()  # what the reader of a timer process's answers puts last, when its output ends
 
 
 def serve_timers(timers: Sequence[Timer], *, warmup: int = 1, lines=None, reply=None) -> None:
@@ -491,35 +494,67 @@ def serve_timers(timers: Sequence[Timer], *, warmup: int = 1, lines=None, reply=
 
 class TimerProcess:
     """A process started with `argv` that serves timers (`serve_timers`); `timer` gives their stand-ins
-    here, for `interleave`. Use it as a context manager: the process ends with it."""
+    here, for `interleave`. Use it as a context manager: the process ends with it.
 
-    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600):
+    Args:
+        timeout: seconds to wait for any one answer (and for the process to end after `quit`).
+        name: what messages call it (default: the script it runs).
+    """
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 600,
+                 name: str | None = None):
         self.argv = [str(a) for a in argv]
         self.timeout = timeout
+        self.name = name or next((Path(a).name for a in self.argv if a.endswith(".py")), Path(self.argv[0]).name)
         # stderr to a file: a pipe nobody reads while the process logs would fill and stall it.
         self.errors = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.errors, text=True, env=env)
+        # Answers are read by a thread, so that waiting for one can give up at a deadline, or when
+        # another process it depends on (a worker of the same cluster) has failed.
+        self._answers: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read_answers, daemon=True).start()
         self._ready: dict[str, dict] | None = None
 
-    def timer(self, remote: str, name: str | None = None) -> ProcessTimer:
+    def timer(self, remote: str, name: str | None = None, *, peers: Sequence[TimerProcess] = ()) -> ProcessTimer:
         """A stand-in here for the process's timer `remote`, named `name` (default the same), waiting
         for the process to be ready. Start several processes before asking: they start side by side."""
         if self._ready is None:
-            self._ready = self._answer()
+            self._ready = self._answer(peers)
         if remote not in self._ready:
             raise ValueError(f"the timer process has no timer {remote!r}; it has {sorted(self._ready)}")
         return ProcessTimer(self, remote, name=name or remote, **self._ready[remote])
 
-    def _answer(self) -> Any:
+    def _read_answers(self) -> None:
         for line in self.proc.stdout:
             if line.startswith(_PROTOCOL):
-                return json.loads(line[len(_PROTOCOL):])
+                self._answers.put(json.loads(line[len(_PROTOCOL):]))
+        self._answers.put(_ENDED)
+
+    def _answer(self, peers: Sequence[TimerProcess] = ()) -> Any:
+        """The next answer; RuntimeError when this process or one of `peers` ends without it, or when
+        none comes within `timeout`."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                answer = self._answers.get(timeout=0.2)
+            except queue.Empty:
+                for p in peers:
+                    if p is not self and p.proc.poll() not in (None, 0):
+                        p._fail()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.name} gave no answer within {self.timeout:.0f} s") from None
+                continue
+            if answer is _ENDED:
+                self._fail()
+            return answer
+
+    def _fail(self) -> None:
+        """Raise what ended the process: its exit code and the last lines of its stderr."""
         self.proc.wait(timeout=self.timeout)
         self.errors.seek(0)
         tail = " | ".join(self.errors.read().strip().splitlines()[-3:])
-        raise RuntimeError(f"timer process {Path(self.argv[-1]).name} exited with {self.proc.returncode}: "
-                           f"{tail or 'no output'}")
+        raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {tail or 'no output'}")
 
     def take(self, name: str, samples: int) -> list[float]:
         """`samples` samples of the timer `name`, taken in the process while this one waits."""
@@ -534,9 +569,9 @@ class TimerProcess:
         except OSError:  # it has ended: `samples` says how, from its stderr
             pass
 
-    def samples(self) -> list[float]:
-        """The samples last asked for, once the process has taken them."""
-        return [float(s) for s in self._answer()]
+    def samples(self, peers: Sequence[TimerProcess] = ()) -> list[float]:
+        """The samples last asked for, once the process has taken them (see `_answer` for `peers`)."""
+        return [float(s) for s in self._answer(peers)]
 
     def close(self) -> None:
         """Ask the process to end, and make sure it does: it may finish work of its own after `quit`
@@ -577,7 +612,7 @@ class TimerCluster:
 
     def timer(self, remote: str, name: str | None = None) -> ProcessTimer:
         """A stand-in here for the timer `remote` that every process serves, once all are ready."""
-        stand_ins = [p.timer(remote, name) for p in self.processes]
+        stand_ins = [p.timer(remote, name, peers=self.processes) for p in self.processes]
         return ProcessTimer(self, remote, name=stand_ins[0].name, first_call_s=stand_ins[0].first_call_s,
                             overhead_s=stand_ins[0].overhead_s(), block_size=stand_ins[0].block_size,
                             items_per_call=stand_ins[0].items_per_call)
@@ -585,7 +620,7 @@ class TimerCluster:
     def take(self, name: str, samples: int) -> list[float]:
         for p in self.processes:
             p.ask(name, samples)
-        taken = [p.samples() for p in self.processes]
+        taken = [p.samples(peers=self.processes) for p in self.processes]
         return taken[0]
 
     def close(self) -> None:

@@ -207,9 +207,9 @@ def measure(args, rec) -> dict:
             plain["test_accuracy"] - ACCURACY_TOLERANCE)
         verdicts[row] = (c, accurate, best[0])
         kept = kept_row(row)
-        rec.records[-1]["metrics"].update(kept=kept, accurate_enough=accurate, unsettled=accurate and unsettled(c))
-        status = "not kept (unsettled: a rerun may keep it)" if accurate and unsettled(c) else (
-            "kept" if kept else "not kept")
+        near = accurate and unsettled(c)
+        rec.records[-1]["metrics"].update(kept=kept, accurate_enough=accurate, unsettled=near)
+        status = "not kept (unsettled: a rerun may keep it)" if near else "kept" if kept else "not kept"
         print(f"{row:<34} {m_rung.items_per_s:8,.0f} samples/s, acc {metrics['test_accuracy']:.3f}; against "
               f"{best[0]}: {c.describe()} after {c.units} rounds; {status}", flush=True)
         if kept:
@@ -238,10 +238,12 @@ def conclude(args, rec, found) -> Conclusion:
             f"MFU {top['mfu']:.1%} (plain fit {found['plain_mfu']:.1%})")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
+    not_kept = {row: (c, ok, base, ok and unsettled(c))
+                for row, (c, ok, base) in verdicts.items() if row not in kept}
     dropped = [f"{row} (against {base}: {c.describe()}{'' if ok else ', and less accurate'})"
-               for row, (c, ok, base) in verdicts.items() if row not in kept and not (ok and unsettled(c))]
+               for row, (c, ok, base, near) in not_kept.items() if not near]
     near = [f"{row} (against {base}: {c.describe()} after {c.units} rounds)"
-            for row, (c, ok, base) in verdicts.items() if row not in kept and ok and unsettled(c)]
+            for row, (c, ok, base, near) in not_kept.items() if near]
     near_note = (f" Unsettled, so a rerun may keep {'it' if len(near) == 1 else 'them'}: {'; '.join(near)}; a gain "
                  f"this close to the {MIN_GAIN:.0%} bar needs more rounds (--rounds) to settle." if near else "")
     untried = (f" Not tried: {', '.join(found['untried'])}, since a smaller batch already did not pay."

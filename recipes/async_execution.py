@@ -30,9 +30,10 @@ import psutil
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Elapsed, Timer, interleave, sync, synchronous_execution, versus
+from tfperf.measure import Elapsed, Timer, interleave, sync, versus
+from tfperf.measure.timer import synchronous_execution
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.stats import FASTER
+from tfperf.measure.stats import FASTER
 
 QUEUE, MEMORY = "front end vs back end (loop of ops)", "memory while the queue runs ahead"
 

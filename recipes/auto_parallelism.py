@@ -24,10 +24,10 @@ import sys
 
 import tensorflow as tf
 
-from tfperf.bench import Timer, interleave, one_after_another, versus
+from tfperf.measure import Timer, interleave, one_after_another, versus
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.stats import FASTER
+from tfperf.measure.stats import FASTER
 
 TOGETHER, OVERLAP = "two independent jobs: alone vs together", "compute y[i] while y[i-1] is copied"
 

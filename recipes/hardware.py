@@ -32,12 +32,13 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Timer, interleave, matmul_flops_per_s, versus
+from tfperf.measure import Timer, interleave, versus
+from tfperf.measure.timer import matmul_flops_per_s
 from tfperf.catalog import MODEL_NAMES
 from tfperf.models import activation_bytes, flops, get_net
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.report import save_figure
-from tfperf.stats import NO_DIFFERENCE
+from tfperf.records.report import save_figure
+from tfperf.measure.stats import NO_DIFFERENCE
 
 MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY = (
     "memory bandwidth", "working-set sweep: latency of a dependent load", "matmul FLOP/s by dtype and size",

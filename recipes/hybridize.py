@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Timer, interleave, peak_matmul_flops_per_s, timing_ms, versus
+from tfperf.measure import Timer, interleave, peak_matmul_flops_per_s, timing_ms, versus
 from tfperf.models import flops, get_net
 from tfperf.recipe import Conclusion, Recipe
 

@@ -29,10 +29,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Timer, versus
+from tfperf.measure import Timer, versus
 from tfperf.models import get_net
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.report import timeline_chart
+from tfperf.records.report import timeline_chart
 from tfperf.train import make_train_step
 
 TABLE = "input pipeline variants"

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import ClusterError, result_line, run_task
+from tfperf.measure.processes import ChildError, reply, run_child
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 
 FIT, FIRST, PREDICT, LOSS, JIT = ("fit throughput", "first epoch (trace and compile)", "inference calls",
@@ -81,7 +81,7 @@ def time_stack(stack: str, work: Path, epochs: int, calls: int, seed: int) -> di
         import tf_keras as k
     else:
         import keras as k
-    from tfperf.bench import Timer, interleave
+    from tfperf.measure import Timer, interleave
     from tfperf.train import fit_epochs
 
     k.utils.set_random_seed(seed)
@@ -135,7 +135,7 @@ def add_flags(p) -> None:
 
 def task(args) -> int:
     """One stack's process: its backend was chosen by the environment before Keras was imported."""
-    print(result_line(time_stack(args.stack, Path(args.work), args.epochs, args.calls, args.seed)))
+    print(reply(time_stack(args.stack, Path(args.work), args.epochs, args.calls, args.seed)))
     return 0
 
 
@@ -146,19 +146,19 @@ def import_failure(error: str) -> str | None:
 
 
 def run_stack(stack: str, args, work: Path) -> dict:
-    """Run one stack's process with its environment; its result (ClusterError when it fails)."""
+    """Run one stack's process with its environment; its result (ChildError when it fails)."""
     env = {**os.environ, **STACKS[stack]}
     if "TF_USE_LEGACY_KERAS" not in STACKS[stack]:
         env.pop("TF_USE_LEGACY_KERAS", None)
     argv = [sys.executable, __file__, "--role", "stack", "--stack", stack, "--work", work, "--epochs", args.epochs,
             "--calls", args.calls, "--seed", args.seed]
-    return run_task(argv, env=env, task=f"the {stack} process")
+    return run_child(argv, env=env, who=f"the {stack} process")
 
 
 def measure(args, rec) -> dict:
     import keras
 
-    from tfperf.bench import Measurement, versus
+    from tfperf.measure import Measurement, versus
     from tfperf.data import load_arrays
 
     # Setup: data and initial weights, written once for every stack's processes -----------------
@@ -187,7 +187,7 @@ def measure(args, rec) -> dict:
                     continue
                 try:
                     results[str(stack)] = run_stack(str(stack), args, work)
-                except ClusterError as exc:
+                except ChildError as exc:
                     why = import_failure(str(exc))
                     if r > 0 or why is None:
                         raise

@@ -27,12 +27,12 @@ import keras
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Timer, interleave, peak_matmul_flops_per_s, versus
+from tfperf.measure import Timer, interleave, peak_matmul_flops_per_s, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import flops, get_net
 from tfperf.recipe import Conclusion, Recipe, RecipeError
-from tfperf.stats import FASTER, SLOWER
+from tfperf.measure.stats import FASTER, SLOWER
 from tfperf.train import fit_epochs
 
 TABLE = "ResNet-18, MirroredStrategy by device count"

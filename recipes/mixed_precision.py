@@ -31,12 +31,13 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Timer, interleave, matmul_flops_per_s, versus
+from tfperf.measure import Timer, interleave, versus
+from tfperf.measure.timer import matmul_flops_per_s
 from tfperf.data import load_arrays, to_dataset
 from tfperf.models import activation_bytes, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.stats import FASTER
+from tfperf.measure.stats import FASTER
 from tfperf.train import accuracy
 
 TABLE = "training step by dtype policy"

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf import hvd as thvd
-from tfperf.bench import Measurement, Timer, profiled
+from tfperf.measure import Measurement, Timer, profiled
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import usable_cores
 from tfperf.models import get_net

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Timer, interleave, versus
+from tfperf.measure import Timer, interleave, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import get_net

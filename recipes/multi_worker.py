@@ -33,12 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.bench import (Measurement, Timer, TimerCluster, TimerProcess, interleave, profiled, serve_timers,
+from tfperf.measure import (Measurement, Timer, TimerCluster, TimerServer, interleave, profiled, serve_timers,
                           versus)
 from tfperf.cluster import ClusterError, local_cluster, tf_config
+from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe, RecipeError
-from tfperf.stats import FASTER, SLOWER
+from tfperf.measure.stats import FASTER, SLOWER
 
 TRAINING, ALLREDUCE = "training, same global batch", "collective all-reduce by size"
 AGREEMENT_STEPS, TOLERANCE = 5, 1e-4
@@ -113,8 +114,8 @@ def worker(args) -> None:
         # without copying it to the host.
         reps = Timer(allreduce, name=f"all-reduce {size}").measure(ALLREDUCE_REPS, warmup=1)
         result["allreduce"].append({"bytes": size, "samples_s": list(reps.samples_s)})
-    if ctx_index == 0:
-        (Path(args.weights_dir) / f"n{n_workers}-result.json").write_text(json.dumps(result))
+    if ctx_index == 0:  # the chief's result, after its last timer answer
+        print(reply(result), flush=True)
 
 
 def start_workers(n: int, args, tmp: Path) -> TimerCluster:
@@ -123,7 +124,7 @@ def start_workers(n: int, args, tmp: Path) -> TimerCluster:
     cmd = [sys.executable, __file__, "--role", "worker", "--weights-dir", tmp, "--batch-size", args.batch_size,
            "--warmup", args.warmup, "--seed", args.seed, "--lr", args.lr,
            "--sizes", *args.sizes, *(["--profile", Path(args.profile).resolve()] if args.profile else [])]
-    return TimerCluster([TimerProcess(cmd, timeout=args.timeout, name=f"worker {i} of {n}", env={
+    return TimerCluster([TimerServer(cmd, timeout=args.timeout, name=f"worker {i} of {n}", env={
         **os.environ, "TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}", "TF_CPP_MIN_LOG_LEVEL": "2"})
         for i in range(n)])
 
@@ -147,12 +148,14 @@ def measure(args, rec) -> dict:
         try:
             with contextlib.ExitStack() as stack:
                 # One cluster gets ready (traces, compiles, warms up) before the next starts: none of it is timed.
-                timers = [stack.enter_context(start_workers(n, args, tmp)).timer(
-                    "step", f"{n} worker{'s' * (n > 1)}") for n in counts]
+                clusters, timers = {}, []
+                for n in counts:
+                    clusters[n] = stack.enter_context(start_workers(n, args, tmp))
+                    timers.append(clusters[n].timer("step", f"{n} worker{'s' * (n > 1)}"))
                 timed = dict(zip(counts, interleave(timers, rounds=ROUNDS, samples=args.steps, warmup=0,
                                                     seed=args.seed)))
-            results = {n: {**json.loads((tmp / f"n{n}-result.json").read_text()), "timed": timed[n]}
-                       for n in counts}
+            # The chief's result, replied after the clusters were closed.
+            results = {n: {**clusters[n].processes[0].result, "timed": timed[n]} for n in counts}
         except (RuntimeError, OSError) as exc:  # a worker failed: the message carries its last lines
             raise ClusterError(f"the local cluster failed: {exc}") from None
         for n in counts:

@@ -33,11 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.bench import Measurement, Timer, TimerProcess, interleave, serve_timers, versus
+from tfperf.measure import Measurement, Timer, TimerServer, interleave, serve_timers, versus
 from tfperf.cluster import ClusterError, LocalCluster, local_cluster
+from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.stats import FASTER, SLOWER
+from tfperf.measure.stats import FASTER, SLOWER
 
 TRAINING, KV = "asynchronous training, 1 ps", "key-value store: pull and push by size"
 BLOCKS, KV_REPS = 8, 6  # timed blocks of training steps per cluster (one a turn); pulls and pushes per size
@@ -126,7 +127,7 @@ def block_steps(steps: int) -> int:
     return max(1, steps // BLOCKS)
 
 
-def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> TimerProcess:
+def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> TimerServer:
     """One ps and `workers` workers (started in `servers`) and a coordinator that serves its block timer."""
     cluster = local_cluster({"chief": 1, "worker": workers, "ps": 1})
     base = [sys.executable, __file__, "--cluster", json.dumps(cluster), "--workers", workers]
@@ -135,9 +136,9 @@ def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> Timer
         for i in range(len(cluster[job])):
             servers.start(f"{job}{i}-of-{workers}-workers", [*base, "--role", "server", "--job", job, "--index", i],
                           env)
-    return TimerProcess([*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,
+    return TimerServer([*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,
                          "--batch-size", args.batch_size, "--lr", args.lr, "--seed", args.seed,
-                         "--sizes", *args.sizes, "--result", tmp / f"result-{workers}.json",
+                         "--sizes", *args.sizes,
                          *(["--profile", Path(args.profile).resolve()] if args.profile else [])],
                         env={**os.environ, **env}, timeout=args.timeout,
                         name=f"the coordinator of {workers} worker(s)")
@@ -146,7 +147,7 @@ def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> Timer
 def add_flags(p) -> None:
     flags.add_cluster_flags(p, sizes_help="pull/push sizes in bytes")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    for internal in ("--role", "--cluster", "--job", "--result"):  # set by start_cluster for its processes
+    for internal in ("--role", "--cluster", "--job"):  # set by start_cluster for its processes
         p.add_argument(internal, help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, help=argparse.SUPPRESS)
 
@@ -156,7 +157,7 @@ def task(args) -> int:
     if args.role == "server":
         server(args)
         return 0
-    Path(args.result).write_text(json.dumps(coordinator(args)))
+    print(reply(coordinator(args)), flush=True)  # after its last timer answer
     os._exit(0)  # skip teardown: the servers are killed next, and the eager context would try to reach them
 
 
@@ -168,11 +169,13 @@ def measure(args, rec) -> dict:
         try:
             with contextlib.ExitStack() as stack:
                 # One cluster gets ready (traces, warms up) before the next starts: none of it is timed.
-                timers = [stack.enter_context(start_cluster(n, args, Path(tmp), servers)).timer(
-                    "block", f"{n} worker{'s' * (n > 1)}") for n in counts]
+                coordinators, timers = {}, []
+                for n in counts:
+                    coordinators[n] = stack.enter_context(start_cluster(n, args, Path(tmp), servers))
+                    timers.append(coordinators[n].timer("block", f"{n} worker{'s' * (n > 1)}"))
                 timed = interleave(timers, rounds=BLOCKS, samples=BLOCKS, warmup=0, seed=args.seed)
-            for n, m in zip(counts, timed):
-                results[n] = {**json.loads((Path(tmp) / f"result-{n}.json").read_text()), "timed": m}
+            for n, m in zip(counts, timed):  # each coordinator's result, replied after it was closed
+                results[n] = {**coordinators[n].result, "timed": m}
         except (RuntimeError, OSError) as exc:  # a coordinator failed: the message carries its last lines
             raise ClusterError(f"the local cluster failed: {exc}") from None
     for n, r in results.items():

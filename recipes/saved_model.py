@@ -28,10 +28,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.bench import Timer, interleave, timing_ms, versus
+from tfperf.measure import Timer, interleave, timing_ms, versus
 from tfperf.models import default_input_shape, get_net
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.serving import export, load, serving_function
+from tfperf.deploy.layout import export, load, serving_function
 
 STARTUP, LATENCY = "start-up: load and first call", "steady-state latency by batch size"
 

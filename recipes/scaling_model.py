@@ -25,7 +25,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -35,10 +34,11 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.cluster import ClusterError
+from tfperf.measure.processes import replies, reply
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.results import read_records
-from tfperf.stats import median_ci
+from tfperf.records.records import read_records
+from tfperf.measure.stats import median_ci
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -58,7 +58,7 @@ def probe_allreduce(sizes: list[int], reps: int) -> list[dict]:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from tfperf.bench import Timer
+    from tfperf.measure import Timer
 
     hvd.init()
     rows = []
@@ -86,6 +86,11 @@ def launch(cmd: list) -> str:
     return proc.stdout
 
 
+def rank0_replies(output: str) -> list:
+    """What rank 0 replied (`reply`) in horovodrun's output, where each line starts with `[rank]<stdout>:`."""
+    return replies("\n".join(line.split(":", 1)[1] for line in output.splitlines() if line.startswith("[0]<stdout>:")))
+
+
 def add_flags(p) -> None:
     p.add_argument("--ranks", type=flags.positive_int, nargs="+", help="np values to predict and run")
     p.add_argument("--reps", type=flags.positive_int, help="all-reduce repetitions per size")
@@ -98,7 +103,7 @@ def add_flags(p) -> None:
 def task(args) -> int:
     """The all-reduce probe on one rank: prints its rows for the launching process."""
     for row in probe_allreduce(args.probe_bytes or sweep_sizes(args.quick), args.reps):
-        print(json.dumps(row))
+        print(reply(row))
     return 0
 
 
@@ -114,7 +119,7 @@ def measure(args, rec) -> dict:
 
     # t2: the all-reduce, measured by size, fitted to the ring model ----------------------------
     out = launch([BIN / "horovodrun", "-np", "2", *me, "--role", "allreduce"])
-    sweep = [json.loads(line.split(":", 1)[1]) for line in out.splitlines() if line.startswith("[0]<stdout>:{")]
+    sweep = rank0_replies(out)
     # For n = 2 the ring model is t = 2 alpha + S / beta: a straight line in S, fitted to relative error
     # (weights 1/t) so that the small sizes, where alpha shows, count as much as the large ones.
     times = np.array([r["s"] for r in sweep])
@@ -157,8 +162,7 @@ def measure(args, rec) -> dict:
                     # cores a ring step also waits for its neighbour to be scheduled, which no fit can know.
                     out = launch([BIN / "horovodrun", "-np", n, *me, "--role", "allreduce",
                                   "--probe-bytes", gradient_bytes])
-                    probe = next(json.loads(line.split(":", 1)[1]) for line in out.splitlines()
-                                 if line.startswith("[0]<stdout>:{"))
+                    probe = rank0_replies(out)[0]
                     t2_of[n], t2_ci = probe["s"], tuple(probe["ci95_s"])
                     print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
                           f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)

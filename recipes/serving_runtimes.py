@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.bench import Measurement, Timer, fresh_processes, interleave, versus
-from tfperf.cluster import result_line, run_task
+from tfperf.measure import Measurement, Timer, fresh_processes, interleave, versus
+from tfperf.measure.processes import reply, run_child
 from tfperf.devices import usable_cores
 from tfperf.precision import cpu_int8_support
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.stats import FASTER, NO_DIFFERENCE, SLOWER
+from tfperf.measure.stats import FASTER, NO_DIFFERENCE, SLOWER
 
 COLD, LATENCY, THROUGHPUT, QUALITY = ("cold start in a fresh process: import, load, first call",
                                       "batch-1 latency", "throughput by batch size and threads",
@@ -58,7 +58,7 @@ FLOAT_TOLERANCE = 1e-4  # float32 exports must answer as Keras does, within this
 SPEEDUP_GOAL, INT8_ACCURACY_GOAL = 20.0, 0.01
 
 # What a serving host does after a restart, in a fresh interpreter: import the runtime, load, answer once.
-# Only tfperf.serving (NumPy and the runtime itself) is imported: no TensorFlow for LiteRT or ONNX Runtime.
+# Only tfperf.deploy (NumPy and the runtime itself) is imported: no TensorFlow for LiteRT or ONNX Runtime.
 COLD_START = """
 import importlib, json, sys, time
 import numpy as np
@@ -67,13 +67,14 @@ x = np.zeros([1, *shape], np.float32)
 t0 = time.perf_counter()
 runtime = importlib.import_module({"keras": "keras", "savedmodel": "tensorflow",
                                    "litert": "ai_edge_litert.interpreter", "onnx": "onnxruntime"}[kind.split("-")[0]])
-from tfperf.serving import load
+from tfperf.deploy.layout import load
+from tfperf.measure.processes import reply
 t1 = time.perf_counter()
 model = runtime.saving.load_model(path) if kind.startswith("keras") else load(path)
 t2 = time.perf_counter()
 model.predict(x, verbose=0) if kind == "keras-predict" else model(x)
 t3 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_call_s": t3 - t2}))
+print(reply({"import_s": t1 - t0, "load_s": t2 - t1, "first_call_s": t3 - t2}))
 """
 
 
@@ -87,7 +88,7 @@ def load_runtimes(work: Path, paths: dict, threads: int) -> dict:
     """Every runtime as a function of a NumPy batch, LiteRT and ONNX Runtime with `threads` threads."""
     import keras
 
-    from tfperf.serving import load
+    from tfperf.deploy.layout import load
 
     model = keras.saving.load_model(work / "model.keras")
     served = {}
@@ -135,7 +136,7 @@ def task(args) -> int:
     tf.config.threading.set_inter_op_parallelism_threads(1 if args.threads == 1 else 0)
     work = Path(args.work)
     paths = json.loads((work / "paths.json").read_text())
-    print(result_line(time_runtimes(work, paths, args.threads, [1, *args.batches], args.min_time, args.seed)))
+    print(reply(time_runtimes(work, paths, args.threads, [1, *args.batches], args.min_time, args.seed)))
     return 0
 
 
@@ -144,7 +145,7 @@ def measure(args, rec) -> dict:
 
     from tfperf.data import load_arrays
     from tfperf.models import get_net
-    from tfperf.serving import export, load, predict
+    from tfperf.deploy.layout import export, load, predict
     from tfperf.train import train
 
     # Setup: one trained model, exported in every format ----------------------------------------
@@ -187,9 +188,9 @@ def measure(args, rec) -> dict:
         # Latency and throughput: one process per thread setting, all runtimes in the same rounds ---
         timed = {}
         for n in threads:
-            found = run_task([sys.executable, __file__, "--role", "time", "--threads", n, "--work", work,
+            found = run_child([sys.executable, __file__, "--role", "time", "--threads", n, "--work", work,
                               "--batches", *args.batches, "--min-time", args.min_time, "--seed", args.seed],
-                             task=f"timing with {n} thread(s)")
+                              who=f"timing with {n} thread(s)")
             timed[n] = {int(b): {m["name"]: Measurement(**{**m, "samples_s": tuple(m["samples_s"])}) for m in ms}
                         for b, ms in found.items()}
             # Each measurement takes its row's name: a compared row names the row it is compared with.

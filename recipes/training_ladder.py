@@ -41,13 +41,14 @@ import sys
 import keras
 import tensorflow as tf
 
-from tfperf import bench, flags
-from tfperf.bench import Timer, peak_matmul_flops_per_s, versus
+from tfperf import flags
+from tfperf.measure import rounds
+from tfperf.measure import Timer, peak_matmul_flops_per_s, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.models import flops, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.stats import FASTER
+from tfperf.measure.stats import FASTER
 from tfperf.train import accuracy, fit_epochs
 
 TABLE, FINAL = "training ladder", "best configuration vs plain fit"
@@ -163,7 +164,7 @@ def measure(args, rec) -> dict:
                 t.quality = (float(t.losses[-1]), accuracy(t.model, data.x_test, data.y_test))
 
         # --profile traces one more epoch of each, after the timed ones.
-        ms, (c,) = bench.race(timers, rounds=args.rounds, samples=args.rounds, threshold=MIN_GAIN,
+        ms, (c,) = rounds.race(timers, rounds=args.rounds, samples=args.rounds, threshold=MIN_GAIN,
                               max_extensions=MAX_EXTENSIONS, warmup=0, seed=args.seed, profile_dir=args.profile,
                               profile_steps=1, on_first_rounds=quality)
         return ms, c, trainers

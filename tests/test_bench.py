@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfperf import stats
-from tfperf.bench import (Elapsed, Measurement, Timer, TimerCluster, TimerProcess, fresh_processes, interleave,
-                          race, synchronous_execution, timing_ms, versus)
+from tfperf.measure import stats
+import tfperf
+from tfperf.measure import (Benchmark, Elapsed, Measurement, Timer, TimerCluster, TimerServer, fresh_processes,
+                            interleave, race, timing_ms, versus)
+from tfperf.measure.timer import synchronous_execution
 
 
 class FakeClock:
@@ -237,7 +239,8 @@ def test_profile_traces_a_separate_pass_per_measurement(tmp_path):
 
 
 def test_fresh_processes_collects_each_named_time_per_run():
-    script = "import json, os; print('noise'); print(json.dumps({'load_s': 0.5, 'pid_s': os.getpid()}))"
+    script = ("import os; from tfperf.measure.processes import reply; print('noise'); "
+              "print(reply({'load_s': 0.5, 'pid_s': os.getpid()})); print('more noise')")
     found = fresh_processes([sys.executable, "-c", script], 3)
     assert set(found) == {"load_s", "pid_s"}
     assert found["load_s"].samples_s == (0.5, 0.5, 0.5)
@@ -274,10 +277,10 @@ def test_interleave_continues_an_autoranged_race_at_the_same_share_per_round():
 
 def test_timers_in_other_processes_take_turns_in_interleaved_rounds(tmp_path):
     script = tmp_path / "timers.py"
-    script.write_text("import time\nfrom tfperf.bench import Timer, serve_timers\n"
+    script.write_text("import time\nfrom tfperf.measure import Timer, serve_timers\n"
                       "serve_timers([Timer(lambda: time.sleep(0.004), name='4 ms'),\n"
                       "              Timer(lambda: time.sleep(0.002), name='2 ms')], warmup=0)\n")
-    with TimerProcess([sys.executable, script]) as one, TimerProcess([sys.executable, script]) as two:
+    with TimerServer([sys.executable, script]) as one, TimerServer([sys.executable, script]) as two:
         timers = [one.timer("4 ms", name="first process"), two.timer("2 ms", name="second process")]
         slow, fast = interleave(timers, rounds=6, samples=12)
         with pytest.raises(ValueError, match="no timer 'nope'"):
@@ -289,18 +292,18 @@ def test_timers_in_other_processes_take_turns_in_interleaved_rounds(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import sys\nsys.exit('no model here')\n")
     with pytest.raises(RuntimeError, match="no model here"):
-        TimerProcess([sys.executable, broken]).timer("any")
+        TimerServer([sys.executable, broken]).timer("any")
 
 
 def test_a_timer_cluster_asks_all_its_processes_for_every_sample_and_lets_them_finish(tmp_path):
     script = tmp_path / "worker.py"
-    script.write_text("import sys, time, pathlib\nfrom tfperf.bench import Timer, serve_timers\n"
+    script.write_text("import sys, time, pathlib\nfrom tfperf.measure import Timer, serve_timers\n"
                       "rank = int(sys.argv[1]); calls = []\n"
                       "step = lambda: calls.append(time.sleep(0.001 if rank == 0 else 0.02))\n"
                       "serve_timers([Timer(step, name='step')], warmup=0)\n"
                       "time.sleep(0.3)  # work of its own after quit, like a cluster's last collectives\n"
                       f"pathlib.Path({str(tmp_path)!r}, f'rank{{rank}}').write_text(str(len(calls)))\n")
-    with TimerCluster([TimerProcess([sys.executable, script, rank]) for rank in (0, 1)]) as cluster:
+    with TimerCluster([TimerServer([sys.executable, script, rank]) for rank in (0, 1)]) as cluster:
         (m,) = interleave([cluster.timer("step", name="cluster")], rounds=6, samples=12)
     # Every process took every sample (and its first call); the chief's times are the ones returned.
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["13", "13"]
@@ -308,21 +311,21 @@ def test_a_timer_cluster_asks_all_its_processes_for_every_sample_and_lets_them_f
     broken = tmp_path / "broken.py"
     broken.write_text("import sys\nsys.exit('worker 1 lost')\n")
     with pytest.raises(RuntimeError, match="worker 1 lost"):
-        with TimerCluster([TimerProcess([sys.executable, script, 0]), TimerProcess([sys.executable, broken])]) as c:
+        with TimerCluster([TimerServer([sys.executable, script, 0]), TimerServer([sys.executable, broken])]) as c:
             c.timer("step")
 
 
 def test_a_timer_cluster_whose_worker_dies_mid_step_fails_at_once_and_a_silent_one_at_its_deadline(tmp_path):
     # The chief's step hangs after its first call (as a collective does when a peer is gone); worker 1 dies.
     script = tmp_path / "worker.py"
-    script.write_text("import sys, time\nfrom tfperf.bench import Timer, serve_timers\n"
+    script.write_text("import sys, time\nfrom tfperf.measure import Timer, serve_timers\n"
                       "rank, calls = int(sys.argv[1]), []\n"
                       "def step():\n"
                       "    calls.append(1)\n"
                       "    if len(calls) > 1:\n"
                       "        time.sleep(60) if rank == 0 else sys.exit('worker 1: connection reset')\n"
                       "serve_timers([Timer(step, name='step')], warmup=0)\n")
-    with TimerCluster([TimerProcess([sys.executable, script, r], name=f"worker {r}", timeout=60)
+    with TimerCluster([TimerServer([sys.executable, script, r], name=f"worker {r}", timeout=60)
                        for r in (0, 1)]) as cluster:
         step = cluster.timer("step")
         started = time.monotonic()
@@ -331,8 +334,33 @@ def test_a_timer_cluster_whose_worker_dies_mid_step_fails_at_once_and_a_silent_o
         assert time.monotonic() - started < 10  # at once, not at the chief's 60 s deadline
         for p in cluster.processes:
             p.timeout = 1  # and let the hung chief go at close
-    with TimerProcess([sys.executable, script, 0], name="worker 0", timeout=60) as alone:
+    with TimerServer([sys.executable, script, 0], name="worker 0", timeout=60) as alone:
         step = alone.timer("step")
         alone.timeout = 1  # a deadline for the step alone (starting TensorFlow takes longer)
         with pytest.raises(RuntimeError, match="worker 0 gave no answer within 1 s"):
             step.take(1)
+
+
+def test_benchmark_times_a_block_synced_and_prints_it_as_d2l_does(monkeypatch, capsys):
+    synced = []
+    monkeypatch.setattr("tfperf.measure.benchmark.sync", lambda devices=None: synced.append(devices))
+    with tfperf.Benchmark("eager") as b:  # the d2l shape, from the package's face
+        time.sleep(0.01)
+    out = capsys.readouterr().out
+    assert b.seconds >= 0.01 and out == f"eager: {b.seconds:.4f} sec\n"
+    assert len(synced) == 2  # queued work is finished before the clock starts and before it stops
+    assert b.measurement.samples_s == (b.seconds,) and b.measurement.name == "eager"
+    kept = []
+    with Benchmark("quiet", show=kept.append):
+        pass
+    assert capsys.readouterr().out == "" and kept[0].startswith("quiet: ")
+    with pytest.raises(ValueError, match="not been timed"):
+        Benchmark("never").measurement
+
+
+def test_benchmark_run_returns_a_measurement_with_first_call_and_warmup_apart():
+    calls = []
+    m = Benchmark.run(lambda: calls.append(1), steps=7, warmup=3, name="graph")
+    assert isinstance(m, Measurement) and m.name == "graph" and m.n == 7 and len(calls) == 1 + 3 + 7
+    assert m.first_call_s is not None and m.ci95_s[0] <= m.median_s <= m.ci95_s[1] and m.p90_s <= m.p99_s
+

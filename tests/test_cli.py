@@ -10,7 +10,7 @@ from conftest import recipe, run
 from tfperf import flags
 from tfperf.cli import RECIPES_DIR
 from tfperf.recipe import Conclusion, Recipe, RecipeError, read_declaration
-from tfperf.results import make_record, read_records, write_records
+from tfperf.records.records import make_record, read_records, write_records
 
 ENV = {"cpu": "c", "cores": 2, "gpus": []}
 

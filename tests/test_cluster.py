@@ -1,4 +1,4 @@
-"""Local clusters: ports, TF_CONFIG, the result protocol, and tasks that fail or hang."""
+"""Local clusters: ports, TF_CONFIG, the child-to-parent protocol, and tasks that fail or hang."""
 
 import json
 import sys
@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from tfperf import flags
-from tfperf.cluster import ClusterError, LocalCluster, free_ports, local_cluster, parse_result, result_line, tf_config
+from tfperf.cluster import ClusterError, LocalCluster, free_ports, local_cluster, tf_config
+from tfperf.measure.processes import ChildError, last_reply, replies, reply
 
 
 def test_ports_and_tf_config():
@@ -18,11 +19,11 @@ def test_ports_and_tf_config():
     assert config == {"cluster": cluster, "task": {"type": "worker", "index": 1}}
 
 
-def test_result_round_trip_and_missing_result():
-    output = "noise\n" + result_line({"step_s": 0.5, "sizes": [1, 2]}) + "\nmore noise\n"
-    assert parse_result(output) == {"step_s": 0.5, "sizes": [1, 2]}
-    with pytest.raises(ClusterError, match="worker0 exited without printing its result"):
-        parse_result("no result here", "worker0")
+def test_reply_round_trip_and_missing_reply():
+    output = "noise\n" + reply({"step_s": 0.5, "sizes": [1, 2]}) + "\n{\"not\": \"a reply\"}\n" + reply([3]) + "\n"
+    assert replies(output) == [{"step_s": 0.5, "sizes": [1, 2]}, [3]] and last_reply(output) == [3]
+    with pytest.raises(ChildError, match="worker0 exited without printing its result"):
+        last_reply("no result here", "worker0")
 
 
 def test_failed_task_is_named_with_its_log(tmp_path):

@@ -12,9 +12,15 @@ import pytest
 import tensorflow as tf
 
 from tfperf import doctor
+from tfperf.deploy.formats import InputError
+from tfperf.deploy.inputs import make_inputs
+from tfperf.deploy.loader import load_subject
+from tfperf.doctor.options import TRACE_BATCHES
+from tfperf.doctor.retracing import count_traces, retraces, retracing
+from tfperf.doctor.training import training
 from tfperf.cli import main
-from tfperf.results import read_records
-from tfperf.stats import FASTER, NO_DIFFERENCE, SLOWER
+from tfperf.records.records import read_records
+from tfperf.measure.stats import FASTER, NO_DIFFERENCE, SLOWER
 
 VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE)
 
@@ -101,11 +107,11 @@ def check_structure(d, out, tables):
 
 
 def test_token_dict_model_from_a_factory_with_training(factories, tmp_path):
-    subject = doctor.load_subject(f"{factories}:text_model")
+    subject = load_subject(f"{factories}:text_model")
     assert [(i.name, i.dtype, i.shape) for i in subject.inputs] == [("extra", "float32", (3,)),
                                                                      ("tokens", "int32", (12,))]
     assert subject.vocabulary == 40 and subject.mask_zero
-    x = doctor.make_inputs(subject, 64, seed=0)
+    x = make_inputs(subject, 64, seed=0)
     tokens = x["tokens"]
     assert tokens.max() < 40 and (tokens[:, 0] > 0).all()  # within the vocabulary, never all padding
     assert (tokens == 0).any() and all((row[np.argmax(row == 0):] == 0).all() for row in tokens if (row == 0).any())
@@ -124,7 +130,7 @@ def test_token_dict_model_from_a_factory_with_training(factories, tmp_path):
 
 
 def test_list_inputs_and_two_outputs_from_a_keras_file_with_mixed_precision(tmp_path):
-    subject = doctor.load_subject(str(attention_file(tmp_path)))
+    subject = load_subject(str(attention_file(tmp_path)))
     assert subject.structure == ["ids", "side"] and subject.vocabulary == 30 and not subject.mask_zero
     options = doctor.Options(**TINY, train=True, loss="mean_squared_error")
     d = doctor.diagnose(subject, options, tmp_path / "work")
@@ -137,7 +143,7 @@ def test_list_inputs_and_two_outputs_from_a_keras_file_with_mixed_precision(tmp_
 
 def test_a_saved_model_from_a_tf_module_without_keras(tmp_path):
     tf.saved_model.save(Scorer(), str(tmp_path / "scorer"))
-    subject = doctor.load_subject(str(tmp_path / "scorer"))
+    subject = load_subject(str(tmp_path / "scorer"))
     assert subject.kind == "savedmodel" and [str(i) for i in subject.inputs] == ["features: float32[batch, 6]"]
     d = doctor.diagnose(subject, doctor.Options(**TINY), tmp_path / "work")
     records = check_structure(d, tmp_path / "out", ["batch 1 latency", "throughput at batch 4", "retracing"])
@@ -145,33 +151,33 @@ def test_a_saved_model_from_a_tf_module_without_keras(tmp_path):
     assert list(latency)[0] == "signature" and {"LiteRT interpreter", "ONNX Runtime"} <= set(latency)
     assert all(m["max_abs_diff"] < 1e-5 for m in latency.values())
     with pytest.raises(doctor.DoctorError, match="need the Keras model"):
-        doctor.training(subject, None, doctor.Options(**TINY, train=True, loss="mse"), print)
+        training(subject, None, doctor.Options(**TINY, train=True, loss="mse"), print)
 
 
 def test_retracing_is_detected_where_it_happens_and_only_there():
     plain = tf.function(lambda x: x * 2)
     by_shape = [(tf.zeros([n, 3]),) for n in (1, 2, 3, 4)]
-    assert doctor.count_traces(plain, by_shape) == 4 and doctor.retraces(tf.function(lambda x: x * 2), by_shape)
+    assert count_traces(plain, by_shape) == 4 and retraces(tf.function(lambda x: x * 2), by_shape)
     signed = tf.function(lambda x: x * 2, input_signature=[tf.TensorSpec([None, 3])])
-    assert doctor.count_traces(signed, by_shape) == 1 and not doctor.retraces(
+    assert count_traces(signed, by_shape) == 1 and not retraces(
         tf.function(lambda x: x * 2, input_signature=[tf.TensorSpec([None, 3])]), by_shape)
     same_shape = [(tf.zeros([2, 3]),)] * 4
-    assert not doctor.retraces(tf.function(lambda x: x * 2), same_shape)
+    assert not retraces(tf.function(lambda x: x * 2), same_shape)
     scaled = lambda x, s: x * s  # noqa: E731
-    assert doctor.retraces(tf.function(scaled), [(tf.zeros([2]), v) for v in (0.1, 0.2, 0.3)])
-    assert not doctor.retraces(tf.function(scaled), [(tf.zeros([2]), tf.constant(v)) for v in (0.1, 0.2, 0.3)])
+    assert retraces(tf.function(scaled), [(tf.zeros([2]), v) for v in (0.1, 0.2, 0.3)])
+    assert not retraces(tf.function(scaled), [(tf.zeros([2]), tf.constant(v)) for v in (0.1, 0.2, 0.3)])
 
 
 def test_the_retracing_table_counts_traces_of_a_model(tmp_path):
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
     model.save(tmp_path / "m.keras")
-    subject = doctor.load_subject(str(tmp_path / "m.keras"))
-    from tfperf.results import Recorder
+    subject = load_subject(str(tmp_path / "m.keras"))
+    from tfperf.records.records import Recorder
 
     rec = Recorder("doctor", {})
-    findings, _ = doctor.retracing(subject, rec, doctor.Options(**TINY))
+    findings, _ = retracing(subject, rec, doctor.Options(**TINY))
     traces = {r["row"]: r["metrics"]["traces"] for r in rec.records}
-    calls = len(doctor.TRACE_BATCHES)
+    calls = len(TRACE_BATCHES)
     assert traces["tf.function, a new batch size each call"] == calls
     assert traces["input_signature with a None batch axis"] == 1 and traces["reduce_retracing=True"] <= 2
     assert traces["a Python float argument, a new value each call"] == calls
@@ -180,14 +186,14 @@ def test_the_retracing_table_counts_traces_of_a_model(tmp_path):
 
 
 def test_samples_feed_the_inputs_and_are_checked(tmp_path, factories):
-    subject = doctor.load_subject(f"{factories}:text_model")
+    subject = load_subject(f"{factories}:text_model")
     sample = {"tokens": np.arange(36, dtype=np.int32).reshape(3, 12) % 40, "extra": np.ones((3, 3), np.float32)}
-    x = doctor.make_inputs(subject, 5, sample=sample)
+    x = make_inputs(subject, 5, sample=sample)
     assert x["tokens"].shape == (5, 12) and (x["tokens"][3] == sample["tokens"][0]).all()
-    with pytest.raises(doctor.DoctorError, match="lacks extra"):
-        doctor.make_inputs(subject, 2, sample={"tokens": sample["tokens"]})
-    with pytest.raises(doctor.DoctorError, match=r"shape \[3, 5\]"):
-        doctor.make_inputs(subject, 2, sample={**sample, "extra": np.ones((3, 5), np.float32)})
+    with pytest.raises(InputError, match="lacks extra"):
+        make_inputs(subject, 2, sample={"tokens": sample["tokens"]})
+    with pytest.raises(InputError, match=r"shape \[3, 5\]"):
+        make_inputs(subject, 2, sample={**sample, "extra": np.ones((3, 5), np.float32)})
 
 
 def run_cli(args, capsys):
@@ -254,7 +260,7 @@ def test_a_saved_model_that_reaches_risky_ops_is_refused_unless_trusted(tmp_path
     tf.saved_model.save(Writer(), str(tmp_path / "writer"))
     line = one_line_error(capsys, [tmp_path / "writer"], "WriteFile")
     assert "--trust" in line and not (tmp_path / "pwned").exists()
-    assert doctor.load_subject(str(tmp_path / "writer"), trust=True).kind == "savedmodel"
+    assert load_subject(str(tmp_path / "writer"), trust=True).kind == "savedmodel"
 
 
 def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, capsys, tfperf_cli):

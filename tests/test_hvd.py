@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import BIN, REPO, recipe, run
-from tfperf.results import read_records
+from tfperf.records.records import read_records
 
 TESTS = REPO / "tests"
 

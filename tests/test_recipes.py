@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import recipe, run
-from tfperf.results import read_records
+from tfperf.records.records import read_records
 
 TINY = ["--quick", "--steps", "2", "--warmup", "0"]
 
@@ -57,7 +57,7 @@ def test_compare_finds_no_change_in_a_run_against_itself_and_names_a_slowed_copy
         r["metrics"][r["primary"]] *= 1.5
         r["samples_s"] = [s * 1.5 for s in r.get("samples_s", [])]
         slowed.append(r)
-    from tfperf.results import write_records
+    from tfperf.records.records import write_records
     write_records(tmp_path / "slowed.jsonl", slowed)
     proc = tfperf_cli("compare", records, tmp_path / "slowed.jsonl", check=False)
     assert proc.returncode == 1 and "regressed: " in proc.stderr and "eager" in proc.stdout

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from tfperf.bench import Measurement, versus
-from tfperf.report import bar_chart, build_report, markdown_table, speedup, write_conclusion
-from tfperf.results import Recorder, environment, make_record, read_records, write_records
-from tfperf.stats import compare_times
+from tfperf.measure import Measurement, versus
+from tfperf.records.report import bar_chart, build_report, markdown_table, speedup, write_conclusion
+from tfperf.records.records import Recorder, environment, make_record, read_records, write_records
+from tfperf.measure.stats import compare_times
 
 ENV = {"cpu": "test cpu", "cores": 2, "gpus": [], "python": "3.11", "tensorflow": "2.21.0",
        "keras": "3", "tfperf": "0.1.0", "git_commit": None}
@@ -159,7 +159,7 @@ def test_recorder_keeps_tables_apart(tmp_path):
 
 
 def test_the_report_shows_the_spread_and_verdicts_across_reruns():
-    from tfperf.report import markdown_table
+    from tfperf.records.report import markdown_table
 
     def run(ms, verdict):
         base = make_record("demo", "t", "a", {"ms": 10.0}, primary="ms", lower_is_better=True, env={})

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tfperf import stats
+from tfperf.measure import stats
 
 
 @pytest.mark.parametrize("n", [11, 30, 200])

@@ -1,4 +1,9 @@
-"""tfperf: a TensorFlow/Keras performance cookbook's library."""
+"""tfperf: a TensorFlow/Keras performance cookbook's library.
+
+Its parts: `tfperf.measure` (timing), `tfperf.records` (records, report, compare), `tfperf.deploy`
+(load any model, export, predict, inspect), `tfperf.doctor` (the experiments on a user's model), and
+the small modules the recipes share (models, data, train, precision, devices, cluster, hvd, recipe).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,14 @@ __version__ = "0.1.0"
 _LAZY = {
     "get_net": "tfperf.models",
     "flops": "tfperf.models",
-    "MODEL_NAMES": "tfperf.models",
-    "Timer": "tfperf.bench",
-    "Measurement": "tfperf.bench",
-    "interleave": "tfperf.bench",
-    "versus": "tfperf.bench",
-    "sync": "tfperf.bench",
+    "MODEL_NAMES": "tfperf.catalog",
+    "Benchmark": "tfperf.measure.benchmark",
+    "Timer": "tfperf.measure.timer",
+    "Measurement": "tfperf.measure.measurement",
+    "interleave": "tfperf.measure.rounds",
+    "race": "tfperf.measure.rounds",
+    "versus": "tfperf.measure.measurement",
+    "sync": "tfperf.measure.timer",
 }
 
 __all__ = ["__version__", *_LAZY]

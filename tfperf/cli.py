@@ -1,4 +1,5 @@
-"""The `tfperf` command: run the cookbook, build its report, compare runs; deploy models (tfperf.deploy)."""
+"""The `tfperf` command: run the cookbook, build its report, compare runs; deploy (tfperf.deploy.commands) and
+diagnose (tfperf.doctor.command) models."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tfperf import __version__, deploy, doctor_command, flags
+from tfperf import __version__, flags
+from tfperf.deploy import commands as deploy_commands
+from tfperf.doctor import command as doctor_command
 from tfperf.flags import UserError
 from tfperf.recipe import Declaration, declarations
-from tfperf.report import REPEATS
+from tfperf.records.report import REPEATS
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -49,7 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run every recipe (or --only some), --repeat times each in fresh processes, then write the report."""
     import shutil
 
-    from tfperf.report import build_report
+    from tfperf.records.report import build_report
 
     out = Path(args.out)
     logs = out / "logs"
@@ -87,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild the report from the records already in a folder."""
-    from tfperf.report import build_report
+    from tfperf.records.report import build_report
 
     try:
         print(build_report(args.dir, order=recipe_order()))
@@ -97,7 +100,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _records(path: str) -> list[dict]:
-    from tfperf.results import read_records
+    from tfperf.records.records import read_records
 
     try:
         return read_records(path)
@@ -109,8 +112,8 @@ def _records(path: str) -> list[dict]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Row by row, how run B compares with run A; exit 1 when a row regressed significantly."""
-    from tfperf.compare import IMPROVED, compare_runs
-    from tfperf.report import fmt
+    from tfperf.records.compare import IMPROVED, compare_runs
+    from tfperf.records.report import fmt
 
     a, b = _records(args.a), _records(args.b)
     result = compare_runs(a, b, threshold=args.threshold)
@@ -145,7 +148,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment that records carry."""
-    from tfperf.results import environment
+    from tfperf.records.records import environment
 
     print(json.dumps(environment(), indent=2))
     return 0
@@ -187,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="smallest change that counts, as a fraction (default 0.05: 5%%)")
     comp.set_defaults(func=cmd_compare)
 
-    deploy.add_commands(sub)
+    deploy_commands.add_commands(sub)
     doctor_command.add_command(sub)
 
     env = sub.add_parser("env", help="print the environment recorded with each measurement")

@@ -10,35 +10,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tfperf.measure.processes import ChildError
 
-RESULT_PREFIX = "RESULT "
-
-
-def result_line(result: object) -> str:
-    """How a task reports its result to the process that started it: one JSON line in its output."""
-    return RESULT_PREFIX + json.dumps(result)
-
-
-def parse_result(output: str, task: str = "task") -> object:
-    """The result a task printed with `result_line`; ClusterError when it printed none."""
-    for line in reversed(output.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    raise ClusterError(f"{task} exited without printing its result")
-
-
-class ClusterError(RuntimeError):
+class ClusterError(ChildError):
     """A task of a local cluster failed or did not finish in time; the message names it and its log."""
-
-
-def run_task(argv: Sequence[object], *, env: Mapping[str, str] | None = None, task: str = "task") -> object:
-    """Run a task process to its end and return the result it printed; ClusterError with its last
-    stderr lines when it fails or prints none."""
-    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env=None if env is None else dict(env))
-    if proc.returncode != 0:
-        raise ClusterError(f"{task} exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return parse_result(proc.stdout, task)
 
 
 def free_ports(count: int) -> list[int]:

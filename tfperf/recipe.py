@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf import flags
-from tfperf.results import Recorder
+from tfperf.records.records import Recorder
 
 # The shared flags a recipe may declare it uses, with what they mean when it does.
 SHARED_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
@@ -96,9 +96,9 @@ class Recipe:
 
     def main(self, argv: Sequence[str] | None = None) -> int:
         """The script's whole life: parse, measure, save, print the tables and the conclusion."""
-        from tfperf.cluster import ClusterError
+        from tfperf.measure.processes import ChildError
         from tfperf.data import DatasetUnavailable
-        from tfperf.report import markdown_table, write_conclusion
+        from tfperf.records.report import markdown_table, write_conclusion
 
         args = self.parse(argv)
         if self.task is not None and getattr(args, "role", None):
@@ -110,7 +110,7 @@ class Recipe:
         except (RecipeError, DatasetUnavailable) as exc:
             print(f"{self.name}: error: {exc}", file=sys.stderr)
             return 2
-        except ClusterError as exc:  # a failed run, not bad input: the message names the log to read
+        except ChildError as exc:  # a failed run, not bad input: the message names what failed
             print(f"{self.name}: failed: {exc}", file=sys.stderr)
             return 1
         tables = dict.fromkeys(r["table"] for r in rec.records)

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfperf.bench import Elapsed
+from tfperf.measure import Elapsed
 from tfperf.data import Arrays, to_dataset
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from tfperf import stats
-from tfperf.report import per_call_samples, speedup
+from tfperf.measure import stats
+from tfperf.records.report import per_call_samples, speedup
 
 Record = Mapping[str, Any]
 Key = tuple[str, str, str]

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfperf import stats
-from tfperf.results import atomic_write_text, read_records
+from tfperf.measure import stats
+from tfperf.records.records import atomic_write_text, read_records
 
 Record = Mapping[str, Any]
 # `tfperf run --repeat N` writes runs 2..N under <out>/repeats/<run>/; the report reads them from there.

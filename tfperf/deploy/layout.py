@@ -16,20 +16,12 @@ from typing import Any
 import numpy as np
 
 from tfperf import __version__
-from tfperf.formats import (FORMATS, INPUT_NAME, OUTPUT_NAMES, SIGNATURE, ExportError, InputError, ModelError,
-                            Runner, TensorSpec, check_options, format_of,
-                            serving_function)
+from tfperf.deploy.formats import (FORMATS, INPUT_NAME, OUTPUT_NAMES, SIGNATURE, ExportError, InputError, ModelError,
+                                   Runner, TensorSpec, check_model_dir, check_options, format_of, serving_function,
+                                   versions)
 
 METADATA_FILE = "tfperf.json"
 __all__ = ["ExportError", "InputError", "ModelError", "Runner", "SIGNATURE", "INPUT_NAME", "serving_function"]
-
-
-def versions(model_root: Path | str) -> list[int]:
-    """The numbered versions under saved_models/<name>/, ascending."""
-    root = Path(model_root)
-    if not root.is_dir():
-        return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
 # A staging folder's name says who writes it: .<version>.partial-<host>-<pid>-<random>.
@@ -192,23 +184,6 @@ def export(
             if made_root and not any(Path(root).iterdir()):
                 Path(root).rmdir()
     return final
-
-
-def check_model_dir(path: Path | str) -> Path:
-    """The folder if it holds an export of a known format, else a ModelError that says what is wrong."""
-    path = Path(path)
-    expected = "expected an export folder such as saved_models/<name>/<version>"
-    if not path.exists():
-        raise ModelError(f"no model at {path}: {expected}")
-    if not path.is_dir():
-        raise ModelError(f"{path} is a file: {expected}")
-    if format_of(path) is None:
-        hint = ""
-        if versions(path):
-            hint = f"; it holds versions {versions(path)}: pass {path / str(versions(path)[-1])}"
-        markers = ", ".join(f.marker for f in FORMATS.values())
-        raise ModelError(f"{path} holds none of {markers}, so it is not an export{hint}")
-    return path
 
 
 def load(path: Path | str, threads: int | None = None) -> Runner:

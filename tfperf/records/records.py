@@ -5,121 +5,18 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
-import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfperf import __version__
+from tfperf.records.environment import environment
 
 if TYPE_CHECKING:  # both are imported only for annotations: records load without TensorFlow
-    from tfperf.bench import Measurement
-    from tfperf.stats import Comparison
+    from tfperf.measure.measurement import Measurement
+    from tfperf.measure.stats import Comparison
 
 REQUIRED_KEYS = ("recipe", "table", "row", "primary", "lower_is_better", "metrics", "args", "env")
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name, from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git_commit(path: Path | None = None) -> str | None:
-    """The commit of the checkout holding `path` (this package by default), or None."""
-    where = path or Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def git_dirty(path: Path | None = None) -> bool | None:
-    """True when the checkout holding `path` has uncommitted changes to tracked files; None outside git."""
-    where = path or Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
-
-
-def load_average() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages: a busy machine explains slow or noisy figures."""
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (OSError, AttributeError):
-        return None
-
-
-def cpu_frequency() -> dict[str, Any]:
-    """Current and maximum frequency (MHz) and the scaling governor of CPU 0, where Linux exposes them."""
-    base = Path("/sys/devices/system/cpu/cpu0/cpufreq")
-    found: dict[str, Any] = {}
-    for key, name, scale in (("cur_mhz", "scaling_cur_freq", 1e-3), ("max_mhz", "cpuinfo_max_freq", 1e-3),
-                             ("governor", "scaling_governor", None)):
-        try:
-            text = (base / name).read_text().strip()
-        except OSError:
-            continue
-        found[key] = text if scale is None else round(int(text) * scale)
-    if "cur_mhz" not in found:  # virtual machines often have no cpufreq: /proc/cpuinfo still says
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("cpu MHz"):
-                    found["cur_mhz"] = round(float(line.split(":", 1)[1]))
-                    break
-        except (OSError, ValueError):
-            pass
-    return found
-
-
-# Variables that change what TensorFlow runs: its own, oneDNN's, and the OpenMP/MKL thread settings.
-ENV_PREFIXES = ("TF_", "ONEDNN_", "DNNL_", "OMP_", "KMP_", "MKL_", "XLA_", "KERAS_", "CUDA_VISIBLE")
-
-
-def relevant_variables() -> dict[str, str]:
-    """The environment variables that change TensorFlow's behaviour or speed, as set for this process."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
-
-
-def environment() -> dict[str, Any]:
-    """What a figure depends on: versions, CPU and its load, cores, GPUs, XLA, threads, variables, checkout."""
-    import keras
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    return {
-        "tfperf": __version__,
-        "git_commit": git_commit(),
-        "git_dirty": git_dirty(),
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "platform": platform.platform(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "gpus": [tf.config.experimental.get_device_details(g).get("device_name", g.name) for g in gpus],
-        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-        "xla_auto_jit": tf.config.optimizer.get_jit() or None,
-        "tf_xla_flags": os.environ.get("TF_XLA_FLAGS"),
-        "dtype_policy": keras.config.dtype_policy().name,
-        "load_average": load_average(),
-        "cpu_frequency": cpu_frequency(),
-        "variables": relevant_variables(),
-    }
 
 
 def make_record(

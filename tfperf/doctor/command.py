@@ -75,18 +75,23 @@ def progress_bar(total: int):
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Diagnose a model: measure, write out/report.md and records, print the advice."""
     from tfperf import doctor
+    from tfperf.deploy.formats import InputError, ModelError
+    from tfperf.deploy.inputs import check_runs, make_inputs, read_sample
+    from tfperf.deploy.loader import load_subject, parse_input_shapes
+    from tfperf.doctor.threads import serve_thread_timers
+    from tfperf.doctor.training import training_loss
 
     try:
         if args.role == "threads":
             args.batch_sizes = args.batch_sizes or [1]
-            return doctor.serve_thread_timers(args)
+            return serve_thread_timers(args)
         if args.train and not args.loss:
             raise UserError("--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)")
         if args.loss and not args.train:
             raise UserError("--loss is for the training experiments: add --train")
-        shapes = doctor.parse_input_shapes(args.input_shape or [])
-        sample = doctor.read_sample(args.sample) if args.sample else None
-        subject = doctor.load_subject(args.model, input_shapes=shapes, trust=args.trust)
+        shapes = parse_input_shapes(args.input_shape or [])
+        sample = read_sample(args.sample) if args.sample else None
+        subject = load_subject(args.model, input_shapes=shapes, trust=args.trust)
         out = Path(args.out) if args.out else Path("doctor") / subject.name
         if (out / f"{doctor.RECIPE}.jsonl").exists():
             raise UserError(f"{out} already holds a doctor run: pass another --out (then `tfperf compare "
@@ -100,8 +105,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             sample_path=args.sample, trust=args.trust, input_shapes=shapes)
         # What can be refused is refused before anything is measured or written.
         if args.train:
-            doctor.training_loss(args.loss, args.from_logits)
-        doctor.check_runs(subject, doctor.make_inputs(subject, 2, seed=args.seed, sample=sample))
+            training_loss(args.loss, args.from_logits)
+        check_runs(subject, make_inputs(subject, 2, seed=args.seed, sample=sample))
         created = not out.exists()
         workdir = out / ".work"  # conversions happen here: nothing is written outside --out
         workdir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +121,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-    except doctor.DoctorError as exc:
+    except (doctor.DoctorError, ModelError, InputError) as exc:
         raise UserError(str(exc)) from None
     print(doctor.summary(diagnosis, goal_s=QUICK_GOAL_S if args.quick else None))
     print(f"\nreport: {report}\nrecords: {out / (doctor.RECIPE + '.jsonl')} (compare two runs with tfperf compare)")

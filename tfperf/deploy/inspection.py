@@ -26,8 +26,7 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
-from tfperf.formats import format_of
-from tfperf.serving import check_model_dir
+from tfperf.deploy.formats import ModelError, check_model_dir, format_of
 
 _ALLOWED_BY_KIND: dict[str, str] = {
     "arithmetic and comparison": """
@@ -118,7 +117,7 @@ RISKY_OPS: dict[str, str] = {
         "CloseSummaryWriter", "ImportEvent")},
     **{op: "writes outside the computation (log, stream or file)" for op in ("Print", "PrintV2")},
 }
-NOT_REVIEWED = "not on the allowlist of in-memory ops (tfperf.inspection.ALLOWED_OPS)"
+NOT_REVIEWED = "not on the allowlist of in-memory ops (tfperf.deploy.inspection.ALLOWED_OPS)"
 
 
 def why_not_allowed(op: str) -> str | None:
@@ -201,7 +200,7 @@ def inspect_saved_model(path: Path | str) -> Report:
     from google.protobuf.message import DecodeError
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from tfperf.serving import ModelError
+    from tfperf.deploy.formats import ModelError
 
     path = check_model_dir(path)
     proto = saved_model_pb2.SavedModel()
@@ -258,8 +257,8 @@ def inspect_litert(path: Path | str) -> Report:
     """Read a .tflite export's flatbuffer: signatures, operators, constant buffers; Flex ops judged as TF ops."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from tfperf.formats import litert_ops
-    from tfperf.serving import ModelError
+    from tfperf.deploy.formats import litert_ops
+    from tfperf.deploy.formats import ModelError
 
     folder = Path(path)
     file = folder / "model.tflite"
@@ -295,7 +294,7 @@ def inspect_onnx(path: Path | str) -> Report:
     import onnx
     from google.protobuf.message import DecodeError
 
-    from tfperf.serving import ModelError
+    from tfperf.deploy.formats import ModelError
 
     folder = Path(path)
     file = folder / "model.onnx"
@@ -328,16 +327,17 @@ def inspect_onnx(path: Path | str) -> Report:
                   "onnx", _folder_bytes(folder))
 
 
+INSPECTORS = {"savedmodel": inspect_saved_model, "litert": inspect_litert, "onnx": inspect_onnx}
+
+
 def inspect_model(path: Path | str) -> Report:
     """The report of an export of any format, read without running it."""
     path = check_model_dir(path)
-    return format_of(path).inspect(path)
+    return INSPECTORS[format_of(path).name](path)
 
 
 def check_safe(path: Path | str) -> Report:
     """The report of a model that is safe to load; a ModelError naming the ops off the allowlist otherwise."""
-    from tfperf.serving import ModelError
-
     report = inspect_model(path)
     if not report.safe:
         ops = ", ".join(f"{op} ({why})" for op, why in report.flagged.items())
@@ -363,8 +363,8 @@ def format_report(report: Report) -> str:
         lines += [f"    {op}: {why}" for op, why in report.flagged.items()]
     else:
         lines.append("  safe: every op the signatures and restored functions reach computes in memory "
-                     "(tfperf.inspection.ALLOWED_OPS)" if report.format == "savedmodel" else
+                     "(tfperf.deploy.inspection.ALLOWED_OPS)" if report.format == "savedmodel" else
                      "  safe: the runtime's standard operators" + (
-                         ", and Flex ops whose TensorFlow ops are on the allowlist (tfperf.inspection.ALLOWED_OPS)"
+                         ", and Flex ops whose TensorFlow ops are on the allowlist (tfperf.deploy.inspection.ALLOWED_OPS)"
                          if any(op.startswith("Flex") for op in report.op_types) else ""))
     return "\n".join(lines)

@@ -1,9 +1,10 @@
 """The export formats in one place: how each is written, loaded, run and described.
 
 A format is a `Format`: the file that marks a folder as one of its exports, a writer that turns a
-Keras model into that file, a loader that returns a `Runner`, and an inspector that describes the
-file without running it. `FORMATS` lists them; `tfperf.serving` puts any of them in the versioned,
-atomic layout. A new format is one `Format` added here.
+Keras model into that file, and a loader that returns a `Runner`. `FORMATS` lists them;
+`tfperf.deploy.layout` puts any of them in the versioned, atomic layout, and
+`tfperf.deploy.inspection` reads each without running it. A new format is one `Format` added here.
+This module imports nothing else of tfperf.
 """
 
 from __future__ import annotations
@@ -69,19 +70,7 @@ class Format:
     marker: str  # the file inside an export folder that says it is this format
     write: Callable[..., dict[str, Any]]  # (model, folder, quantize=, representative=) -> metadata
     load: Callable[..., Runner]  # (folder, threads=None) -> Runner
-    inspect: Callable[..., Any]  # (folder) -> inspection.Report, read without running the model
     describe: str  # one line for --help
-
-
-def _inspector(name: str) -> Callable[..., Any]:
-    """tfperf.inspection's reader for a format (imported when used: inspection imports this module)."""
-
-    def inspect(folder):
-        from tfperf import inspection
-
-        return getattr(inspection, name)(folder)
-
-    return inspect
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
@@ -398,11 +387,11 @@ def load_onnx(folder: Path, threads: int | None = None) -> OnnxRunner:
 
 
 FORMATS: Mapping[str, Format] = {f.name: f for f in (
-    Format("savedmodel", "saved_model.pb", write_savedmodel, load_savedmodel, _inspector("inspect_saved_model"),
+    Format("savedmodel", "saved_model.pb", write_savedmodel, load_savedmodel,
            "SavedModel for TensorFlow and TF Serving (the default)"),
-    Format("litert", "model.tflite", write_litert, load_litert, _inspector("inspect_litert"),
+    Format("litert", "model.tflite", write_litert, load_litert,
            "LiteRT flatbuffer (.tflite) for the LiteRT interpreter; --quantize dynamic or int8"),
-    Format("onnx", "model.onnx", write_onnx, load_onnx, _inspector("inspect_onnx"),
+    Format("onnx", "model.onnx", write_onnx, load_onnx,
            "ONNX (opset 17) for ONNX Runtime"),
 )}
 
@@ -414,3 +403,28 @@ def format_of(folder: Path | str) -> Format | None:
         if (folder / fmt.marker).is_file():
             return fmt
     return None
+
+
+def versions(model_root: Path | str) -> list[int]:
+    """The numbered versions under saved_models/<name>/, ascending."""
+    root = Path(model_root)
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def check_model_dir(path: Path | str) -> Path:
+    """The folder if it holds an export of a known format, else a ModelError that says what is wrong."""
+    path = Path(path)
+    expected = "expected an export folder such as saved_models/<name>/<version>"
+    if not path.exists():
+        raise ModelError(f"no model at {path}: {expected}")
+    if not path.is_dir():
+        raise ModelError(f"{path} is a file: {expected}")
+    if format_of(path) is None:
+        hint = ""
+        if versions(path):
+            hint = f"; it holds versions {versions(path)}: pass {path / str(versions(path)[-1])}"
+        markers = ", ".join(f.marker for f in FORMATS.values())
+        raise ModelError(f"{path} holds none of {markers}, so it is not an export{hint}")
+    return path

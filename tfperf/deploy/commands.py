@@ -14,7 +14,7 @@ REPRESENTATIVE_ROWS = 256
 
 
 def _model_errors():
-    from tfperf.serving import ExportError, InputError, ModelError
+    from tfperf.deploy.layout import ExportError, InputError, ModelError
 
     return (ExportError, InputError, ModelError)
 
@@ -45,7 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Train a get_net model with checkpoints (resuming from the latest), optionally export it."""
     from tfperf.data import DatasetUnavailable, load_arrays
     from tfperf.models import get_net
-    from tfperf.serving import export
+    from tfperf.deploy.layout import export
     from tfperf.train import CheckpointError, train
 
     try:
@@ -87,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a get_net model (with trained weights from a checkpoint) as a versioned export."""
     from tfperf.models import get_net
-    from tfperf.serving import export
+    from tfperf.deploy.layout import export
     from tfperf.train import restore_weights
 
     try:
@@ -107,7 +107,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def warn_flex(path: Path) -> None:
     """Say on stderr when a LiteRT export needs the Flex delegate, which the installed interpreter lacks."""
-    from tfperf.serving import read_metadata
+    from tfperf.deploy.layout import read_metadata
 
     flex = read_metadata(path).get("flex_ops")
     if flex:
@@ -122,9 +122,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from tfperf.inspection import check_safe
-    from tfperf.results import atomic_write_bytes
-    from tfperf.serving import load, non_finite, predict, read_array
+    from tfperf.deploy.inspection import check_safe
+    from tfperf.records.records import atomic_write_bytes
+    from tfperf.deploy.layout import load, non_finite, predict, read_array
 
     try:
         x = read_array(args.input)
@@ -149,7 +149,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe an export without running it; exit 1 when it holds ops off the allowlist."""
-    from tfperf.inspection import format_report, inspect_model
+    from tfperf.deploy.inspection import format_report, inspect_model
 
     try:
         report = inspect_model(args.model_dir)
@@ -161,7 +161,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def add_format_flags(p: argparse.ArgumentParser) -> None:
     """--format, --quantize, --select-tf-ops, and --dataset for int8 calibration."""
-    from tfperf.formats import FORMATS, QUANTIZATIONS
+    from tfperf.deploy.formats import FORMATS, QUANTIZATIONS
 
     p.add_argument("--format", default="savedmodel", choices=list(FORMATS),
                    help="; ".join(f"{f.name}: {f.describe}" for f in FORMATS.values()))

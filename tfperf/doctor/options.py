@@ -1,0 +1,57 @@
+"""What a doctor run measures (`Options`), what each experiment finds (`Finding`), and its bars."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+RECIPE = "doctor"  # the name its records carry, so that `tfperf compare` matches two doctor runs
+MIN_GAIN = 0.02  # a speedup must be shown to exceed 2% before it is advised
+LOSS_TOLERANCE = 0.10  # relative final-loss difference from plain fit beyond which a change "disagrees"
+TRACE_BATCHES = (1, 2, 3, 5, 8, 13, 21, 34)  # batch sizes an application might send, each new to the function
+
+
+class DoctorError(ValueError):
+    """Input doctor cannot use; the message says what to do instead."""
+
+
+
+@dataclasses.dataclass
+class Finding:
+    """One alternative measured against a baseline: what to advise if it wins."""
+
+    section: str
+    row: str
+    baseline: str
+    comparison: Any  # stats.Comparison
+    code: str
+    cost: str
+    agrees: bool = True
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Options:
+    """What a doctor run measures and how long it may take."""
+
+    batch_sizes: tuple[int, ...] = (1, 32, 256)
+    rounds: int = 6
+    min_time_s: float = 0.5  # per alternative and batch size, spread over the rounds
+    train: bool = False
+    loss: str | None = None
+    from_logits: bool = False
+    train_examples: int = 1024
+    threads: bool = True
+    exported: bool = True
+    budget_s: float | None = None
+    quick: bool = False
+    seed: int = 0
+    sample: Mapping[str, np.ndarray] | None = None
+    sample_path: str | None = None  # where `sample` came from, for the thread-sweep processes
+    trust: bool = False
+    input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+

@@ -1,0 +1,88 @@
+"""Retracing: how a tf.function of the model behaves when it is called with new batch sizes or Python numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tfperf.deploy.inputs import make_inputs, to_tensors
+from tfperf.deploy.loader import Subject
+from tfperf.doctor.options import MIN_GAIN, TRACE_BATCHES, Finding, Options
+
+
+def count_traces(function, calls: Sequence[tuple]) -> int:
+    """How many times a tf.function traced while making these calls (argument tuples)."""
+    before = function.experimental_get_tracing_count()
+    for args in calls:
+        function(*args)
+    return function.experimental_get_tracing_count() - before
+
+
+def retraces(function, calls: Sequence[tuple]) -> bool:
+    """True when the calls made the function trace more than once: each trace rebuilds its graph."""
+    return count_traces(function, calls) > 1
+
+
+def retracing(subject: Subject, rec, options: Options) -> tuple[list[Finding], dict]:
+    """Call the model through tf.function the way applications do: new batch sizes, a Python number."""
+    import tensorflow as tf
+
+    from tfperf.measure import Measurement, Timer, versus
+
+    batches = [b for b in TRACE_BATCHES if subject.fixed_batch in (None, b)]
+    if len(batches) < 2:
+        return [], {"retracing": f"the signature takes only batch {subject.fixed_batch}: nothing can retrace"}
+    inputs = {b: subject.pack(to_tensors(make_inputs(subject, b, seed=options.seed, sample=options.sample)))
+              for b in batches}
+    specs = tf.nest.map_structure(lambda t: tf.TensorSpec((None, *t.shape[1:]), t.dtype), inputs[batches[0]])
+
+    def per_call(function, arguments: Sequence[tuple], name: str) -> tuple[int, Measurement]:
+        """Traces, and the time of each call after the first, making these calls in turn."""
+        before = function.experimental_get_tracing_count()
+        order = iter(arguments)
+        timer = Timer(lambda: function(*next(order)), name=name)
+        timer.start(warmup=0)
+        m = timer._measurement(timer.take(len(arguments) - 1), rounds=1)
+        return function.experimental_get_tracing_count() - before, m
+
+    by_batch = [(inputs[b],) for b in batches]
+    x1 = inputs[batches[0]]
+    values = [0.5 + k / 10 for k in range(len(batches))]
+    # A Python number as an argument is part of the trace's key: every new value traces again.
+    scaled = lambda x, scale: tf.nest.map_structure(lambda o: o * scale, subject.call(x))  # noqa: E731
+    rows = [("tf.function, a new batch size each call", tf.function(subject.call), by_batch),
+            ("input_signature with a None batch axis", tf.function(subject.call, input_signature=[specs]), by_batch),
+            ("reduce_retracing=True", tf.function(subject.call, reduce_retracing=True), by_batch),
+            ("a Python float argument, a new value each call", tf.function(scaled), [(x1, v) for v in values]),
+            ("the same values as tf.constant", tf.function(scaled), [(x1, tf.constant(v)) for v in values])]
+    found = {}
+    for i, (row, function, arguments) in enumerate(rows):
+        traces, m = per_call(function, arguments, row)
+        found[row] = (traces, m)
+        baseline = rows[0][0] if i < 3 else rows[3][0]
+        c = None if i in (0, 3) else versus(found[baseline][1], m, threshold=MIN_GAIN)
+        rec.add("retracing", row, {"calls": len(arguments), "traces": traces, "ms_per_call": m.median_s * 1e3,
+                                   "first_call_s": m.first_call_s}, primary="ms_per_call", lower_is_better=True,
+                measurement=m, comparison=c, versus_first=False)
+    findings = []
+    (plain_traces, plain), (signed_traces, signed) = found[rows[0][0]], found[rows[1][0]]
+    relaxed_traces, relaxed = found[rows[2][0]]
+    if plain_traces > 1:
+        findings.append(Finding(
+            "retracing: new batch sizes", rows[1][0], rows[0][0], versus(plain, signed, threshold=MIN_GAIN),
+            "@tf.function(input_signature=[tf.TensorSpec([None, ...], dtype)])  # a None batch axis",
+            f"none at run time; {plain_traces} traces in {len(batches)} calls became {signed_traces}"))
+        findings.append(Finding(
+            "retracing: new batch sizes", rows[2][0], rows[0][0], versus(plain, relaxed, threshold=MIN_GAIN),
+            "@tf.function(reduce_retracing=True)",
+            f"{plain_traces} traces in {len(batches)} calls became {relaxed_traces}; the relaxed graph may be "
+            f"less specialised"))
+    (number_traces, number), (constant_traces, constant) = found[rows[3][0]], found[rows[4][0]]
+    if number_traces > 1:
+        findings.append(Finding(
+            "retracing: Python numbers", "numbers passed as tf.constant", rows[3][0],
+            versus(number, constant, threshold=MIN_GAIN),
+            "f(x, tf.constant(scale))   # not f(x, scale): a Python number is part of the trace key",
+            f"none; {number_traces} traces in {len(values)} calls became {constant_traces}"))
+    return findings, {}
+
+

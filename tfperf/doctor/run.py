@@ -1,0 +1,69 @@
+"""tfperf doctor: the cookbook's experiments run on the user's own model, and advice ranked by measured gain.
+
+A model is loaded from a Keras file, a SavedModel folder or `module:factory` (`load_subject`); its
+inputs are read from it (unknown sizes from --input-shape, real values from --sample), and synthetic
+inputs respect what it declares: dtypes, integer tokens within the embeddings' vocabulary, padding
+where an embedding masks zeros, several inputs in lists or dicts. Then, each through tfperf.bench
+(interleaved rounds, verdicts from confidence intervals): inference (predict(), model(x),
+tf.function, XLA, LiteRT, ONNX Runtime) at batch 1 and over a batch sweep with outputs checked
+against the model's; retracing; TensorFlow's thread pools, in processes of their own; and, given a
+loss, training (steps_per_execution, jit_compile, mixed precision, batch sizes). `advise` turns the
+gains whose interval clears the bar into advice ranked by the measured ratio; the rest is listed as
+"no measurable gain" and not recommended.
+"""
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tfperf.deploy.loader import Subject
+from tfperf.doctor.advice import Diagnosis
+from tfperf.doctor.inference import inference, model_facts
+from tfperf.doctor.options import RECIPE, Finding, Options
+from tfperf.doctor.retracing import retracing
+from tfperf.doctor.threads import thread_batches, threads
+from tfperf.doctor.training import training
+
+
+def plan(subject: Subject, options: Options) -> list[str]:
+    """The steps a run takes, in order (for a progress bar)."""
+    batches = [b for b in options.batch_sizes if subject.fixed_batch in (None, b)] or [subject.fixed_batch]
+    steps = ["the model", *[f"inference at batch {b}" for b in batches], "retracing"]
+    if options.threads:
+        steps += [f"threads at batch {b}" for b in thread_batches(subject, options)]
+    if options.train:
+        steps.append("training")
+    return steps
+
+
+def diagnose(subject: Subject, options: Options, workdir: Path, *,
+             progress: Callable[[str], None] = lambda step: None) -> Diagnosis:
+    """Every experiment in turn, each skipped (and said so) once the budget is spent."""
+    from tfperf.records.records import Recorder
+
+    started = time.perf_counter()
+    args = {"model": subject.source, "batch_sizes": list(options.batch_sizes), "rounds": options.rounds,
+            "train": options.train, "loss": options.loss, "seed": options.seed}
+    rec = Recorder(RECIPE, args)
+    progress("the model")
+    facts = model_facts(subject, quick=options.quick, sample=options.sample)
+    findings: list[Finding] = []
+    skipped: dict[str, str] = {}
+    sections: list[tuple[str, Callable[[], tuple[list[Finding], dict]]]] = [
+        ("inference", lambda: inference(subject, rec, options, workdir, progress)),
+        ("retracing", lambda: (progress("retracing"), retracing(subject, rec, options))[1])]
+    if options.threads:
+        sections.append(("threads", lambda: threads(subject, rec, options, progress)))
+    if options.train:
+        sections.append(("training", lambda: training(subject, rec, options, progress)))
+    for name, run in sections:
+        spent = time.perf_counter() - started
+        if options.budget_s is not None and spent > options.budget_s:
+            skipped[name] = f"not run: the --budget of {options.budget_s:.0f} s was spent ({spent:.0f} s)"
+            continue
+        found, left_out = run()
+        findings += found
+        skipped.update(left_out)
+    return Diagnosis(subject, rec, findings, skipped, facts, time.perf_counter() - started)
+
+

@@ -1,0 +1,87 @@
+"""TensorFlow's thread pools, each setting in a process of its own (they are fixed when TensorFlow starts)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tfperf.deploy.inputs import make_inputs, read_sample, to_tensors
+from tfperf.deploy.loader import Subject, load_subject, parse_input_shapes
+from tfperf.doctor.inference import _timer_rows
+from tfperf.doctor.options import MIN_GAIN, Finding, Options
+
+
+def thread_configs(cores: int) -> list[tuple[str, int | None, int | None]]:
+    """(row, intra-op threads, inter-op threads): TensorFlow's default first, then one pool of 1 and of all
+    cores, and a split pool where there are cores to split."""
+    configs = [("default threads", None, None), ("intra 1, inter 1", 1, 1)]
+    if cores > 1:
+        configs.append((f"intra {cores}, inter 1", cores, 1))
+    if cores >= 4:
+        configs.append((f"intra {cores // 2}, inter 2", cores // 2, 2))
+    return configs
+
+
+def thread_batches(subject: Subject, options: Options) -> list[int]:
+    """The sweep's smallest and largest batch sizes (latency and throughput), those the model takes."""
+    return sorted({b for b in (min(options.batch_sizes), max(options.batch_sizes)) if subject.fixed_batch in (None, b)})
+
+
+def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Finding], dict]:
+    """Thread pools swept in processes of their own (they are fixed when TensorFlow starts), interleaved."""
+    from tfperf.measure import TimerServer, race
+
+    configs = thread_configs(os.cpu_count() or 1)
+    batches = thread_batches(subject, options)
+    processes = []
+    try:
+        for row, intra, inter in configs:  # started side by side; each says when it is ready
+            argv = [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "threads",
+                    "--batch-sizes", ",".join(map(str, batches)), "--seed", str(options.seed), "--trust",
+                    *[a for name, shape in options.input_shapes.items()
+                      for a in ("--input-shape", (f"{name}=" if name else "") + ",".join(map(str, shape)))]]
+            if options.sample_path:
+                argv += ["--sample", options.sample_path]
+            if intra is not None:
+                argv += ["--intra", str(intra), "--inter", str(inter)]
+            processes.append(TimerServer(argv, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}))
+        findings = []
+        for batch in batches:
+            progress(f"threads at batch {batch}")
+            timers = [process.timer(f"batch {batch}", name=row) for (row, _, _), process in zip(configs, processes)]
+            ms, comparisons = race(timers, rounds=options.rounds, threshold=MIN_GAIN,
+                                   min_time_s=options.min_time_s, seed=options.seed)
+            table = f"threads at batch {batch}"
+            _timer_rows(rec, table, ms, comparisons, {}, batch=batch)
+            for (row, intra, inter), m, c in zip(configs[1:], ms[1:], comparisons):
+                findings.append(Finding(
+                    table, row, ms[0].name, c,
+                    f"tf.config.threading.set_intra_op_parallelism_threads({intra}); "
+                    f"tf.config.threading.set_inter_op_parallelism_threads({inter})  # before TensorFlow runs an op",
+                    "process-wide; a server running several models side by side divides the cores between them"))
+        return findings, {}
+    finally:
+        for process in processes:
+            process.close()
+
+
+def serve_thread_timers(args) -> int:
+    """A thread-sweep process: its thread pools set before TensorFlow runs anything, it times the model."""
+    import tensorflow as tf
+
+    from tfperf.measure import Timer, serve_timers
+
+    if args.intra is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra)
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter)
+    subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=True)
+    sample = read_sample(args.sample) if args.sample else None
+    graph = tf.function(subject.call)
+    timers = []
+    for batch in args.batch_sizes:
+        tensors = subject.pack(to_tensors(make_inputs(subject, batch, seed=args.seed, sample=sample)))
+        timers.append(Timer(lambda t=tensors: graph(t), name=f"batch {batch}", items_per_call=batch))
+    serve_timers(timers)
+    return 0
+
+

@@ -1,0 +1,137 @@
+"""Training experiments: plain fit against steps_per_execution, jit_compile, mixed precision and larger batches."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tfperf.deploy.formats import first_line
+from tfperf.deploy.inputs import check_runs, make_inputs
+from tfperf.deploy.loader import Subject
+from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
+
+
+def training_labels(subject: Subject, loss: str, outputs: Sequence[np.ndarray], examples: int,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+    """Targets for each output that the loss accepts: class ids, one-hot rows, 0/1, or real values."""
+    labels = []
+    for out in outputs:
+        shape = (examples, *out.shape[1:])
+        classes = out.shape[-1] if out.ndim > 1 else 1
+        if "sparse" in loss:
+            labels.append(rng.integers(0, max(classes, 2), size=shape[:-1]).astype(np.int32))
+        elif "categorical" in loss or loss == "kl_divergence":
+            labels.append(np.eye(classes, dtype=np.float32)[rng.integers(0, classes, size=shape[:-1])])
+        elif "binary" in loss or "hinge" in loss:
+            labels.append((rng.random(shape) < 0.5).astype(np.float32))
+        else:
+            labels.append(rng.normal(size=shape).astype(np.float32))
+    return labels
+
+
+def training_loss(name: str | None, from_logits: bool) -> Callable:
+    """The Keras loss called `name`, on logits when `from_logits`; DoctorError for a name Keras lacks."""
+    import keras
+
+    try:
+        base = keras.losses.get(name)
+    except (ValueError, TypeError):
+        base = None
+    if not callable(base):
+        raise DoctorError(f"unknown --loss {name!r}: give a Keras loss name such as sparse_categorical_crossentropy, "
+                          f"categorical_crossentropy, binary_crossentropy or mean_squared_error")
+    if not from_logits:
+        return base
+
+    def on_logits(y_true, y_pred):
+        return base(y_true, y_pred, from_logits=True)
+
+    on_logits.__name__ = f"{name}_from_logits"
+    return on_logits
+
+
+def training(subject: Subject, rec, options: Options, progress) -> tuple[list[Finding], dict]:
+    """Plain fit against steps_per_execution, jit_compile, mixed precision and larger batches, epoch for
+    epoch from the same weights; final losses checked finite and in agreement."""
+    import keras
+    import tensorflow as tf
+
+    from tfperf.measure import Timer, race
+    from tfperf.train import fit_epochs
+
+    if subject.fresh is None:
+        raise DoctorError("training experiments need the Keras model: give a .keras file or module:factory, "
+                          "not a SavedModel")
+    progress("training")
+    examples = options.train_examples
+    flat = make_inputs(subject, examples, seed=options.seed, sample=options.sample)
+    x = subject.pack(flat)
+    rng = np.random.default_rng(options.seed + 1)
+    outputs = check_runs(subject, make_inputs(subject, 2, seed=options.seed, sample=options.sample))
+    if options.sample is not None and "y" in options.sample:
+        y_sample = options.sample["y"]
+        y = y_sample[np.resize(np.arange(len(y_sample)), examples)]
+    else:
+        labels = training_labels(subject, options.loss, outputs, examples, rng)
+        y = labels[0] if len(labels) == 1 else labels
+    loss_fn = training_loss(options.loss, options.from_logits)
+    plain_batch = 32  # Keras' default batch size: what model.fit(x, y) uses
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    mixed = "mixed_float16" if gpu else "mixed_bfloat16"
+    configs = [("plain fit (batch 32)", None, {}, plain_batch, "", ""),
+               ("steps_per_execution=16", None, {"steps_per_execution": 16}, plain_batch,
+                "model.compile(..., steps_per_execution=16)",
+                "callbacks and the progress bar see every 16th step"),
+               ("jit_compile=True", None, {"jit_compile": True}, plain_batch,
+                "model.compile(..., jit_compile=True)", "an XLA compile before the first epoch (first call below)"),
+               (mixed, mixed, {}, plain_batch, f"keras.mixed_precision.set_global_policy({mixed!r})  # before building",
+                "lower-precision activations: check accuracy; keep the last layer float32")]
+    configs += [(f"batch {b}", None, {}, b, f"model.fit(x, y, batch_size={b})",
+                 "fewer optimizer steps per epoch: retune the learning rate; more activation memory")
+                for b in sorted(set(options.batch_sizes)) if b > plain_batch and b <= examples]
+    trainers, skipped = [], {}
+    for row, policy, compile_options, batch, code, cost in configs:
+        try:
+            model = subject.fresh(policy)
+            model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss_fn, **compile_options)
+            epoch, losses = fit_epochs(model, x, y, batch_size=batch, shuffle=False)
+            timer = Timer(epoch, name=row, items_per_call=examples)
+            timer.start(warmup=0)
+        except DoctorError:
+            raise
+        except Exception as exc:
+            if row.startswith("plain"):
+                raise DoctorError(f"the model does not train with --loss {options.loss} on doctor's synthetic "
+                                  f"targets ({type(exc).__name__}: {first_line(exc)}): pass targets as 'y' in "
+                                  f"--sample FILE.npz") from None
+            skipped[f"training: {row}"] = f"{type(exc).__name__}: {first_line(exc)}"
+            continue
+        trainers.append((row, timer, losses, code, cost))
+    final_losses: dict[str, float] = {}
+
+    def read_losses(_):
+        for row, _, losses, _, _ in trainers:
+            final_losses[row] = losses[-1]
+
+    ms, comparisons = race([t for _, t, _, _, _ in trainers], rounds=options.rounds, samples=options.rounds,
+                           threshold=MIN_GAIN, warmup=0, seed=options.seed, on_first_rounds=read_losses)
+    plain_loss = final_losses[trainers[0][0]]
+    findings = []
+    for i, (m, (row, _, _, code, cost)) in enumerate(zip(ms, trainers)):
+        loss = final_losses[row]
+        same_steps = not row.startswith("batch ")  # a larger batch takes fewer steps: its loss is not comparable
+        agrees = math.isfinite(loss) and (not same_steps or abs(loss - plain_loss) <= LOSS_TOLERANCE * max(
+            abs(plain_loss), 1e-6))
+        rec.add("training", row, {"samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s,
+                                  "final_loss": loss, "loss_agrees": agrees},
+                primary="samples_per_s", lower_is_better=False, measurement=m,
+                comparison=None if i == 0 else comparisons[i - 1])
+        if i:
+            note = "" if agrees else (f"final loss {loss:.4g} against {plain_loss:.4g}: not finite" if not
+                                      math.isfinite(loss) else f"final loss {loss:.4g} against plain fit's {plain_loss:.4g}")
+            findings.append(Finding("training", row, trainers[0][0], comparisons[i - 1], code, cost, agrees, note))
+    return findings, skipped
+
+

@@ -72,7 +72,7 @@ from tfperf.measure.processes import reply
 t1 = time.perf_counter()
 model = runtime.saving.load_model(path) if kind.startswith("keras") else load(path)
 t2 = time.perf_counter()
-model.predict(x, verbose=0) if kind == "keras-predict" else model(x)
+model.predict(x, verbose=0) if kind == "keras-predict" else model(x) if kind.startswith("keras") else model({"inputs": x})
 t3 = time.perf_counter()
 print(reply({"import_s": t1 - t0, "load_s": t2 - t1, "first_call_s": t3 - t2}))
 """
@@ -98,7 +98,8 @@ def load_runtimes(work: Path, paths: dict, threads: int) -> dict:
                                else (lambda x: model(x, training=False)))
         else:
             # A SavedModel runs on TensorFlow's pools, which this process sized when it started.
-            served[runtime] = load(paths[runtime], threads=None if fmt[0] == "savedmodel" else threads)
+            runner = load(paths[runtime], threads=None if fmt[0] == "savedmodel" else threads)
+            served[runtime] = lambda x, runner=runner: runner({"inputs": x})
     return served
 
 
@@ -145,7 +146,8 @@ def measure(args, rec) -> dict:
 
     from tfperf.data import load_arrays
     from tfperf.models import get_net
-    from tfperf.deploy.layout import export, load, predict
+    from tfperf.deploy.layout import export_subject, load, predict
+    from tfperf.deploy.loader import cookbook_subject
     from tfperf.train import train
 
     # Setup: one trained model, exported in every format ----------------------------------------
@@ -164,8 +166,10 @@ def measure(args, rec) -> dict:
         for runtime, fmt in RUNTIMES.items():
             if fmt:
                 # Deploy: one call per format; int8 calibrates its ranges on real training rows
-                paths[runtime] = str(export(model, work / "exports", name=args.model, format=fmt[0], quantize=fmt[1],
-                                            representative=data.x_train[:256]))
+                paths[runtime] = str(export_subject(
+                    cookbook_subject(args.model, model=model), work / "exports", name=args.model, format=fmt[0],
+                    quantize=fmt[1], sample={"inputs": x_test[:256]},
+                    calibration=({"inputs": data.x_train[:256]}, "256 training rows")).path)
         (work / "paths.json").write_text(json.dumps(paths))
 
         # Baseline: Keras' own answers; every runtime's outputs and accuracy against them ----------
@@ -176,7 +180,7 @@ def measure(args, rec) -> dict:
         probs = {"Keras predict()": keras_probs, "Keras __call__": keras_probs}
         for runtime, path in paths.items():
             runner = load(path)
-            probs[runtime] = np.concatenate([predict(runner, x_test[i:i + 256])["probabilities"]
+            probs[runtime] = np.concatenate([predict(runner, {"inputs": x_test[i:i + 256]})["probabilities"]
                                              for i in range(0, len(x_test), 256)])
         accuracy = {runtime: float(np.mean(p.argmax(-1) == y_test)) for runtime, p in probs.items()}
         for runtime, p in probs.items():

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
-from keras import layers
 
 from tfperf.catalog import MODEL_NAMES
 
@@ -120,28 +118,47 @@ def get_net(
     return build(shape, classes, keras_module or keras)
 
 
-def _layer_flops(layer: keras.layers.Layer) -> int:
-    if isinstance(layer, keras.Model):
-        return sum(_layer_flops(sub) for sub in layer.layers)
-    if isinstance(layer, layers.Dense):
-        fan_in, units = layer.kernel.shape
-        rows = math.prod(layer.output.shape[1:-1])  # Dense on a >2-D input runs once per leading position
-        return 2 * rows * fan_in * units
-    if isinstance(layer, layers.Conv2D):
-        kh, kw, cin, cout = layer.kernel.shape
-        oh, ow = layer.output.shape[1:3]
-        return 2 * oh * ow * kh * kw * (cin // layer.groups) * cout
-    return 0
+def function_flops(concrete_function) -> int | None:
+    """Float operations of one call of a concrete function whose shapes are all known, as TensorFlow's graph
+    profiler counts them (the way the keras-flops package does): a multiply-add counts 2 in matmuls and
+    convolutions (depthwise included), and the element-wise ops TensorFlow has a cost for (bias adds,
+    additions, normalisation arithmetic) count theirs; None when the graph cannot be frozen and counted."""
+    import logging
+
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2_as_graph
+
+    log = tf.get_logger()
+    level = log.level
+    log.setLevel(logging.ERROR)  # the v1 profiler announces its own deprecation on every call
+    try:
+        _, graph_def = convert_variables_to_constants_v2_as_graph(concrete_function)
+        with tf.Graph().as_default() as graph:
+            tf.graph_util.import_graph_def(graph_def, name="")
+            options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+            options["output"] = "none"
+            found = tf.compat.v1.profiler.profile(graph=graph, run_meta=tf.compat.v1.RunMetadata(), cmd="op",
+                                                  options=options)
+    except Exception:  # a graph the freezer or the profiler cannot take: say "not computed", not fail
+        return None
+    finally:
+        log.setLevel(level)
+    return int(found.total_float_ops) or None
 
 
 def flops(model: keras.Model) -> int:
-    """Forward FLOPs per sample of the Dense and Conv2D layers (a multiply-add counts 2).
+    """Forward FLOPs per example of a Keras model with one input, counted by TensorFlow (`function_flops`).
 
-    Element-wise ops (activations, pooling, normalisation) are left out: they are bandwidth-bound and
-    a few percent of the count; this is the work the matmul FLOP/s roof applies to. Training costs
-    about three times this (forward, and two matmuls per layer backward).
+    Matmuls and convolutions dominate the count; this is the work the matmul FLOP/s roof applies to.
+    Training costs about three times this (forward, and two matmuls per layer backward).
     """
-    return sum(_layer_flops(layer) for layer in model.layers)
+    import tensorflow as tf
+
+    spec = tf.TensorSpec((1, *model.input_shape[1:]), model.inputs[0].dtype)
+    counted = function_flops(tf.function(lambda x: model(x, training=False)).get_concrete_function(spec))
+    if counted is None:
+        raise ValueError(f"TensorFlow cannot count the FLOPs of {model.name}")
+    return counted
 
 
 def activation_bytes(model: keras.Model, batch: int) -> int:

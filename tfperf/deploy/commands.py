@@ -1,26 +1,29 @@
-"""The deployment commands of `tfperf`: train, export (SavedModel, LiteRT, ONNX), predict, inspect."""
+"""The deployment commands of `tfperf`: train, export (SavedModel, LiteRT, ONNX), predict, inspect.
+
+Every command takes the same MODEL (`tfperf.deploy.loader`): a cookbook net, a .keras or .h5 file, a
+SavedModel folder, or module:factory; `predict` and `inspect` take any export of the three formats.
+"""
 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 
 from tfperf import flags
+from tfperf.catalog import MODEL_NAMES
 from tfperf.flags import UserError
-
-# Rows of training data that int8 quantization calibrates on: enough to see each activation's range.
-REPRESENTATIVE_ROWS = 256
 
 
 def _model_errors():
-    from tfperf.deploy.layout import ExportError, InputError, ModelError
+    from tfperf.deploy.formats import ExportError, InputError, ModelError
 
     return (ExportError, InputError, ModelError)
 
 
-def representative_rows(dataset: str, input_shape: tuple, seed: int = 0):
-    """Training rows of `dataset` for int8 calibration, checked against the model's input shape."""
+def dataset_rows(dataset: str, input_shape: tuple, seed: int = 0):
+    """Training and test rows of a cookbook data set, checked against a cookbook net's input shape."""
     from tfperf.data import DatasetUnavailable, load_arrays
 
     try:
@@ -30,22 +33,31 @@ def representative_rows(dataset: str, input_shape: tuple, seed: int = 0):
     if tuple(data.input_shape) != tuple(input_shape):
         raise UserError(f"--dataset {dataset} has inputs shaped {list(data.input_shape)}, the model takes "
                         f"{list(input_shape)}: calibrate on the data the model was trained on")
-    return data.x_train[:REPRESENTATIVE_ROWS]
+    return data
 
 
-def export_options(args: argparse.Namespace, model) -> dict:
-    """export()'s format options from the flags; int8 gets its calibration rows."""
-    options = {"format": args.format, "quantize": args.quantize, "select_tf_ops": args.select_tf_ops}
-    if args.quantize == "int8":
-        options["representative"] = representative_rows(args.dataset, model.input_shape[1:])
-    return options
+def print_export(exported) -> None:
+    """The export's folder, what its check found, and a warning when it needs what the runtime lacks."""
+    from tfperf.deploy.layout import describe_check
+
+    meta = exported.metadata
+    print(exported.path)
+    for line in describe_check(meta):
+        print(line)
+    if str(meta.get("calibrated_on", "")).startswith("synthetic"):
+        print(f"tfperf export: warning: int8 ranges calibrated on {meta['calibrated_on']}", file=sys.stderr)
+    if meta.get("flex_ops"):
+        print(f"tfperf export: warning: {exported.path} runs TensorFlow ops {', '.join(meta['flex_ops'])} through "
+              f"the Flex delegate; ai-edge-litert's interpreter does not link it, so only a runtime built with it "
+              f"can load this model", file=sys.stderr)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a get_net model with checkpoints (resuming from the latest), optionally export it."""
     from tfperf.data import DatasetUnavailable, load_arrays
+    from tfperf.deploy.layout import CALIBRATION_ROWS, export_subject
+    from tfperf.deploy.loader import COOKBOOK_INPUT, cookbook_subject
     from tfperf.models import get_net
-    from tfperf.deploy.layout import export
     from tfperf.train import CheckpointError, train
 
     try:
@@ -72,78 +84,120 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"done: {result.steps} steps ({start}), loss {result.final_loss:.4f}, "
           f"test accuracy {result.test_accuracy:.4f}, checkpoint {result.checkpoint}")
     if args.export:
+        subject = cookbook_subject(args.model, model=model)
+        calibration = ({COOKBOOK_INPUT: data.x_train[:CALIBRATION_ROWS]},
+                       f"{CALIBRATION_ROWS} training rows of {args.dataset}")
         try:
-            path = export(model, args.root, name=args.name or f"{args.model}-{args.dataset}",
-                          **export_options(args, model), metadata={
-                              "training": {"dataset": args.dataset, "steps": result.steps,
-                                           "test_accuracy": result.test_accuracy, "final_loss": result.final_loss}})
+            exported = export_subject(
+                subject, args.root, name=args.name or f"{args.model}-{args.dataset}", format=args.format,
+                quantize=args.quantize, select_tf_ops=args.select_tf_ops, sample={COOKBOOK_INPUT: data.x_test},
+                calibration=calibration, metadata={"training": {
+                    "dataset": args.dataset, "steps": result.steps, "test_accuracy": result.test_accuracy,
+                    "final_loss": result.final_loss, "checkpoint": result.checkpoint}})
         except _model_errors() as exc:
             raise UserError(str(exc)) from None
-        warn_flex(path)
-        print(f"exported: {path}")
+        print("exported: ", end="")
+        print_export(exported)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Export a get_net model (with trained weights from a checkpoint) as a versioned export."""
-    from tfperf.models import get_net
-    from tfperf.deploy.layout import export
-    from tfperf.train import restore_weights
+    """Export any model the loader reads, checked against the model, as a versioned export."""
+    from tfperf.deploy.inputs import read_sample
+    from tfperf.deploy.layout import CALIBRATION_ROWS, export_subject
+    from tfperf.deploy.loader import COOKBOOK_INPUT, cookbook_subject, load_subject, parse_input_shapes
 
     try:
-        shape = tuple(args.input_shape) if args.input_shape else None
-        model = get_net(args.model, input_shape=shape, num_classes=args.num_classes)
-        metadata = {}
-        if args.weights:
-            metadata["weights"] = restore_weights(model, args.weights)
-        path = export(model, args.root, name=args.name, version=args.version, **export_options(args, model),
-                      metadata=metadata)
-    except (FileNotFoundError, ValueError) as exc:  # ExportError is a ValueError
+        shapes = parse_input_shapes(args.input_shape or [])
+        sample = read_sample(args.sample) if args.sample else None
+        if args.model in MODEL_NAMES:
+            if args.signature or args.trust:
+                raise UserError("--signature and --trust are for model files and folders, not cookbook nets")
+            subject = cookbook_subject(args.model, weights=args.weights, num_classes=args.num_classes,
+                                       input_shape=shapes.get("", shapes.get(COOKBOOK_INPUT)))
+        else:
+            if args.num_classes:
+                raise UserError(f"--num-classes is for the cookbook nets ({', '.join(MODEL_NAMES)})")
+            subject = load_subject(args.model, input_shapes=shapes, trust=args.trust, signature=args.signature,
+                                   weights=args.weights)
+        calibration = None
+        if args.quantize == "int8" and sample is None and args.model in MODEL_NAMES:
+            data = dataset_rows(args.dataset, subject.inputs[0].shape)
+            calibration = ({COOKBOOK_INPUT: data.x_train[:CALIBRATION_ROWS]},
+                           f"{CALIBRATION_ROWS} training rows of {args.dataset}")
+        exported = export_subject(subject, args.root, name=args.name, version=args.version, format=args.format,
+                                  quantize=args.quantize, sample=sample, calibration=calibration,
+                                  select_tf_ops=args.select_tf_ops,
+                                  metadata={"weights": args.weights} if args.weights else None)
+    except _model_errors() as exc:
         raise UserError(str(exc)) from None
-    warn_flex(path)
-    print(path)
+    print_export(exported)
     return 0
 
 
-def warn_flex(path: Path) -> None:
-    """Say on stderr when a LiteRT export needs the Flex delegate, which the installed interpreter lacks."""
-    from tfperf.deploy.layout import read_metadata
+def summarize(outputs: dict, classifier: str | None) -> list[str]:
+    """A line per output (shape, dtype, range), and the predicted classes when the export is a classifier."""
+    import numpy as np
 
-    flex = read_metadata(path).get("flex_ops")
-    if flex:
-        print(f"tfperf export: warning: {path} runs TensorFlow ops {', '.join(flex)} through the Flex delegate; "
-              f"ai-edge-litert's interpreter does not link it, so only a runtime built with it can load this model",
-              file=sys.stderr)
+    lines = []
+    for name, a in outputs.items():
+        numeric = a.dtype.kind in "biuf" and a.size
+        span = f", values {np.min(a):.4g} to {np.max(a):.4g}" if numeric else ""
+        lines.append(f"{name}: {a.dtype}{list(a.shape)}{span}")
+    if classifier in outputs:
+        lines.append("predicted classes: " + " ".join(str(c) for c in np.argmax(outputs[classifier], axis=-1)))
+    return lines
+
+
+def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
+    """Outputs to .npz (every output by name) or .npy (the one output, or a classifier's scores), atomically;
+    what was written."""
+    import numpy as np
+
+    from tfperf.deploy.formats import InputError
+    from tfperf.records.records import atomic_write_bytes
+
+    buf = io.BytesIO()
+    if path.suffix == ".npz":
+        np.savez(buf, **outputs)
+        what = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
+    elif path.suffix == ".npy":
+        name = next(iter(outputs)) if len(outputs) == 1 else classifier
+        if name not in outputs:
+            raise InputError(f"the export answers {len(outputs)} outputs ({', '.join(outputs)}): write them all "
+                             f"with --output FILE.npz")
+        np.save(buf, outputs[name])
+        what = f"{name} {list(outputs[name].shape)}"
+    else:
+        raise InputError(f"--output {path}: give a .npz file (every output by name) or a .npy file (one output)")
+    atomic_write_bytes(path, buf.getvalue())
+    return what
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """Load an export in its format's runtime, check the input against its spec, run it."""
-    import io
-
-    import numpy as np
-
+    """Load an export in its format's runtime, check the inputs against its specs, run it."""
+    from tfperf.deploy.inputs import non_finite, read_arrays
     from tfperf.deploy.inspection import check_safe
-    from tfperf.records.records import atomic_write_bytes
-    from tfperf.deploy.layout import load, non_finite, predict, read_array
+    from tfperf.deploy.layout import load, predict, read_metadata
 
     try:
-        x = read_array(args.input)
+        arrays = read_arrays(args.input)
         if not args.trust:
             check_safe(args.model_dir)
-        outputs = predict(load(args.model_dir), x)
+        runner = load(args.model_dir, signature=args.signature)
+        outputs = predict(runner, arrays)
+        classifier = read_metadata(args.model_dir).get("classifier")
+        bad = non_finite(arrays)
+        if bad:  # the model runs on them, but nothing it says about those rows can be trusted
+            total = sum(a.size for a in arrays.values())
+            print(f"tfperf predict: warning: {bad} of {total} input values are NaN or infinite; the predictions for "
+                  f"the rows holding them are not meaningful", file=sys.stderr)
+        if args.output:
+            print(f"wrote {args.output}: {write_outputs(Path(args.output), outputs, classifier)}")
     except _model_errors() as exc:
         raise UserError(str(exc)) from None
-    bad = non_finite(x)
-    if bad:  # the model runs on them, but nothing it says about those rows can be trusted
-        print(f"tfperf predict: warning: {bad} of {x.size} input values are NaN or infinite; the predictions for "
-              f"the rows holding them are not meaningful", file=sys.stderr)
-    if args.output:
-        buf = io.BytesIO()
-        np.save(buf, outputs["probabilities"])
-        atomic_write_bytes(args.output, buf.getvalue())
-        print(f"wrote {args.output}: probabilities {outputs['probabilities'].shape}")
-    else:
-        print("predicted classes:", " ".join(str(c) for c in np.argmax(outputs["probabilities"], axis=-1)))
+    for line in summarize(outputs, classifier):
+        print(line)
     return 0
 
 
@@ -160,21 +214,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def add_format_flags(p: argparse.ArgumentParser) -> None:
-    """--format, --quantize, --select-tf-ops, and --dataset for int8 calibration."""
+    """--format, --quantize, --select-tf-ops."""
     from tfperf.deploy.formats import FORMATS, QUANTIZATIONS
 
     p.add_argument("--format", default="savedmodel", choices=list(FORMATS),
                    help="; ".join(f"{f.name}: {f.describe}" for f in FORMATS.values()))
     p.add_argument("--quantize", default="none", choices=QUANTIZATIONS,
                    help="litert only: dynamic (int8 weights) or int8 (weights and activations, calibrated on "
-                        "--dataset's training rows)")
+                        "--sample, or a cookbook net's --dataset)")
     p.add_argument("--select-tf-ops", action="store_true",
                    help="litert only: run ops LiteRT lacks as TensorFlow ops (the runtime must link the Flex delegate)")
 
 
+MODEL_HELP = (f"a cookbook net ({', '.join(MODEL_NAMES)}), a .keras or .h5 file, a SavedModel folder, or "
+              f"module:factory (a Python function that returns a Keras model)")
+
+
 def add_commands(sub) -> None:
     """Add train, export, predict and inspect to the `tfperf` subcommands."""
-    train = sub.add_parser("train", help="train a model with checkpoints; a rerun resumes from the latest")
+    train = sub.add_parser("train", help="train a cookbook net with checkpoints; a rerun resumes from the latest")
     flags.add_model_flag(train, "cnn")
     flags.add_dataset_flag(train, "mnist-5k")
     train.add_argument("--steps", type=flags.positive_int, default=300, help="total training steps")
@@ -190,22 +248,34 @@ def add_commands(sub) -> None:
     add_format_flags(train)
     train.set_defaults(func=cmd_train)
 
-    exp = sub.add_parser("export", help="write saved_models/<name>/<version>/ (TF Serving layout) in a format")
-    flags.add_model_flag(exp, "cnn")
-    exp.add_argument("--weights", help="checkpoint folder or prefix from `tfperf train` (default: fresh weights)")
+    exp = sub.add_parser("export", help="write saved_models/<name>/<version>/ (TF Serving layout) in a format, "
+                                        "checked against the model")
+    exp.add_argument("model", help=MODEL_HELP)
+    exp.add_argument("--weights", help="a cookbook net's checkpoint folder or prefix from `tfperf train`")
+    exp.add_argument("--sample", metavar="FILE.npz",
+                     help="real inputs (arrays named after the model's inputs): the export is checked on them, and "
+                          "int8 calibrates on them")
+    exp.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
+                     help="sizes (without the batch axis) for an input the model leaves unknown; repeat per input")
+    exp.add_argument("--signature", help="the SavedModel signature to export (default serving_default, serve, or "
+                                         "the only one)")
+    exp.add_argument("--trust", action="store_true",
+                     help="load a model that would run code on load (Keras lambdas, ops off the allowlist) knowingly")
     exp.add_argument("--name", help="export name (default: the model's name)")
     exp.add_argument("--version", type=flags.positive_int, help="version number (default: the next free one)")
-    exp.add_argument("--input-shape", type=flags.positive_int, nargs="+", help="one example's shape")
-    exp.add_argument("--num-classes", type=flags.positive_int)
+    exp.add_argument("--num-classes", type=flags.positive_int, help="a cookbook net's classes")
     exp.add_argument("--root", default="saved_models", help="folder of exports")
     add_format_flags(exp)
     flags.add_dataset_flag(exp, "mnist-5k")
     exp.set_defaults(func=cmd_export)
 
-    pred = sub.add_parser("predict", help="run an export (any format) on a .npy input")
-    pred.add_argument("model_dir", help="saved_models/<name>/<version>")
-    pred.add_argument("--input", required=True, help=".npy array shaped like the model's input")
-    pred.add_argument("--output", help="write the probabilities here (.npy); default: print the classes")
+    pred = sub.add_parser("predict", help="run an export (any format, tfperf's or not) on .npy or .npz inputs")
+    pred.add_argument("model_dir", help="an export folder: saved_models/<name>/<version>, or any SavedModel, "
+                                        "LiteRT or ONNX folder")
+    pred.add_argument("--input", required=True, help=".npy (a one-input model) or .npz (arrays named after the inputs)")
+    pred.add_argument("--output", help="write every output (.npz, by name) or the one output (.npy); "
+                                       "default: print a summary")
+    pred.add_argument("--signature", help="the signature to serve (default serving_default, serve, or the only one)")
     pred.add_argument("--trust", action="store_true",
                       help="load a model even though `tfperf inspect` finds ops off its allowlist")
     pred.set_defaults(func=cmd_predict)

@@ -1,8 +1,10 @@
-"""The export formats in one place: how each is written, loaded, run and described.
+"""The export formats in one place: how each is written, loaded and run.
 
-A format is a `Format`: the file that marks a folder as one of its exports, a writer that turns a
-Keras model into that file, and a loader that returns a `Runner`. `FORMATS` lists them;
-`tfperf.deploy.layout` puts any of them in the versioned, atomic layout, and
+What is exported is a `Servable`: a traced function of named inputs that returns named outputs, and
+what holds its variables (a Keras model, or a loaded SavedModel or tf.Module). A format is a
+`Format`: the file that marks a folder as one of its exports, a writer that turns a Servable into that
+file, and a loader that returns a `Runner`, which takes inputs by name and returns outputs by name.
+`FORMATS` lists them; `tfperf.deploy.layout` puts any of them in the versioned, atomic layout, and
 `tfperf.deploy.inspection` reads each without running it. A new format is one `Format` added here.
 This module imports nothing else of tfperf.
 """
@@ -19,10 +21,12 @@ from typing import Any
 import numpy as np
 
 SIGNATURE = "serving_default"
-INPUT_NAME = "inputs"
-OUTPUT_NAMES = ("logits", "probabilities")
+# Keras' own model.export() names its endpoint `serve` (and aliases it serving_default); other tools name
+# theirs as they like. A runner takes, in this order: the signature asked for, serving_default, serve, the only one.
+PREFERRED_SIGNATURES = (SIGNATURE, "serve")
 QUANTIZATIONS = ("none", "dynamic", "int8")
 ONNX_OPSET = 17  # supported by tf2onnx 1.17 and every onnxruntime since 1.13
+FLOAT_TOLERANCE = 1e-4  # a float32 export answers as the model does within this, relative to the output's scale
 
 
 class ExportError(ValueError):
@@ -30,11 +34,11 @@ class ExportError(ValueError):
 
 
 class ModelError(ValueError):
-    """A model folder that cannot be used: missing, not an export, corrupt, or without the signature."""
+    """A model that cannot be used: missing, not a model, corrupt, unsafe, or without the signature asked for."""
 
 
 class InputError(ValueError):
-    """Input that does not fit the model's input: the message names the expected spec."""
+    """Input that does not fit the model's inputs: the message names the expected spec."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,26 +54,48 @@ class TensorSpec:
         return f"{self.dtype}[{dims}]"
 
 
+@dataclasses.dataclass(frozen=True)
+class Servable:
+    """What an export is made of.
+
+    Args:
+        function: a tf.function with an input_signature (one TensorSpec per input, named after it, batch
+            axis None) that returns a dict of named output tensors.
+        keras_model: the Keras model the function calls, tracked through Keras' ExportArchive (which
+            hands converters the Keras variables to freeze); None for models without Keras.
+        trackable: otherwise, what holds the variables the function reads (a loaded SavedModel, a tf.Module).
+    """
+
+    function: Any
+    keras_model: Any = None
+    trackable: Any = None
+
+    @property
+    def input_signature(self) -> list:
+        return list(self.function.input_signature)
+
+
 class Runner:
-    """A loaded export: its input spec, its output names, and a call on NumPy input."""
+    """A loaded export: its signature, input specs, output names, and a call on NumPy inputs by name."""
 
     format: str
-    input: TensorSpec
+    signature: str
+    inputs: tuple[TensorSpec, ...]
     outputs: tuple[str, ...]
 
-    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        """Run on input already checked against `self.input`; outputs by name."""
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run on inputs already checked against `self.inputs`; outputs by name."""
         raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)
 class Format:
-    """How one export format is written, loaded and described."""
+    """How one export format is written and loaded."""
 
     name: str
     marker: str  # the file inside an export folder that says it is this format
-    write: Callable[..., dict[str, Any]]  # (model, folder, quantize=, representative=) -> metadata
-    load: Callable[..., Runner]  # (folder, threads=None) -> Runner
+    write: Callable[..., dict[str, Any]]  # (servable, folder, quantize=, representative=) -> metadata
+    load: Callable[..., Runner]  # (folder, threads=None, signature=None) -> Runner
     describe: str  # one line for --help
 
 
@@ -79,23 +105,31 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
 
 
-def serving_function(model):
-    """The model as a serving function: named float32 input with any batch size, named outputs."""
-    import tensorflow as tf
+def choose_signature(available: list[str], asked: str | None, where: str) -> str:
+    """The signature a runner serves: `asked`, else serving_default, else serve, else the only one."""
+    if asked is not None:
+        if asked not in available:
+            raise ModelError(f"{where} has no signature {asked!r}: it has {', '.join(sorted(available)) or 'none'}")
+        return asked
+    for key in PREFERRED_SIGNATURES:
+        if key in available:
+            return key
+    if len(available) == 1:
+        return available[0]
+    raise ModelError(f"{where} has signatures {', '.join(sorted(available)) or 'none'} and none is "
+                     f"{SIGNATURE!r}: choose one with --signature")
 
-    def serve(inputs):
-        logits = model(inputs, training=False)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
 
-    return serve
-
-
-def traced_serving_function(model):
-    """The serving function as a tf.function for any batch size (what tf2onnx converts)."""
-    import tensorflow as tf
-
-    spec = tf.TensorSpec((None, *model.input_shape[1:]), tf.float32, name=INPUT_NAME)
-    return tf.function(serving_function(model), input_signature=[spec])
+def agreement(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Per output, the largest absolute difference from the reference and that difference relative to the
+    output's scale (its largest magnitude, at least 1, so that outputs near zero are judged absolutely)."""
+    found = {}
+    for name, ref in reference.items():
+        ref, out = np.asarray(ref, np.float64), np.asarray(got[name], np.float64)
+        diff = float(np.max(np.abs(out - ref))) if ref.size else 0.0
+        scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1.0)
+        found[name] = {"max_abs_diff": diff, "relative": diff / scale}
+    return found
 
 
 def check_options(fmt: str, quantize: str = "none", select_tf_ops: bool = False, representative=None) -> None:
@@ -108,51 +142,59 @@ def check_options(fmt: str, quantize: str = "none", select_tf_ops: bool = False,
         raise ExportError(f"--quantize {quantize} is for --format litert; {fmt} exports are float32")
     if select_tf_ops and fmt != "litert":
         raise ExportError("--select-tf-ops is for --format litert")
-    if quantize == "int8" and (representative is None or len(representative) == 0):
-        raise ExportError("--quantize int8 needs a representative sample of the training data to calibrate on")
+    if quantize == "int8" and not representative:
+        raise ExportError("--quantize int8 needs real inputs to calibrate on: pass --sample FILE.npz")
 
+
+def _numpy_dtype(dtype) -> str:
+    return "string" if dtype.name == "string" else np.dtype(dtype.as_numpy_dtype).name
 
 
 # SavedModel ------------------------------------------------------------------------------------
 
 
-def write_savedmodel(model, folder: Path, *, quantize: str = "none", representative=None) -> dict[str, Any]:
-    """A SavedModel with one signature, `serving_default`, through Keras' ExportArchive."""
-    import keras
+def write_savedmodel(servable: Servable, folder: Path, *, quantize: str = "none",
+                     representative=None) -> dict[str, Any]:
+    """A SavedModel whose `serving_default` signature is the servable's function."""
+    import tensorflow as tf
 
     check_options("savedmodel", quantize)
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint(name=SIGNATURE, fn=serving_function(model), input_signature=[
-        keras.InputSpec(shape=(None, *model.input_shape[1:]), dtype="float32", name=INPUT_NAME)])
-    archive.write_out(str(folder), verbose=False)
+    if servable.keras_model is not None:
+        import keras
+
+        archive = keras.export.ExportArchive()
+        archive.track(servable.keras_model)
+        archive.add_endpoint(name=SIGNATURE, fn=servable.function)
+        archive.write_out(str(folder), verbose=False)
+    else:
+        module = tf.Module()
+        module.tracked = servable.trackable  # so that the SavedModel holds the variables the function reads
+        tf.saved_model.save(module, str(folder), signatures={SIGNATURE: servable.function.get_concrete_function()})
     return {"signature": SIGNATURE}
 
 
 class SavedModelRunner(Runner):
-    """A reloaded SavedModel's serving signature (TensorFlow's runtime, no tfperf or Keras code)."""
+    """A reloaded SavedModel's signature (TensorFlow's runtime, no tfperf or Keras code)."""
 
     format = "savedmodel"
 
-    def __init__(self, loaded):
-        self.loaded = loaded
-        self.signature = loaded.signatures[SIGNATURE]
-        specs = self.signature.structured_input_signature[1]
-        if len(specs) != 1:
-            raise ModelError(f"expected one input, the signature takes {sorted(specs)}")
-        name, spec = next(iter(specs.items()))
-        self.input = TensorSpec(name, spec.dtype.name, tuple(spec.shape.as_list()))
-        self.outputs = tuple(sorted(self.signature.structured_outputs))
+    def __init__(self, loaded, signature: str):
+        self.loaded, self.signature = loaded, signature
+        self.function = loaded.signatures[signature]
+        args, specs = self.function.structured_input_signature
+        self.inputs = tuple(TensorSpec(name, _numpy_dtype(spec.dtype), tuple(spec.shape.as_list()))
+                            for name, spec in sorted(specs.items()))
+        self.outputs = tuple(sorted(self.function.structured_outputs))
 
-    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tensorflow as tf
 
-        return {k: v.numpy() for k, v in self.signature(**{self.input.name: tf.constant(x)}).items()}
+        return {k: v.numpy() for k, v in self.function(**{n: tf.constant(x) for n, x in inputs.items()}).items()}
 
 
-def load_savedmodel(folder: Path, threads: int | None = None) -> SavedModelRunner:
-    """Load a SavedModel's serving signature; ModelError if unusable. `threads` is TensorFlow's, set by
-    the caller before TensorFlow starts (tf.config.threading), so it is not taken here."""
+def load_savedmodel(folder: Path, threads: int | None = None, signature: str | None = None) -> SavedModelRunner:
+    """Load a SavedModel's signature; ModelError if unusable. `threads` is TensorFlow's, set by the caller
+    before TensorFlow starts (tf.config.threading), so it is not taken here."""
     import tensorflow as tf
 
     if threads is not None:
@@ -162,9 +204,10 @@ def load_savedmodel(folder: Path, threads: int | None = None) -> SavedModelRunne
         loaded = tf.saved_model.load(str(folder))
     except Exception as exc:  # protobuf, checkpoint and op errors all mean: this folder is broken
         raise ModelError(f"{folder} is not a loadable SavedModel ({type(exc).__name__}: {first_line(exc)})") from None
-    if SIGNATURE not in loaded.signatures:
-        raise ModelError(f"{folder} has no {SIGNATURE!r} signature (it has {sorted(loaded.signatures)})")
-    return SavedModelRunner(loaded)
+    key = choose_signature(list(loaded.signatures), signature, str(folder))
+    if loaded.signatures[key].structured_input_signature[0]:
+        raise ModelError(f"{folder}: signature {key!r} takes positional inputs; a served signature takes named ones")
+    return SavedModelRunner(loaded, key)
 
 
 # LiteRT ----------------------------------------------------------------------------------------
@@ -175,17 +218,17 @@ _NOT_IN_LITERT = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex o
                             r"|failed to legalize operation 'tf\.(\w+)'")
 
 
-def write_litert(model, folder: Path, *, quantize: str = "none", representative=None,
-                 select_tf_ops: bool = False) -> dict[str, Any]:
-    """model.tflite from the serving function; `quantize` dynamic (int8 weights) or int8 (weights and
-    activations, calibrated on `representative`, inputs and outputs kept float32)."""
+def write_litert(servable: Servable, folder: Path, *, quantize: str = "none",
+                 representative: Mapping[str, np.ndarray] | None = None, select_tf_ops: bool = False) -> dict[str, Any]:
+    """model.tflite from the servable; `quantize` dynamic (int8 weights) or int8 (weights and activations,
+    calibrated on `representative` rows by input name; inputs and outputs kept float32)."""
     import tensorflow as tf
 
     check_options("litert", quantize, select_tf_ops, representative)
-    # From the SavedModel, not from the traced function: given a Keras 3 model's function directly, the
+    # From a SavedModel, not from the traced function: given a Keras 3 model's function directly, the
     # converter does not freeze its variables (a 5 KB file that answers NaN).
     saved = folder / ".savedmodel"
-    write_savedmodel(model, saved)
+    write_savedmodel(servable, saved)
     try:
         flat = litert_from_saved_model(saved, quantize=quantize, representative=representative,
                                        select_tf_ops=select_tf_ops)
@@ -198,7 +241,8 @@ def write_litert(model, folder: Path, *, quantize: str = "none", representative=
 
 
 def litert_from_saved_model(saved: Path, *, signature: str = SIGNATURE, quantize: str = "none",
-                            representative=None, select_tf_ops: bool = False) -> bytes:
+                            representative: Mapping[str, np.ndarray] | None = None,
+                            select_tf_ops: bool = False) -> bytes:
     """A SavedModel signature converted to a LiteRT flatbuffer; ExportError naming the ops LiteRT lacks."""
     import tensorflow as tf
 
@@ -208,8 +252,9 @@ def litert_from_saved_model(saved: Path, *, signature: str = SIGNATURE, quantize
         # Quantization: int8 weights; with int8, activations too, ranges taken from real inputs
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if quantize == "int8":
-        sample = np.asarray(representative, np.float32)
-        converter.representative_dataset = lambda: ([sample[i:i + 1]] for i in range(len(sample)))
+        rows = {name: np.asarray(a) for name, a in representative.items()}
+        count = min(len(a) for a in rows.values())
+        converter.representative_dataset = lambda: ({n: a[i:i + 1] for n, a in rows.items()} for i in range(count))
         ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     if select_tf_ops:
         ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
@@ -248,36 +293,39 @@ def litert_flex_ops(path: Path) -> list[str]:
 
 
 class LiteRTRunner(Runner):
-    """A .tflite model in the LiteRT interpreter (ai-edge-litert), through its serving signature."""
+    """A .tflite model in the LiteRT interpreter (ai-edge-litert), through one of its signatures."""
 
     format = "litert"
 
-    def __init__(self, interpreter):
-        self.interpreter = interpreter
-        self.runner = interpreter.get_signature_runner(SIGNATURE)
-        details = self.runner.get_input_details()
-        if len(details) != 1:
-            raise ModelError(f"expected one input, the signature takes {sorted(details)}")
-        name, info = next(iter(details.items()))
-        shape = tuple(None if d < 0 else int(d) for d in info["shape_signature"])
-        self.input = TensorSpec(name, np.dtype(info["dtype"]).name, shape)
+    def __init__(self, interpreter, signature: str):
+        self.interpreter, self.signature = interpreter, signature
+        self.runner = interpreter.get_signature_runner(signature)
+        self.inputs = tuple(TensorSpec(name, np.dtype(info["dtype"]).name,
+                                       tuple(None if d < 0 else int(d) for d in info["shape_signature"]))
+                            for name, info in sorted(self.runner.get_input_details().items()))
         self.outputs = tuple(sorted(self.runner.get_output_details()))
 
-    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        return self.runner(**{self.input.name: x})
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.runner(**inputs)
 
 
-def load_litert(folder: Path, threads: int | None = None) -> LiteRTRunner:
+def load_litert(folder: Path, threads: int | None = None, signature: str | None = None) -> LiteRTRunner:
     """model.tflite in a LiteRT interpreter with `threads` threads (default: LiteRT's choice)."""
     from ai_edge_litert.interpreter import Interpreter
 
     path = folder / "model.tflite"
-    flex = litert_flex_ops(path)
+    try:
+        flex = litert_flex_ops(path)
+    except Exception:  # a flatbuffer that does not parse raises whatever its reader hits
+        raise ModelError(f"{path} is corrupt: it does not parse as a LiteRT model") from None
     try:
         interpreter = Interpreter(model_path=str(path), num_threads=threads)
         interpreter.allocate_tensors()  # prepares every op: a missing kernel (Flex) fails here, not at the first call
-        runner = LiteRTRunner(interpreter)
+        key = choose_signature(list(interpreter.get_signature_list()), signature, str(path))
+        runner = LiteRTRunner(interpreter, key)
     except (ValueError, RuntimeError) as exc:
+        if isinstance(exc, ModelError):
+            raise
         if flex and "Flex" in str(exc):
             raise ModelError(f"{path} runs TensorFlow ops {', '.join(flex)} through the Flex delegate, which the "
                              f"installed LiteRT interpreter does not link; run it where the Flex delegate is "
@@ -291,14 +339,13 @@ def load_litert(folder: Path, threads: int | None = None) -> LiteRTRunner:
 _NOT_IN_ONNX = re.compile(r"Unsupported ops: Counter\(\{(.*?)\}\)")
 
 
-def write_onnx(model, folder: Path, *, quantize: str = "none", representative=None) -> dict[str, Any]:
-    """model.onnx from the serving function (tf2onnx), its outputs named as the signature's."""
+def write_onnx(servable: Servable, folder: Path, *, quantize: str = "none", representative=None) -> dict[str, Any]:
+    """model.onnx from the servable's function (tf2onnx), its outputs named as the function's."""
     import onnx
     import tf2onnx
 
     check_options("onnx", quantize)
-    function = traced_serving_function(model)
-    proto = onnx_from_function(function, function.input_signature)
+    proto = onnx_from_function(servable.function, servable.input_signature)
     (folder / "model.onnx").write_bytes(proto.SerializeToString())
     return {"file": "model.onnx", "quantization": "none",
             "converter": {"tf2onnx": tf2onnx.__version__, "onnx": onnx.__version__, "opset": ONNX_OPSET}}
@@ -349,31 +396,33 @@ def onnx_from_function(function, input_signature) -> Any:
     return proto
 
 
+_ONNX_TYPES = {"float": "float32", "double": "float64", "float16": "float16", "int64": "int64", "int32": "int32",
+               "int8": "int8", "uint8": "uint8", "bool": "bool", "string": "string"}
+
+
 class OnnxRunner(Runner):
     """A .onnx model in ONNX Runtime's CPU execution provider."""
 
     format = "onnx"
+    signature = "model"
 
     def __init__(self, session):
         self.session = session
-        inputs = session.get_inputs()
-        if len(inputs) != 1:
-            raise ModelError(f"expected one input, the model takes {[i.name for i in inputs]}")
-        info = inputs[0]
-        dtype = re.fullmatch(r"tensor\((\w+)\)", info.type)
-        dtype = {"float": "float32", "double": "float64"}.get(dtype[1], dtype[1]) if dtype else info.type
-        shape = tuple(d if isinstance(d, int) else None for d in info.shape)
-        self.input = TensorSpec(info.name, dtype, shape)
+        self.inputs = tuple(TensorSpec(i.name, _ONNX_TYPES.get(re.sub(r"tensor\((\w+)\)", r"\1", i.type), i.type),
+                                       tuple(d if isinstance(d, int) else None for d in i.shape))
+                            for i in sorted(session.get_inputs(), key=lambda i: i.name))
         self.outputs = tuple(o.name for o in session.get_outputs())
 
-    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
-        return dict(zip(self.outputs, self.session.run(self.outputs, {self.input.name: x})))
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.outputs, self.session.run(self.outputs, dict(inputs))))
 
 
-def load_onnx(folder: Path, threads: int | None = None) -> OnnxRunner:
+def load_onnx(folder: Path, threads: int | None = None, signature: str | None = None) -> OnnxRunner:
     """model.onnx in an ONNX Runtime session with `threads` intra-op threads (default: its choice)."""
     import onnxruntime as ort
 
+    if signature not in (None, OnnxRunner.signature):
+        raise ModelError(f"an ONNX model has one graph and no signatures: leave out --signature {signature}")
     path = folder / "model.onnx"
     options = ort.SessionOptions()
     if threads is not None:

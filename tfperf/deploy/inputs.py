@@ -1,47 +1,107 @@
-"""Inputs for any model: real rows from a sample file, or synthetic ones that respect what the model declares."""
+"""Inputs for any model: arrays read safely from .npy and .npz files, fitted to the model's inputs, or
+synthetic ones that respect what the model declares; and its outputs by name."""
 
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from tfperf.deploy.formats import InputError, first_line
 from tfperf.deploy.loader import Subject
 
+TARGETS = "y"  # the array of a sample file that holds training targets, not an input
+_FIX = "save arrays with numpy.save (.npy) or numpy.savez (.npz, one array per input, named after it)"
+
+
+def _checked_header(f: IO[bytes], size: int, where: str) -> None:
+    """Read a .npy header and refuse, before anything is allocated, arrays that hold Python objects
+    (pickles, which could run code) or claim more bytes than the file holds (truncated or forged)."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"cannot read {where} as a .npy array ({exc}); {_FIX}") from None
+    if dtype.hasobject:
+        raise InputError(f"{where} holds Python objects (pickled), which could run code when read; {_FIX} on a "
+                         f"numeric array")
+    needed = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    held = size - f.tell()
+    if needed > held:
+        raise InputError(f"{where}: its header claims shape {list(shape)} of {dtype} ({needed:,} bytes), but the "
+                         f"file holds {held:,} bytes after the header; it is truncated or forged: {_FIX}")
+
+
+def read_arrays(path: Path | str) -> dict[str, np.ndarray]:
+    """The arrays of a .npz file by name, or of a .npy file under the name '' (any one input), each header
+    checked against the bytes it holds before it is read; InputError says what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no such input file: {path}")
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                for member in archive.infolist():
+                    with archive.open(member) as f:
+                        _checked_header(f, member.file_size, f"{path}:{member.filename}")
+            with np.load(path, allow_pickle=False) as data:
+                return {k: data[k] for k in data.files}
+        with path.open("rb") as f:
+            _checked_header(f, path.stat().st_size, str(path))
+        return {"": np.load(path, allow_pickle=False)}
+    except InputError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"cannot read {path} as NumPy arrays ({first_line(exc)}); {_FIX}") from None
+
+
+def fit_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[tuple[str, str, Sequence[int | None]]],
+               where: str = "the input") -> dict[str, np.ndarray]:
+    """The arrays fitted to the inputs (name, dtype, shape without the batch axis, None for any size): one
+    per input by name (a lone array for a one-input model), numbers converted to the input's dtype, every
+    shape checked; InputError naming what the model takes otherwise."""
+    names = [name for name, _, _ in specs]
+    given = {k: v for k, v in arrays.items() if k != TARGETS}
+    takes = "; ".join(f"{n}: {d}[N, {', '.join('?' if s is None else str(s) for s in shape)}]".replace(", ]", "]")
+                      for n, d, shape in specs)
+    if len(names) == 1 and names[0] not in given and len(given) == 1:
+        given = {names[0]: next(iter(given.values()))}
+    missing = [n for n in names if n not in given]
+    if missing:
+        held = ", ".join(sorted(k or "one unnamed array" for k in given)) or "nothing"
+        raise InputError(f"{where} lacks {', '.join(missing)} (it holds {held}); the model takes {takes}")
+    fitted = {}
+    for name, dtype, shape in specs:
+        a = np.asarray(given[name])
+        want_kind = "U" if dtype == "string" else np.dtype(dtype).kind
+        if a.ndim != len(shape) + 1 or any(s is not None and s != d for s, d in zip(shape, a.shape[1:])):
+            raise InputError(f"{where}: {name!r} has shape {list(a.shape)}; the model takes {takes}")
+        if len(a) == 0:
+            raise InputError(f"{where}: {name!r} has no rows; the model takes {takes}")
+        if (want_kind in "US") != (a.dtype.kind in "US") or a.dtype.kind not in "biufUS":
+            raise InputError(f"{where}: {name!r} holds {a.dtype}, the model takes {takes}")
+        if want_kind in "iub" and a.dtype.kind == "f":
+            raise InputError(f"{where}: {name!r} holds floats where the model takes {dtype} (token ids or flags): "
+                             f"save it as integers")
+        fitted[name] = a if want_kind in "US" else np.ascontiguousarray(a, dtype=dtype)
+    if len({len(a) for a in fitted.values()}) > 1:
+        raise InputError(f"{where}: the inputs have different numbers of rows "
+                         f"({', '.join(f'{n}: {len(a)}' for n, a in fitted.items())})")
+    return fitted
+
 
 def read_sample(path: Path | str) -> dict[str, np.ndarray]:
-    """Arrays from a .npz: inputs by name (or one array for a one-input model), optionally `y` for training."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise InputError(f"no such sample file: {path}") from None
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:
-        raise InputError(f"--sample {path} is not a NumPy .npz archive of arrays ({first_line(exc)})") from None
+    """Arrays from a sample file: inputs by name (or one array for a one-input model), optionally `y`, targets."""
+    return read_arrays(path)
 
 
 def sample_inputs(subject: Subject, sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The sample's arrays for each input, checked against the input's shape."""
-    names = [i.name for i in subject.inputs]
-    arrays = {k: v for k, v in sample.items() if k != "y"}
-    if len(names) == 1 and names[0] not in arrays and len(arrays) == 1:
-        arrays = {names[0]: next(iter(arrays.values()))}
-    missing = [n for n in names if n not in arrays]
-    if missing:
-        raise InputError(f"the sample lacks {', '.join(missing)}: it holds {', '.join(sorted(sample)) or 'nothing'}; "
-                          f"name its arrays after the model's inputs ({', '.join(names)})")
-    for spec in subject.inputs:
-        a = arrays[spec.name]
-        if a.ndim < 1 or tuple(a.shape[1:]) != spec.shape:
-            raise InputError(f"sample array {spec.name!r} has shape {list(a.shape)}, the model takes "
-                              f"[N, {', '.join(map(str, spec.shape))}]")
-        if len(a) != len(arrays[names[0]]):
-            raise InputError("the sample's input arrays must have the same number of rows")
-    return {n: arrays[n] for n in names}
+    """The sample's arrays for each input, checked against the input's shape and dtype."""
+    return fit_inputs(sample, [(i.name, i.dtype, i.shape) for i in subject.inputs], "the sample")
 
 
 def make_inputs(subject: Subject, batch: int, *, seed: int = 0,
@@ -58,8 +118,8 @@ def make_inputs(subject: Subject, batch: int, *, seed: int = 0,
         shape = (batch, *spec.shape)
         kind = np.dtype(spec.dtype).kind if spec.dtype != "string" else "U"
         if kind in "US":
-            raise InputError(f"input {spec.name!r} takes strings, which doctor cannot invent: pass real inputs "
-                              f"with --sample FILE.npz (an array named {spec.name!r})")
+            raise InputError(f"input {spec.name!r} takes strings, which tfperf cannot invent: pass real inputs "
+                             f"with --sample FILE.npz (an array named {spec.name!r})")
         if kind == "b":
             found[spec.name] = rng.random(shape) < 0.5
         elif kind in "iu":
@@ -83,21 +143,22 @@ def to_tensors(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return {k: tf.constant(v) for k, v in flat.items()}
 
 
-def flat_outputs(outputs: Any) -> list[np.ndarray]:
-    """A model's outputs as a list of arrays, in tf.nest order (dicts by sorted key)."""
-    import tensorflow as tf
-
-    return [np.asarray(o) for o in tf.nest.flatten(outputs)]
+def to_numpy(outputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Outputs by name as NumPy arrays."""
+    return {k: np.asarray(v) for k, v in outputs.items()}
 
 
-def check_runs(subject: Subject, flat: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """The model's outputs on these inputs; InputError saying what to do when it fails on them."""
+def check_runs(subject: Subject, flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's outputs by name on these inputs; InputError saying what to do when it fails on them."""
     try:
-        return flat_outputs(subject.call(subject.pack(to_tensors(flat))))
+        return to_numpy(subject.named(to_tensors(flat)))
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(f"the model fails on doctor's synthetic inputs ({type(exc).__name__}: {first_line(exc)}): "
-                          f"pass real inputs with --sample FILE.npz, or --input-shape if a size is wrong") from None
+        raise InputError(f"the model fails on these inputs ({type(exc).__name__}: {first_line(exc)}): pass real "
+                         f"inputs with --sample FILE.npz, or --input-shape if a size is wrong") from None
 
 
+def non_finite(arrays: Mapping[str, np.ndarray]) -> int:
+    """How many values of numeric arrays are NaN or infinite."""
+    return sum(int(a.size - np.count_nonzero(np.isfinite(a))) for a in arrays.values() if a.dtype.kind in "fc")

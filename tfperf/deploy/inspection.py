@@ -318,6 +318,15 @@ def inspect_onnx(path: Path | str) -> Report:
                 flagged[name] = f"an operator of the custom domain {node.domain!r}: code the runtime must be " \
                                 f"given; not reviewed"
             graphs += [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
+        tensors = [*graph.initializer, *(a.t for n in graph.node for a in n.attribute if a.HasField("t"))]
+        for tensor in tensors:  # weights kept in other files: ONNX Runtime opens whatever path they name
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+            target = (folder / location).resolve()
+            if Path(location).is_absolute() or not target.is_relative_to(folder.resolve()):
+                flagged[f"external data of {tensor.name}"] = (f"reads {location}, outside the model's folder "
+                                                              f"({target}): a loader would open that file")
     initializers = model.graph.initializer
     size = sum(int(np.prod(t.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
                for t in initializers)

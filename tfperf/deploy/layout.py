@@ -1,7 +1,10 @@
-"""Exports in the TF Serving layout (atomic, never overwriting) in any format, reload, and checked predict."""
+"""Exports in the TF Serving layout: written atomically, never overwriting, checked against the model
+before they are renamed into place; reloaded in their format's runtime, and run on checked inputs."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
 import os
 import re
@@ -16,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from tfperf import __version__
-from tfperf.deploy.formats import (FORMATS, INPUT_NAME, OUTPUT_NAMES, SIGNATURE, ExportError, InputError, ModelError,
-                                   Runner, TensorSpec, check_model_dir, check_options, format_of, serving_function,
-                                   versions)
+from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, SIGNATURE, ExportError, ModelError, Runner, Servable,
+                                   agreement,
+                                   check_model_dir, check_options, first_line, format_of, versions)
+from tfperf.deploy.inputs import fit_inputs
 
 METADATA_FILE = "tfperf.json"
-__all__ = ["ExportError", "InputError", "ModelError", "Runner", "SIGNATURE", "INPUT_NAME", "serving_function"]
 
 
 # A staging folder's name says who writes it: .<version>.partial-<host>-<pid>-<random>.
@@ -70,152 +73,221 @@ def next_version(model_root: Path | str) -> int:
     return existing[-1] + 1 if existing else 1
 
 
-def read_array(path: Path | str) -> np.ndarray:
-    """A .npy file as an array, checked before anything is allocated; InputError says what is wrong.
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """What an export is checked against before it is renamed into place: inputs by name, the model's own
+    outputs on them, where the inputs came from, and the output holding class scores (for classifiers)."""
 
-    The header's shape and dtype must fit in the bytes the file holds (a 16-byte file claiming
-    191 GiB is refused, not allocated), and pickled object arrays, which could run code, are refused.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"no such input file: {path}")
-    fix = "save inputs with numpy.save"
-    try:
-        with path.open("rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            offset = f.tell()
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"cannot read {path} as a .npy array ({exc}); {fix}") from None
-    if dtype.hasobject:
-        raise InputError(f"{path} holds Python objects (pickled), which could run code when read; {fix} "
-                         f"on a numeric array")
-    needed = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-    held = path.stat().st_size - offset
-    if needed > held:
-        raise InputError(f"{path}: its header claims shape {list(shape)} of {dtype} ({needed:,} bytes), but the "
-                         f"file holds {held:,} bytes after the header; it is truncated or forged: {fix}")
-    try:
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"cannot read {path} as a .npy array ({exc}); {fix}") from None
+    inputs: Mapping[str, np.ndarray]
+    reference: Mapping[str, np.ndarray]
+    source: str  # "the sample" or "synthetic inputs"
+    classifier: str | None = None
 
 
-def non_finite(x: np.ndarray) -> int:
-    """How many values of a numeric array are NaN or infinite."""
-    return int(x.size - np.count_nonzero(np.isfinite(x))) if x.dtype.kind in "fc" else 0
+def compare_with_model(runner: Runner, check: Check, quantized: bool) -> dict[str, Any]:
+    """How the loaded export answers against the model on the check inputs: per output the largest
+    difference (absolute and relative to the output's scale), and for classifiers how often the top class
+    is the same; ExportError when a float32 export disagrees beyond FLOAT_TOLERANCE."""
+    got = runner(fit_inputs(check.inputs, [(s.name, s.dtype, s.shape[1:]) for s in runner.inputs], "check inputs"))
+    missing = sorted(set(check.reference) - set(got))
+    if missing:
+        raise ExportError(f"the {runner.format} export lacks outputs {', '.join(missing)} (it has "
+                          f"{', '.join(got)}); nothing was written")
+    found: dict[str, Any] = {"on": f"{len(next(iter(check.inputs.values())))} rows of {check.source}",
+                             "outputs": agreement(check.reference, got), "tolerance": FLOAT_TOLERANCE}
+    if check.classifier in check.reference:
+        ref, out = np.asarray(check.reference[check.classifier]), np.asarray(got[check.classifier])
+        found["top_class_agreement"] = float(np.mean(ref.argmax(-1) == out.argmax(-1)))
+    bad = {n: a for n, a in found["outputs"].items() if a["relative"] > FLOAT_TOLERANCE}
+    if bad and not quantized:
+        worst = max(bad, key=lambda n: bad[n]["relative"])
+        raise ExportError(f"the {runner.format} export disagrees with the model: output {worst!r} differs by up to "
+                          f"{bad[worst]['max_abs_diff']:.3g} ({bad[worst]['relative']:.3g} of its scale, over "
+                          f"{FLOAT_TOLERANCE:g}) on {found['on']}; nothing was written")
+    return found
 
 
-def export(
-    model,
-    root: Path | str = "saved_models",
-    *,
-    name: str | None = None,
-    version: int | None = None,
-    format: str = "savedmodel",
-    quantize: str = "none",
-    representative: np.ndarray | None = None,
-    select_tf_ops: bool = False,
-    metadata: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write root/<name>/<version>/ atomically in `format`; an existing version is an error naming a free one.
+def _no_space(exc: BaseException) -> bool:
+    return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """A finished export: its folder and the metadata written beside it (tfperf.json)."""
+
+    path: Path
+    metadata: Mapping[str, Any]
+
+
+def export(servable: Servable, root: Path | str = "saved_models", *, name: str, version: int | None = None,
+           format: str = "savedmodel", quantize: str = "none", representative: Mapping[str, np.ndarray] | None = None,
+           select_tf_ops: bool = False, check: Check | None = None,
+           metadata: Mapping[str, Any] | None = None) -> Exported:
+    """Write root/<name>/<version>/ atomically in `format`, checked against the model before it is renamed
+    into place; an asked-for version that exists is an error naming a free one, and a version taken by a
+    concurrent export while this one was written moves this one to the next free version.
 
     Args:
       quantize: LiteRT only: none, dynamic (int8 weights) or int8 (weights and activations).
-      representative: input rows that int8 quantization calibrates its ranges on.
+      representative: input rows by name that int8 quantization calibrates its ranges on.
       select_tf_ops: LiteRT only: run ops LiteRT lacks as TensorFlow ops (needs the Flex delegate).
+      check: the inputs and the model's outputs the export must reproduce (float32 within FLOAT_TOLERANCE).
     """
-    import keras
     import tensorflow as tf
 
     check_options(format, quantize, select_tf_ops, representative)
-    name = name or model.name
     if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name):
         raise ExportError(f"invalid export name {name!r}: use a plain folder name such as 'mnist-cnn'")
     if version is not None and version < 1:
         raise ExportError(f"version must be a positive integer (TF Serving's layout), got {version}")
     model_root = Path(root) / name
+    asked = version is not None
     version = version or next_version(model_root)
-    final = model_root / str(version)
-    if final.exists():
-        raise ExportError(f"{final} exists and is never overwritten; the next free version is "
+    if (model_root / str(version)).exists():
+        raise ExportError(f"{model_root / str(version)} exists and is never overwritten; the next free version is "
                           f"{next_version(model_root)} (--version {next_version(model_root)}, or leave it out)")
     made_root = not Path(root).exists()
-    model_root.mkdir(parents=True, exist_ok=True)
+    try:
+        model_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"cannot create {model_root}: {exc.strerror or first_line(exc)}") from None
     clean_stale_staging(model_root)
-    input_shape = tuple(model.input_shape[1:])
-    options = {"quantize": quantize, "representative": representative}
+    options: dict[str, Any] = {"quantize": quantize, "representative": representative}
     if select_tf_ops:
         options["select_tf_ops"] = True
     # Written beside the target, then renamed: readers and TF Serving see a whole version or none.
     staging = Path(tempfile.mkdtemp(prefix=f".{version}.partial-{socket.gethostname()}-{os.getpid()}-",
                                     dir=model_root))
     try:
-        written = FORMATS[format].write(model, staging, **options)
-        meta = {
-            "name": name,
-            "version": version,
-            "model": model.name,
-            "format": format,
-            "signature": SIGNATURE,
-            "inputs": {INPUT_NAME: {"dtype": "float32", "shape": [None, *input_shape]}},
-            "outputs": {k: {"dtype": "float32", "shape": [None, int(model.output_shape[-1])]} for k in OUTPUT_NAMES},
-            "tfperf": __version__,
-            "tensorflow": tf.__version__,
-            "keras": keras.__version__,
-            **written,
-            **dict(metadata or {}),
-        }
-        (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         try:
-            os.rename(staging, final)  # fails if a concurrent export took this version meanwhile
-        except OSError:
-            raise ExportError(f"{final} appeared while exporting; the next free version is "
-                              f"{next_version(model_root)}") from None
+            written = FORMATS[format].write(servable, staging, **options)
+        except ExportError:
+            raise
+        except Exception as exc:
+            if _no_space(exc):
+                raise ExportError(f"no space left on the device while writing {model_root}: free some and export "
+                                  f"again (nothing was kept)") from None
+            raise ExportError(f"writing the {format} export failed ({type(exc).__name__}: {first_line(exc)}); "
+                              f"nothing was kept") from None
+        try:
+            runner = FORMATS[format].load(staging)
+        except ModelError as exc:
+            if not written.get("flex_ops"):
+                raise ExportError(f"the {format} export does not load back: {exc}; nothing was kept") from None
+            runner = None  # asked for Select TF ops, which the installed interpreter cannot run: kept unchecked
+        concrete = servable.function.get_concrete_function()
+        meta = {
+            "name": name, "format": format, "signature": runner.signature if runner else SIGNATURE,
+            "inputs": {s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in runner.inputs} if runner else {
+                s.name: {"dtype": s.dtype.name, "shape": s.shape.as_list()} for s in servable.input_signature},
+            "outputs": list(runner.outputs) if runner else sorted(concrete.structured_outputs),
+            "classifier": check.classifier if check else None,
+            "tfperf": __version__, "tensorflow": tf.__version__, **written, **dict(metadata or {}),
+        }
+        if check is not None and runner is not None:
+            meta["agreement"] = compare_with_model(runner, check, quantized=quantize != "none")
+        elif check is not None:
+            meta["agreement"] = {"not_checked": f"the installed LiteRT interpreter cannot run Flex ops "
+                                                f"{', '.join(written['flex_ops'])}"}
+        for _ in range(1000):
+            final = model_root / str(version)
+            meta["version"] = version
+            try:
+                (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+                os.rename(staging, final)  # fails if a concurrent export took this version meanwhile
+                break
+            except OSError as exc:
+                if _no_space(exc):
+                    raise ExportError(f"no space left on the device while writing {model_root}: free some and "
+                                      f"export again (nothing was kept)") from None
+                if asked or not final.exists():
+                    raise ExportError(f"{final} appeared while exporting; the next free version is "
+                                      f"{next_version(model_root)}") from None
+                version = next_version(model_root)  # another export took it: take the next free one
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
         # A first export that failed leaves no empty folders behind.
-        if not any(model_root.iterdir()):
+        if model_root.is_dir() and not any(model_root.iterdir()):
             model_root.rmdir()
             if made_root and not any(Path(root).iterdir()):
                 Path(root).rmdir()
-    return final
+    return Exported(final, meta)
 
 
-def load(path: Path | str, threads: int | None = None) -> Runner:
+def load(path: Path | str, threads: int | None = None, signature: str | None = None) -> Runner:
     """An export loaded in its format's runtime (no tfperf model code needed); ModelError if unusable.
 
     Args:
       threads: the runtime's threads for one call (LiteRT, ONNX Runtime); None leaves its default.
+      signature: the SavedModel or LiteRT signature to serve (default serving_default, serve, or the only one).
     """
     path = check_model_dir(path)
-    return format_of(path).load(path, threads=threads)
+    return format_of(path).load(path, threads=threads, signature=signature)
 
 
-def check_input(x: np.ndarray, spec: TensorSpec) -> np.ndarray:
-    """`x` converted to the spec's dtype (any int or float is accepted), or an InputError naming the spec."""
-    expected = f"the signature {SIGNATURE!r} takes {spec.name}: {spec}"
-    if not isinstance(x, np.ndarray) or x.dtype.kind not in "fiu":
-        kind = x.dtype if isinstance(x, np.ndarray) else type(x).__name__
-        raise InputError(f"input has dtype {kind}, not numbers; {expected}")
-    want = spec.shape
-    if len(x.shape) != len(want) or any(w is not None and w != d for w, d in zip(want, x.shape)):
-        raise InputError(f"input has shape {list(x.shape)}; {expected}")
-    if x.shape[0] == 0:
-        raise InputError(f"input has no rows (shape {list(x.shape)}); {expected}")
-    return np.ascontiguousarray(x, dtype=spec.dtype)
-
-
-def predict(runner: Runner, x: np.ndarray) -> dict[str, np.ndarray]:
-    """Run a loaded export on checked input; outputs as NumPy arrays by name."""
-    return runner(check_input(x, runner.input))
+def predict(runner: Runner, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a loaded export on inputs by name, each checked against its spec; outputs as NumPy arrays by name."""
+    fitted = fit_inputs(arrays, [(s.name, s.dtype, s.shape[1:]) for s in runner.inputs],
+                        f"the input for {runner.format} signature {runner.signature!r}")
+    return {k: np.asarray(v) for k, v in runner(fitted).items()}
 
 
 def read_metadata(path: Path | str) -> dict[str, Any]:
-    """The metadata tfperf wrote beside an export ({} for SavedModels made elsewhere)."""
+    """The metadata tfperf wrote beside an export ({} for exports made elsewhere, or unreadable metadata)."""
     meta = Path(path) / METADATA_FILE
-    return json.loads(meta.read_text()) if meta.is_file() else {}
+    try:
+        return json.loads(meta.read_text()) if meta.is_file() else {}
+    except (ValueError, OSError):
+        return {}
+
+
+CHECK_ROWS, CALIBRATION_ROWS = 16, 256  # rows an export is checked on; rows int8 quantization calibrates on
+
+
+def export_subject(subject, root: Path | str = "saved_models", *, name: str | None = None, version: int | None = None,
+                   format: str = "savedmodel", quantize: str = "none", sample: Mapping[str, np.ndarray] | None = None,
+                   calibration: tuple[Mapping[str, np.ndarray], str] | None = None, select_tf_ops: bool = False,
+                   seed: int = 0, metadata: Mapping[str, Any] | None = None) -> Exported:
+    """Export a loaded model (`tfperf.deploy.loader.Subject`), checked on rows of `sample` or on synthetic
+    inputs; int8 calibrates on `calibration` (rows by input name, and where they came from), else on the
+    sample, else on synthetic inputs (said so in the metadata: real rows calibrate better)."""
+    from tfperf.deploy.inputs import check_runs, make_inputs, sample_inputs
+
+    check_options(format, quantize, select_tf_ops, representative=True)
+    if sample is not None:
+        inputs, source = {n: a[:CHECK_ROWS] for n, a in sample_inputs(subject, sample).items()}, "the sample"
+    else:
+        inputs, source = make_inputs(subject, CHECK_ROWS, seed=seed), "synthetic inputs"
+    reference = check_runs(subject, inputs)
+    representative, calibrated_on = None, None
+    if quantize == "int8":
+        if calibration is not None:
+            representative, calibrated_on = calibration
+        elif sample is not None:
+            representative = {n: a[:CALIBRATION_ROWS] for n, a in sample_inputs(subject, sample).items()}
+            calibrated_on = f"{len(next(iter(representative.values())))} rows of the sample"
+        else:
+            representative = make_inputs(subject, CALIBRATION_ROWS // 4, seed=seed + 1)
+            calibrated_on = "synthetic inputs: pass --sample FILE.npz of real inputs for ranges that fit your data"
+    described = {"model": subject.source, **({"source_signature": subject.signature} if subject.signature else {}),
+                 **({"calibrated_on": calibrated_on} if calibrated_on else {}), **dict(metadata or {})}
+    return export(subject.servable(), root, name=name or subject.name, version=version, format=format,
+                  quantize=quantize, representative=representative, select_tf_ops=select_tf_ops,
+                  check=Check(inputs, reference, source, subject.classifier), metadata=described)
+
+
+def describe_check(meta: Mapping[str, Any]) -> list[str]:
+    """What an export's check found, a line per output (and the top class, for classifiers)."""
+    found = meta.get("agreement")
+    if not found:
+        return []
+    if "not_checked" in found:
+        return [f"not checked against the model: {found['not_checked']}"]
+    lines = [f"checked against the model on {found['on']}:"]
+    for name, a in found["outputs"].items():
+        lines.append(f"  {name}: largest difference {a['max_abs_diff']:.2g} ({a['relative']:.2g} of its scale; "
+                     f"float32 exports must stay within {found['tolerance']:g})")
+    if "top_class_agreement" in found:
+        lines.append(f"  top class the same as the model's on {found['top_class_agreement']:.0%} of rows")
+    return lines

@@ -1,10 +1,11 @@
-"""One model loader for every command: a cookbook net name, a Keras file, a SavedModel folder, or `module:factory`.
+"""One model loader for every command: a cookbook net, a Keras file, a SavedModel folder, or `module:factory`.
 
-`load_subject` returns a `Subject`: the model, what it takes (each input's name, dtype and shape,
-in lists or dicts), how to call it, and what is known of it (parameters, weights, FLOPs, the
-vocabulary integer inputs must stay under). A SavedModel is inspected before it is loaded
-(`tfperf.deploy.inspection`) and refused when it reaches ops off the allowlist, unless trusted.
-Anything unusable is a `ModelError` whose one line says what to do instead.
+`load_subject` returns a `Subject`: the model, what it takes (each input's name, dtype and shape, in
+lists or dicts), how to call it, its outputs by name, and what is known of it (parameters, weights,
+the vocabulary integer inputs must stay under, whether it is a classifier). `Subject.servable()` is
+what every export format writes. A SavedModel is inspected before it is loaded
+(`tfperf.deploy.inspection`) and a Keras file read before Keras runs it (`keras_files`); what would
+run code is refused unless trusted. Anything unusable is a `ModelError` whose one line says what to do.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ import dataclasses
 import importlib
 import os
 import sys
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tfperf.deploy.formats import ModelError, first_line
+from tfperf.catalog import MODEL_NAMES
+from tfperf.deploy.formats import ModelError, Servable, first_line
+from tfperf.deploy.keras_files import KERAS_SUFFIXES, load_keras_file
 
-KERAS_SUFFIXES = (".keras", ".h5")
+COOKBOOK_INPUT = "inputs"  # the cookbook nets' exports take `inputs` and answer `logits` and `probabilities`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,16 +39,35 @@ class InputSpec:
         return f"{self.name}: {self.dtype}[batch, {', '.join(map(str, self.shape))}]".replace(", ]", "]")
 
 
+def name_outputs(outputs: Any) -> dict[str, Any]:
+    """A model's outputs by name: a dict's own keys, else `output_0`, `output_1`, ... in order (Keras'
+    own `model.export()` names them so)."""
+    import tensorflow as tf
+
+    if isinstance(outputs, Mapping):
+        return dict(outputs)
+    return {f"output_{k}": t for k, t in enumerate(tf.nest.flatten(outputs))}
+
+
+def classifier_head(logits: Any) -> dict[str, Any]:
+    """The cookbook nets' outputs: their logits and the class probabilities."""
+    import tensorflow as tf
+
+    return {"logits": logits, "probabilities": tf.nn.softmax(logits)}
+
+
 @dataclasses.dataclass
 class Subject:
-    """A loaded model and what doctor knows about it.
+    """A loaded model and what is known about it.
 
     Args:
         structure: the model's input structure with each input replaced by its name (a name, a list
             or a dict), so that flat arrays by name can be packed the way the model takes them.
         call: the model on packed inputs (TensorFlow tensors), training off; returns its outputs.
+        head: names the outputs `call` returns (a dict by name).
         fresh: a new copy of the Keras model with the same weights, built under a dtype policy name
             (None: the model's own); None when there is no Keras model to copy.
+        classifier: the output that holds class scores, when the model says it is a classifier.
     """
 
     name: str
@@ -55,6 +76,7 @@ class Subject:
     inputs: tuple[InputSpec, ...]
     structure: Any
     call: Callable[[Any], Any]
+    head: Callable[[Any], dict[str, Any]] = name_outputs
     model: Any = None
     trackable: Any = None  # what holds the variables (the Keras model or the loaded SavedModel)
     fresh: Callable[[str | None], Any] | None = None
@@ -63,11 +85,34 @@ class Subject:
     fixed_batch: int | None = None  # a SavedModel signature that takes only this batch size
     parameters: int | None = None
     weight_bytes: int | None = None
-    flops: int | None = None  # forward FLOPs per example of Dense and Conv2D layers (Keras models)
+    classifier: str | None = None
+    signature: str | None = None  # the SavedModel signature `call` runs
 
     def pack(self, flat: Mapping[str, Any]) -> Any:
         """Arrays or tensors by input name, in the structure the model takes."""
         return _map_structure(lambda name: flat[name], self.structure)
+
+    def named(self, flat: Mapping[str, Any]) -> dict[str, Any]:
+        """The model's outputs by name, on inputs by name."""
+        return self.head(self.call(self.pack(flat)))
+
+    def input_signature(self, batch: int | None = None) -> list:
+        """One tf.TensorSpec per input, named after it, with `batch` rows (None: any; a fixed signature's own)."""
+        import tensorflow as tf
+
+        rows = self.fixed_batch if self.fixed_batch is not None else batch
+        return [tf.TensorSpec((rows, *i.shape), tf.as_dtype(i.dtype), name=i.name) for i in self.inputs]
+
+    def function(self, batch: int | None = None):
+        """The model as a tf.function of its inputs, flat and named, returning its outputs by name."""
+        import tensorflow as tf
+
+        names = [i.name for i in self.inputs]
+        return tf.function(lambda *flat: self.named(dict(zip(names, flat))), input_signature=self.input_signature(batch))
+
+    def servable(self) -> Servable:
+        """What the export formats write: the function for any batch size, and what holds its variables."""
+        return Servable(self.function(), keras_model=self.model, trackable=self.trackable)
 
 
 def _map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:
@@ -90,7 +135,7 @@ def parse_input_shapes(texts: Sequence[str]) -> dict[str, tuple[int, ...]]:
             shape = ()
         if not shape or any(d < 1 for d in shape):
             raise ModelError(f"--input-shape {text!r}: give NAME=D,D,... (sizes without the batch axis, each at "
-                              f"least 1), or D,D,... for a model with one input")
+                             f"least 1), or D,D,... for a model with one input")
         shapes[name.strip()] = shape
     return shapes
 
@@ -104,61 +149,73 @@ def _resolve_shape(name: str, dtype: str, shape: Sequence[int | None], given: Ma
         if len(override) != len(shape) or any(d is not None and d != o for d, o in zip(shape, override)):
             model_shape = ", ".join("?" if d is None else str(d) for d in shape)
             raise ModelError(f"--input-shape for {name!r} is {list(override)}, but the model declares "
-                              f"[{model_shape}] (without the batch axis): give sizes only where it has '?'")
+                             f"[{model_shape}] (without the batch axis): give sizes only where it has '?'")
         shape = override
     if any(d is None for d in shape):
         model_shape = ", ".join("?" if d is None else str(d) for d in shape)
         raise ModelError(f"input {name!r} has sizes the model leaves unknown: [{model_shape}] after the batch "
-                          f"axis; give them with --input-shape {name}=" + ",".join(
-                              "N" if d is None else str(d) for d in shape))
+                         f"axis; give them with --input-shape {name}=" + ",".join(
+                             "N" if d is None else str(d) for d in shape))
     return InputSpec(name, dtype, tuple(int(d) for d in shape))
 
 
 def load_subject(source: str, *, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 trust: bool = False) -> Subject:
-    """The model at `source`: a Keras file, a SavedModel folder, or `module:factory`; ModelError if unusable.
-
-    A SavedModel is inspected before it is loaded (tfperf.inspection) and refused when it reaches ops
-    off the allowlist, unless `trust`.
-    """
+                 trust: bool = False, signature: str | None = None, weights: str | None = None) -> Subject:
+    """The model `source` names: a cookbook net (`cnn`, with `weights` from `tfperf train`), a .keras or .h5
+    file, a SavedModel folder (its `signature`, default serving_default, serve, or the only one), or
+    `module:factory`; ModelError if unusable. What could run code is refused unless `trust`."""
     given = dict(input_shapes or {})
     path = Path(source)
+    if weights is not None and source not in MODEL_NAMES:
+        raise ModelError(f"--weights is for the cookbook nets ({', '.join(MODEL_NAMES)}): a model file carries "
+                         f"its own weights")
+    if signature is not None and not path.is_dir():
+        raise ModelError("--signature is for SavedModel folders: a Keras model has one call")
+    if source in MODEL_NAMES and not path.exists():
+        return cookbook_subject(source, weights=weights, input_shape=given.pop("", None) or given.pop(
+            COOKBOOK_INPUT, None))
     if path.is_dir():
         if not (path / "saved_model.pb").is_file():
             raise ModelError(f"{source} is a folder without saved_model.pb: give a SavedModel folder, a .keras "
-                              f"file, or module:factory")
-        return _saved_model_subject(path, given, trust)
+                             f"or .h5 file, a cookbook net ({', '.join(MODEL_NAMES)}), or module:factory")
+        return _saved_model_subject(path, given, trust, signature)
     if path.suffix in KERAS_SUFFIXES or path.is_file():
         if not path.is_file():
             raise ModelError(f"no such file: {source}")
         if path.suffix not in KERAS_SUFFIXES:
-            raise ModelError(f"{source} is not a model: give a .keras file, a SavedModel folder, or "
-                              f"module:factory (a Python function that returns a Keras model)")
-        model = _load_keras_file(path)
-        return _keras_subject(model, source, given, factory=lambda: _load_keras_file(path))
+            raise ModelError(f"{source} is not a model: give a .keras or .h5 file, a SavedModel folder, or "
+                             f"module:factory (a Python function that returns a Keras model)")
+        model = load_keras_file(path, trust=trust)
+        return keras_subject(model, source, given, factory=lambda: load_keras_file(path, trust=trust))
     if ":" in source and not path.exists():
         model, factory = _load_factory(source)
-        return _keras_subject(model, source, given, factory=factory, builds_under_policy=True)
-    raise ModelError(f"no such model: {source}: give a .keras file, a SavedModel folder, or module:factory")
+        return keras_subject(model, source, given, factory=factory, builds_under_policy=True)
+    raise ModelError(f"no such model: {source}: give a .keras or .h5 file, a SavedModel folder, a cookbook net "
+                     f"({', '.join(MODEL_NAMES)}), or module:factory")
 
 
-def _load_keras_file(path: Path):
-    import keras
+def cookbook_subject(name: str, *, weights: str | None = None, input_shape: tuple[int, ...] | None = None,
+                     num_classes: int | None = None, model=None) -> Subject:
+    """A cookbook net (fresh weights, `weights` from a `tfperf train` checkpoint, or the trained `model`):
+    input `inputs`, outputs `logits` and `probabilities`."""
+    from tfperf.models import get_net
 
-    if path.suffix == ".keras" and not zipfile.is_zipfile(path):
-        raise ModelError(f"{path} is not a Keras file (a .keras file is a zip archive): it is corrupt or "
-                          f"something else renamed")
-    try:
-        return keras.saving.load_model(str(path), compile=False)
-    except (TypeError, ValueError) as exc:
-        text = str(exc)
-        if "deserializ" in text or "Could not locate" in text or "Unknown layer" in text:
-            raise ModelError(f"{path} needs classes this process does not have (custom layers or models): give "
-                              f"module:factory instead, a Python function that builds the model (and loads its "
-                              f"weights)") from None
-        raise ModelError(f"{path} cannot be loaded: {first_line(exc)}") from None
-    except Exception as exc:  # a damaged archive or weights file
-        raise ModelError(f"{path} cannot be loaded ({type(exc).__name__}: {first_line(exc)})") from None
+    if model is None:
+        try:
+            model = get_net(name, input_shape=input_shape, num_classes=num_classes)
+        except ValueError as exc:
+            raise ModelError(str(exc)) from None
+        if weights is not None:
+            from tfperf.train import restore_weights
+
+            try:
+                restore_weights(model, weights)
+            except FileNotFoundError as exc:
+                raise ModelError(str(exc)) from None
+    subject = keras_subject(model, name, {}, factory=None)
+    shape = tuple(int(d) for d in model.input_shape[1:])
+    return dataclasses.replace(subject, inputs=(InputSpec(COOKBOOK_INPUT, "float32", shape),),
+                               structure=COOKBOOK_INPUT, head=classifier_head, classifier="probabilities")
 
 
 def _load_factory(source: str):
@@ -173,7 +230,7 @@ def _load_factory(source: str):
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ModelError(f"cannot import {module_name!r} for {source}: {first_line(exc)} (run from the folder "
-                          f"that holds it, or install it)") from None
+                         f"that holds it, or install it)") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ModelError(f"{module_name} has no function {attr!r} (for {source})")
@@ -190,13 +247,8 @@ def _load_factory(source: str):
     return build(), build
 
 
-def _keras_subject(model, source: str, given: Mapping[str, tuple[int, ...]], *, factory,
-                   builds_under_policy: bool = False) -> Subject:
-    """Args:
-        factory: builds the model again with its weights (the user's function, or a reload of the file).
-        builds_under_policy: the factory builds layers anew, so a dtype policy set around it takes effect
-            (a reloaded file keeps the dtypes it saved, so it is cloned layer by layer instead).
-    """
+def _keras_inputs(model, source: str, given: Mapping[str, tuple[int, ...]]) -> tuple[Any, tuple[InputSpec, ...]]:
+    """The model's input structure (by name) and its inputs, sizes filled from --input-shape."""
     import keras
 
     try:
@@ -208,25 +260,37 @@ def _keras_subject(model, source: str, given: Mapping[str, tuple[int, ...]], *, 
     if structure is None:
         if len(given) != 1:
             raise ModelError(f"{source} does not say what it takes (a subclassed model not yet called): give "
-                              f"--input-shape D,D,... for its one float32 input")
+                             f"--input-shape D,D,... for its one float32 input")
         shape = next(iter(given.values()))
         try:
             model(np.zeros((1, *shape), np.float32))
         except Exception as exc:
             raise ModelError(f"{source} fails on a float32 input of shape [1, {', '.join(map(str, shape))}]: "
-                              f"{first_line(exc)}") from None
-        structure = "input"
-        inputs = (InputSpec("input", "float32", shape),)
-    else:
-        leaves = keras.tree.flatten(structure)
-        single = len(leaves) == 1
-        inputs = tuple(_resolve_shape(t.name, np.dtype(t.dtype).name if t.dtype != "string" else "string",
-                                      t.shape[1:], given, single) for t in leaves)
-        structure = _map_structure(lambda t: t.name, structure)
+                             f"{first_line(exc)}") from None
+        return "input", (InputSpec("input", "float32", shape),)
+    leaves = keras.tree.flatten(structure)
+    inputs = tuple(_resolve_shape(t.name, np.dtype(t.dtype).name if t.dtype != "string" else "string",
+                                  t.shape[1:], given, len(leaves) == 1) for t in leaves)
     unknown = set(given) - {i.name for i in inputs} - ({""} if len(inputs) == 1 else set())
     if unknown:
         raise ModelError(f"--input-shape names {', '.join(sorted(unknown))}, but the model's inputs are "
-                          f"{', '.join(i.name for i in inputs)}")
+                         f"{', '.join(i.name for i in inputs)}")
+    return _map_structure(lambda t: t.name, structure), inputs
+
+
+def keras_subject(model, source: str, given: Mapping[str, tuple[int, ...]] | None = None, *,
+                  factory: Callable[[], Any] | None, builds_under_policy: bool = False) -> Subject:
+    """A Keras model as a Subject.
+
+    Args:
+        factory: builds the model again with its weights (the user's function, or a reload of the file);
+            None when it cannot be rebuilt (then there is no `fresh`).
+        builds_under_policy: the factory builds layers anew, so a dtype policy set around it takes effect
+            (a reloaded file keeps the dtypes it saved, so it is cloned layer by layer instead).
+    """
+    import keras
+
+    structure, inputs = _keras_inputs(model, source, given or {})
     embeddings = [layer for layer in _all_layers(model) if isinstance(layer, keras.layers.Embedding)]
     weights = model.get_weights()
 
@@ -252,23 +316,26 @@ def _keras_subject(model, source: str, given: Mapping[str, tuple[int, ...]], *, 
         copy.set_weights(weights)
         return copy
 
-    from tfperf.models import flops
-
-    counted = (keras.layers.Dense, keras.layers.Conv2D)
-    free = (keras.layers.Embedding, keras.layers.BatchNormalization, keras.layers.LayerNormalization)
-    uncounted = [layer for layer in _all_layers(model) if layer.weights and not isinstance(layer, counted + free)
-                 and not hasattr(layer, "layers")]
-    try:
-        # Only when every layer with weights is one flops() counts: a partial count would flatter the limit.
-        model_flops = (flops(model) or None) if not uncounted else None
-    except Exception:  # a layer whose shapes flops() cannot read: say "not computed", not fail
-        model_flops = None
     return Subject(
         name=_model_name(source, model.name), source=source, kind="keras", inputs=inputs, structure=structure,
-        call=lambda packed: model(packed, training=False), model=model, trackable=model, fresh=fresh,
+        call=lambda packed: model(packed, training=False), model=model, trackable=model,
+        fresh=fresh if factory is not None else None,
         vocabulary=min((layer.input_dim for layer in embeddings), default=None),
         mask_zero=any(layer.mask_zero for layer in embeddings), parameters=int(model.count_params()),
-        weight_bytes=int(sum(w.nbytes for w in weights)), flops=model_flops)
+        weight_bytes=int(sum(w.nbytes for w in weights)),
+        classifier="output_0" if _ends_in_softmax(model) else None)
+
+
+def _ends_in_softmax(model) -> bool:
+    """True when the model has one output and its last layer is a softmax: it answers class probabilities."""
+    import keras
+
+    if len(getattr(model, "outputs", None) or []) != 1 or not getattr(model, "layers", None):
+        return False
+    last = model.layers[-1]
+    activation = getattr(last, "activation", None)
+    return isinstance(last, keras.layers.Softmax) or activation is keras.activations.softmax or getattr(
+        activation, "__name__", "") == "softmax"
 
 
 def _all_layers(model) -> list:
@@ -282,42 +349,50 @@ def _all_layers(model) -> list:
     return found
 
 
-def _saved_model_subject(path: Path, given: Mapping[str, tuple[int, ...]], trust: bool) -> Subject:
+def _saved_model_subject(path: Path, given: Mapping[str, tuple[int, ...]], trust: bool,
+                         signature: str | None) -> Subject:
     import tensorflow as tf
 
     from tfperf.deploy import inspection
-    from tfperf.deploy.formats import ModelError
+    from tfperf.deploy.formats import choose_signature
 
     try:
         report = inspection.inspect_model(path) if trust else inspection.check_safe(path)
-    except ModelError as exc:
-        raise ModelError(str(exc)) from None
+    except ModelError:
+        raise
     except Exception as exc:  # an unreadable saved_model.pb
         raise ModelError(f"{path} is not a readable SavedModel ({type(exc).__name__}: {first_line(exc)})") from None
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as exc:
         raise ModelError(f"{path} is not a loadable SavedModel ({type(exc).__name__}: {first_line(exc)})") from None
-    signatures = dict(loaded.signatures)
-    if not signatures:
+    if not loaded.signatures:
         raise ModelError(f"{path} has no signature to call: save it with signatures= (or a tf.function with an "
-                          f"input_signature), or give the Keras model")
-    key = "serving_default" if "serving_default" in signatures else sorted(signatures)[0]
-    signature = signatures[key]
-    specs = signature.structured_input_signature[1]
-    if not specs or signature.structured_input_signature[0]:
+                         f"input_signature), or give the Keras model")
+    key = choose_signature(list(loaded.signatures), signature, str(path))
+    function = loaded.signatures[key]
+    specs = function.structured_input_signature[1]
+    if not specs or function.structured_input_signature[0]:
         raise ModelError(f"{path}: signature {key!r} takes no named inputs")
     batches = {spec.shape[0] for spec in specs.values() if spec.shape.rank}
     fixed = next(iter(batches)) if len(batches) == 1 and None not in batches else None
     single = len(specs) == 1
     inputs = tuple(_resolve_shape(name, "string" if spec.dtype == tf.string else spec.dtype.as_numpy_dtype.__name__,
                                   spec.shape.as_list()[1:], given, single) for name, spec in sorted(specs.items()))
+    meta = path / "tfperf.json"  # an export of tfperf's says which output holds class scores
+    classifier = None
+    if meta.is_file():
+        import json
+
+        try:
+            classifier = json.loads(meta.read_text()).get("classifier")
+        except ValueError:
+            classifier = None
     return Subject(
         name=_model_name(str(path), None), source=str(path), kind="savedmodel", inputs=inputs,
-        structure={i.name: i.name for i in inputs}, call=lambda packed: signature(**packed), trackable=loaded,
-        fixed_batch=fixed,
-        parameters=report.variable_bytes // 4 if report.variable_bytes else None,
-        weight_bytes=report.variable_bytes)
+        structure={i.name: i.name for i in inputs}, call=lambda packed: function(**packed), trackable=loaded,
+        fixed_batch=fixed, parameters=report.variable_bytes // 4 if report.variable_bytes else None,
+        weight_bytes=report.variable_bytes, classifier=classifier, signature=key)
 
 
 def _model_name(source: str, declared: str | None) -> str:
@@ -328,5 +403,3 @@ def _model_name(source: str, declared: str | None) -> str:
     else:
         name = source.rpartition(":")[2]
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in (name or declared or "model"))
-
-

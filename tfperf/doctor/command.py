@@ -50,8 +50,10 @@ def add_command(sub) -> None:
     p.add_argument("--no-threads", action="store_true", help="skip the thread-pool sweep (it starts processes)")
     p.add_argument("--out", help="folder for report.md and records (default doctor/<model name>/)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--signature", help="the SavedModel signature to diagnose (default serving_default, serve, or "
+                                       "the only one)")
     p.add_argument("--trust", action="store_true",
-                   help="load a SavedModel even though `tfperf inspect` finds ops off its allowlist")
+                   help="load a model that would run code on load (Keras lambdas, ops off the allowlist) knowingly")
     # Internal: a thread-sweep process (its thread pools are fixed when TensorFlow starts).
     p.add_argument("--role", choices=["threads"], help=argparse.SUPPRESS)
     p.add_argument("--intra", type=flags.positive_int, help=argparse.SUPPRESS)
@@ -91,7 +93,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise UserError("--loss is for the training experiments: add --train")
         shapes = parse_input_shapes(args.input_shape or [])
         sample = read_sample(args.sample) if args.sample else None
-        subject = load_subject(args.model, input_shapes=shapes, trust=args.trust)
+        subject = load_subject(args.model, input_shapes=shapes, trust=args.trust, signature=args.signature)
         out = Path(args.out) if args.out else Path("doctor") / subject.name
         if (out / f"{doctor.RECIPE}.jsonl").exists():
             raise UserError(f"{out} already holds a doctor run: pass another --out (then `tfperf compare "

@@ -18,7 +18,6 @@ class DoctorError(ValueError):
     """Input doctor cannot use; the message says what to do instead."""
 
 
-
 @dataclasses.dataclass
 class Finding:
     """One alternative measured against a baseline: what to advise if it wins."""
@@ -39,6 +38,7 @@ class Options:
 
     batch_sizes: tuple[int, ...] = (1, 32, 256)
     rounds: int = 6
+    max_extensions: int = 2  # more rounds, at most this many times, while a comparison straddles a bar
     min_time_s: float = 0.5  # per alternative and batch size, spread over the rounds
     train: bool = False
     loss: str | None = None

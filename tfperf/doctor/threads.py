@@ -7,7 +7,6 @@ import sys
 
 from tfperf.deploy.inputs import make_inputs, read_sample, to_tensors
 from tfperf.deploy.loader import Subject, load_subject, parse_input_shapes
-from tfperf.doctor.inference import _timer_rows
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
 
 
@@ -29,7 +28,8 @@ def thread_batches(subject: Subject, options: Options) -> list[int]:
 
 def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Finding], dict]:
     """Thread pools swept in processes of their own (they are fixed when TensorFlow starts), interleaved."""
-    from tfperf.measure import TimerServer, race
+    from tfperf.measure import TimerServer
+    from tfperf.records.records import race_table
 
     configs = thread_configs(os.cpu_count() or 1)
     batches = thread_batches(subject, options)
@@ -42,6 +42,8 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
                       for a in ("--input-shape", (f"{name}=" if name else "") + ",".join(map(str, shape)))]]
             if options.sample_path:
                 argv += ["--sample", options.sample_path]
+            if subject.signature:
+                argv += ["--signature", subject.signature]
             if intra is not None:
                 argv += ["--intra", str(intra), "--inter", str(inter)]
             processes.append(TimerServer(argv, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}))
@@ -49,13 +51,15 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
         for batch in batches:
             progress(f"threads at batch {batch}")
             timers = [process.timer(f"batch {batch}", name=row) for (row, _, _), process in zip(configs, processes)]
-            ms, comparisons = race(timers, rounds=options.rounds, threshold=MIN_GAIN,
-                                   min_time_s=options.min_time_s, seed=options.seed)
             table = f"threads at batch {batch}"
-            _timer_rows(rec, table, ms, comparisons, {}, batch=batch)
-            for (row, intra, inter), m, c in zip(configs[1:], ms[1:], comparisons):
+            raced = race_table(rec, table, timers, metrics=lambda m, _: {
+                "ms_per_call": m.median_s * 1e3, "p99_ms": m.p99_s * 1e3, "rows_per_s": m.items_per_s,
+                "batch": batch}, primary="ms_per_call" if batch == 1 else "rows_per_s", lower_is_better=batch == 1,
+                rounds=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
+                min_time_s=options.min_time_s, seed=options.seed)
+            for row, intra, inter in configs[1:]:
                 findings.append(Finding(
-                    table, row, ms[0].name, c,
+                    table, row, configs[0][0], raced.comparisons[row],
                     f"tf.config.threading.set_intra_op_parallelism_threads({intra}); "
                     f"tf.config.threading.set_inter_op_parallelism_threads({inter})  # before TensorFlow runs an op",
                     "process-wide; a server running several models side by side divides the cores between them"))
@@ -74,7 +78,8 @@ def serve_thread_timers(args) -> int:
     if args.intra is not None:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra)
         tf.config.threading.set_inter_op_parallelism_threads(args.inter)
-    subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=True)
+    subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=True,
+                           signature=args.signature)
     sample = read_sample(args.sample) if args.sample else None
     graph = tf.function(subject.call)
     timers = []

@@ -58,7 +58,8 @@ def training(subject: Subject, rec, options: Options, progress) -> tuple[list[Fi
     import keras
     import tensorflow as tf
 
-    from tfperf.measure import Timer, race
+    from tfperf.measure import Timer
+    from tfperf.records.records import race_table
     from tfperf.train import fit_epochs
 
     if subject.fresh is None:
@@ -74,7 +75,7 @@ def training(subject: Subject, rec, options: Options, progress) -> tuple[list[Fi
         y_sample = options.sample["y"]
         y = y_sample[np.resize(np.arange(len(y_sample)), examples)]
     else:
-        labels = training_labels(subject, options.loss, outputs, examples, rng)
+        labels = training_labels(subject, options.loss, list(outputs.values()), examples, rng)
         y = labels[0] if len(labels) == 1 else labels
     loss_fn = training_loss(options.loss, options.from_logits)
     plain_batch = 32  # Keras' default batch size: what model.fit(x, y) uses
@@ -115,23 +116,24 @@ def training(subject: Subject, rec, options: Options, progress) -> tuple[list[Fi
         for row, _, losses, _, _ in trainers:
             final_losses[row] = losses[-1]
 
-    ms, comparisons = race([t for _, t, _, _, _ in trainers], rounds=options.rounds, samples=options.rounds,
-                           threshold=MIN_GAIN, warmup=0, seed=options.seed, on_first_rounds=read_losses)
-    plain_loss = final_losses[trainers[0][0]]
-    findings = []
-    for i, (m, (row, _, _, code, cost)) in enumerate(zip(ms, trainers)):
-        loss = final_losses[row]
+    def loss_agrees(row: str) -> bool:
+        loss, plain_loss = final_losses[row], final_losses[trainers[0][0]]
         same_steps = not row.startswith("batch ")  # a larger batch takes fewer steps: its loss is not comparable
-        agrees = math.isfinite(loss) and (not same_steps or abs(loss - plain_loss) <= LOSS_TOLERANCE * max(
+        return math.isfinite(loss) and (not same_steps or abs(loss - plain_loss) <= LOSS_TOLERANCE * max(
             abs(plain_loss), 1e-6))
-        rec.add("training", row, {"samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s,
-                                  "final_loss": loss, "loss_agrees": agrees},
-                primary="samples_per_s", lower_is_better=False, measurement=m,
-                comparison=None if i == 0 else comparisons[i - 1])
-        if i:
-            note = "" if agrees else (f"final loss {loss:.4g} against {plain_loss:.4g}: not finite" if not
-                                      math.isfinite(loss) else f"final loss {loss:.4g} against plain fit's {plain_loss:.4g}")
-            findings.append(Finding("training", row, trainers[0][0], comparisons[i - 1], code, cost, agrees, note))
+
+    raced = race_table(rec, "training", [t for _, t, _, _, _ in trainers], metrics=lambda m, _: {
+        "samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s, "final_loss": final_losses[m.name],
+        "loss_agrees": loss_agrees(m.name)}, primary="samples_per_s", lower_is_better=False,
+        rounds=options.rounds, samples=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
+        warmup=0, seed=options.seed, on_first_rounds=read_losses)
+    plain, plain_loss = trainers[0][0], final_losses[trainers[0][0]]
+    findings = []
+    for row, _, _, code, cost in trainers[1:]:
+        loss, agrees = final_losses[row], loss_agrees(row)
+        note = "" if agrees else (f"final loss {loss:.4g} against {plain_loss:.4g}: not finite" if not
+                                  math.isfinite(loss) else f"final loss {loss:.4g} against plain fit's {plain_loss:.4g}")
+        findings.append(Finding("training", row, plain, raced.comparisons[row], code, cost, agrees, note))
     return findings, skipped
 
 

@@ -9,7 +9,7 @@ samples are taken in another process (no TensorFlow is needed in this one).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -76,22 +76,36 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
     return [t._measurement(s, rounds=rounds) for t, s in zip(timers, taken)]
 
 
+Baseline = str | Callable[[Mapping[str, Measurement]], Measurement]
+
+
 def race(timers: Sequence[Timer], *, rounds: int, samples: int | None = None, threshold: float = 0.0,
          max_extensions: int = 2, seed: int = 0, warmup: int = 1, min_time_s: float = 0.5,
          profile_dir: str | None = None, profile_steps: int = 10,
          on_first_rounds: Callable[[list[Measurement]], None] | None = None,
-         ) -> tuple[list[Measurement], list[stats.Comparison]]:
-    """Interleave the timers and compare each with the first (`versus`); while a comparison's CI
+         against: Mapping[str, Baseline] | None = None) -> tuple[list[Measurement], list[stats.Comparison]]:
+    """Interleave the timers and compare each with its baseline (`versus`); while a comparison's CI
     straddles a verdict's bar (not `decided`), run `rounds` more rounds of all, at most
     `max_extensions` times: a gain near the bar is then settled by more data, not by which side one
     run's noise fell on. `on_first_rounds` sees the measurements before any extension (a training
-    race reads its losses there, after the same epochs for everyone). Returns the measurements and
-    the comparisons of timers[1:] against timers[0]."""
+    race reads its losses there, after the same epochs for everyone).
+
+    `against` maps a timer's name to its baseline: another timer's name, or a function of the
+    measurements by name (e.g. two timers' samples added, `one_after_another`); by default every timer
+    after the first is compared with the first. Returns the measurements, in the timers' order, and
+    the comparisons, in the order of `against`."""
+    names = [t.name for t in timers]
+    pairs = dict(against) if against is not None else {name: names[0] for name in names[1:]}
+
+    def compare(found: list[Measurement]) -> list[stats.Comparison]:
+        by_name = dict(zip(names, found))
+        return [versus(base(by_name) if callable(base) else by_name[base], by_name[row], threshold=threshold)
+                for row, base in pairs.items()]
+
     ms = interleave(timers, rounds=rounds, samples=samples, warmup=warmup, min_time_s=min_time_s, seed=seed,
                     profile_dir=profile_dir, profile_steps=profile_steps)
     if on_first_rounds is not None:
         on_first_rounds(ms)
-    compare = lambda found: [versus(found[0], m, threshold=threshold) for m in found[1:]]  # noqa: E731
     comparisons = compare(ms)
     for extension in range(1, max_extensions + 1):
         if all(c.decided for c in comparisons):

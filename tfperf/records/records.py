@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfperf.records.environment import environment
 
-if TYPE_CHECKING:  # both are imported only for annotations: records load without TensorFlow
+if TYPE_CHECKING:  # imported only for annotations: records load without TensorFlow
     from tfperf.measure.measurement import Measurement
+    from tfperf.measure.rounds import Baseline
     from tfperf.measure.stats import Comparison
 
 REQUIRED_KEYS = ("recipe", "table", "row", "primary", "lower_is_better", "metrics", "args", "env")
@@ -168,3 +170,36 @@ class Recorder:
     def save(self, out: Path | str) -> Path:
         """Replace out/<recipe>.jsonl with this run's records."""
         return write_records(Path(out) / f"{self.recipe}.jsonl", self.records)
+
+
+@dataclasses.dataclass(frozen=True)
+class Raced:
+    """A table measured by `race_table`: each row's Measurement, and its comparison with its baseline."""
+
+    measurements: dict[str, Measurement]
+    comparisons: dict[str, Comparison]
+
+    def __getitem__(self, row: str) -> Measurement:
+        return self.measurements[row]
+
+
+def race_table(rec: Recorder, table: str, timers: Sequence, *,
+               metrics: Callable[[Measurement, Mapping[str, Measurement]], Mapping[str, Any]], primary: str,
+               lower_is_better: bool, against: Mapping[str, Baseline] | None = None, versus_first: bool = True,
+               **race_options: Any) -> Raced:
+    """Measure a table in one call: race the timers in interleaved rounds (`tfperf.measure.race`, which
+    takes `rounds`, `samples`, `threshold`, `max_extensions`, ... as `race_options`), judge each row against
+    its baseline (`against`: a row's name, or a function of the measurements; default: the first row),
+    and record every row with its samples and comparison. `metrics(m, measurements)` gives a row's figures."""
+    from tfperf.measure.rounds import race
+
+    names = [t.name for t in timers]
+    pairs = dict(against) if against is not None else {name: names[0] for name in names[1:]}
+    ms, comparisons = race(timers, against=pairs, **{"max_extensions": 0, **race_options})
+    found = dict(zip(names, ms))
+    compared = dict(zip(pairs, comparisons))
+    for row in names:
+        rec.add(table, row, metrics(found[row], found), primary=primary, lower_is_better=lower_is_better,
+                measurement=found[row], comparison=compared.get(row), versus_first=versus_first)
+    return Raced(found, compared)
+

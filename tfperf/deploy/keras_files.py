@@ -1,0 +1,84 @@
+"""Keras files read before they are loaded: what they hold that would run code, and loading them in safe mode.
+
+A `.keras` file is a zip archive whose `config.json` describes the model; an `.h5` file keeps the same
+description in its `model_config` attribute. Keras' safe mode refuses Python lambdas (a `Lambda`
+layer's function, a lambda activation): their bytecode would run when the model loads. The
+description is read first, so that the refusal names the layers that hold them and says how to go
+on, before Keras runs anything.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from tfperf.deploy.formats import ModelError, first_line
+
+KERAS_SUFFIXES = (".keras", ".h5")
+_NEEDS = ("give module:factory instead (a Python function that builds the model and loads its weights), or "
+          "--trust to load it outside safe mode if you trust whoever made it")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The model description a Keras file holds, read without loading the model; ModelError if unreadable."""
+    try:
+        if path.suffix == ".keras":
+            if not zipfile.is_zipfile(path):
+                raise ModelError(f"{path} is not a Keras file (a .keras file is a zip archive): it is corrupt or "
+                                 f"something else renamed")
+            with zipfile.ZipFile(path) as archive:
+                return json.loads(archive.read("config.json"))
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            text = f.attrs.get("model_config")
+        if text is None:
+            raise ModelError(f"{path} holds weights but no model (no model_config): build the model in "
+                             f"module:factory and load the weights there")
+        return json.loads(text.decode() if isinstance(text, bytes) else text)
+    except ModelError:
+        raise
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise ModelError(f"{path} cannot be read as a Keras file ({type(exc).__name__}: {first_line(exc)})") from None
+
+
+def python_code_layers(config: Any, layer: str = "the model") -> list[str]:
+    """The layers whose description holds Python bytecode (a lambda), which loading would run."""
+    found: list[str] = []
+    if isinstance(config, dict):
+        if config.get("class_name") == "__lambda__" or (
+                config.get("class_name") == "Lambda" and isinstance(config.get("config", {}).get("function"), list)):
+            return [layer]  # a Keras 3 lambda, or a legacy .h5 Lambda whose function is marshalled bytecode
+        name = config.get("config", {}).get("name") if isinstance(config.get("config"), dict) else None
+        for value in config.values():
+            found += python_code_layers(value, name or layer)
+    elif isinstance(config, list):
+        for value in config:
+            found += python_code_layers(value, layer)
+    return sorted(set(found))
+
+
+def load_keras_file(path: Path, *, trust: bool = False):
+    """The Keras model in a .keras or .h5 file, loaded in Keras' safe mode unless `trust`; ModelError that
+    says what to do when it cannot be loaded."""
+    import keras
+
+    risky = python_code_layers(read_config(path))
+    if risky and not trust:
+        raise ModelError(f"{path} holds Python code that Keras' safe mode will not run on load (a lambda in "
+                         f"layer {', '.join(repr(r) for r in risky)}): {_NEEDS}")
+    try:
+        return keras.saving.load_model(str(path), compile=False, safe_mode=not trust)
+    except (TypeError, ValueError) as exc:
+        text = str(exc)
+        if "safe_mode" in text:
+            raise ModelError(f"{path} holds Python code that Keras' safe mode will not run on load: {_NEEDS}") from None
+        if "deserializ" in text or "Could not locate" in text or "Unknown layer" in text:
+            raise ModelError(f"{path} needs classes or functions this process does not have (custom layers, "
+                             f"models or functions): give module:factory instead, a Python function that builds "
+                             f"the model and loads its weights") from None
+        raise ModelError(f"{path} cannot be loaded: {first_line(exc)}") from None
+    except Exception as exc:  # a damaged archive or weights file
+        raise ModelError(f"{path} cannot be loaded ({type(exc).__name__}: {first_line(exc)})") from None

@@ -12,7 +12,7 @@ import tensorflow as tf
 from tfperf.measure import stats
 import tfperf
 from tfperf.measure import (Benchmark, Elapsed, Measurement, Timer, TimerCluster, TimerServer, fresh_processes,
-                            interleave, race, timing_ms, versus)
+                            interleave, one_after_another, race, timing_ms, versus)
 from tfperf.measure.timer import synchronous_execution
 
 
@@ -34,6 +34,14 @@ def fake_timer(costs, **kwargs):
         clock.now += next(costs)
 
     return Timer(fn, clock=clock, sync_fn=lambda _: None, **kwargs)
+
+
+def test_first_call_returns_what_it_computed_and_is_not_repeated():
+    calls = []
+    timer = Timer(lambda: calls.append(1) or len(calls), name="counted")
+    assert timer.first_call() == 1 and timer.first_call_s is not None
+    m = timer.measure(3, warmup=0)
+    assert len(calls) == 1 + 3 and m.first_call_s == timer.first_call_s  # start() did not call it again
 
 
 def test_first_call_and_warmup_are_not_in_the_samples():
@@ -265,6 +273,23 @@ def test_race_runs_more_rounds_only_while_a_comparison_is_undecided():
     clear = [fake_timer([1.0] + [0.2] * 100, name="slow"), fake_timer([1.0] + [0.1] * 100, name="fast")]
     ms, (c,) = race(clear, rounds=6, samples=6, warmup=0)
     assert ms[0].rounds == 6 and c.verdict == stats.FASTER  # decided at once: no extension
+
+
+def test_race_extends_only_the_comparisons_still_undecided():
+    # c is near a 9% bar (undecided after 6 rounds); b is clearly faster from the start: only a and c run on.
+    rng = np.random.default_rng(1)
+    noisy = lambda mean: [1.0] + list(mean * (1 + 0.2 * rng.standard_normal(1000)))  # noqa: E731
+    timers = [fake_timer(noisy(1.0), name="a"), fake_timer([1.0] + [0.2] * 1000, name="b"),
+              fake_timer(noisy(0.9), name="c")]
+    ms, (b, c) = race(timers, rounds=6, samples=6, threshold=0.09, max_extensions=2, warmup=0)
+    assert ms[1].rounds == 6 and b.verdict == stats.FASTER and b.units == 6  # decided at once, not re-run
+    assert ms[0].rounds == ms[2].rounds > 6 and c.units == ms[2].rounds  # the open one got more rounds
+    # A baseline that is a function of the measurements involves every timer.
+    summed = lambda found: one_after_another([found["a"], found["b"]], name="a then b")  # noqa: E731
+    slow = [fake_timer([1.0] + [0.1] * 100, name="a"), fake_timer([1.0] + [0.1] * 100, name="b"),
+            fake_timer([1.0] + [0.1] * 100, name="both")]
+    ms, (both,) = race(slow, rounds=6, samples=6, warmup=0, against={"both": summed})
+    assert both.verdict == stats.FASTER and both.ratio == pytest.approx(2.0)
 
 
 def test_interleave_continues_an_autoranged_race_at_the_same_share_per_round():

@@ -337,7 +337,7 @@ def test_an_export_cleans_the_staging_folders_killed_exports_left(tmp_path):
 
 
 def test_an_op_a_converter_lacks_is_named_and_nothing_is_left(tmp_path):
-    from tfperf.deploy.formats import ExportError
+    from tfperf.deploy.errors import ExportError
     from tfperf.deploy.layout import export_subject
     from tfperf.deploy.loader import keras_subject
 
@@ -355,7 +355,7 @@ def test_an_op_a_converter_lacks_is_named_and_nothing_is_left(tmp_path):
         assert listing(tmp_path) == []
     # With Select TF ops it is written for a runtime that links the Flex delegate; the installed one does not,
     # so the export cannot be checked (said so) and predict says why it cannot load it.
-    from tfperf.deploy.formats import ModelError
+    from tfperf.deploy.errors import ModelError
     from tfperf.deploy.inspection import inspect_model
     from tfperf.deploy.layout import load
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tfperf import doctor
-from tfperf.deploy.formats import InputError
+from tfperf.deploy.errors import InputError
 from tfperf.deploy.inputs import make_inputs
 from tfperf.deploy.loader import load_subject
 from tfperf.doctor.options import TRACE_BATCHES
@@ -154,6 +154,60 @@ def test_a_saved_model_from_a_tf_module_without_keras(tmp_path):
         training(subject, None, doctor.Options(**TINY, train=True, loss="mse"), print)
 
 
+def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command_reproduces(tmp_path, capsys):
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
+    model.save(tmp_path / "mobilenet.keras")
+    subject = load_subject(str(tmp_path / "mobilenet.keras"))
+    d = doctor.diagnose(subject, doctor.Options(**TINY), tmp_path / "work")
+    records = check_structure(d, tmp_path / "out", ["batch 1 latency", "throughput at batch 4", "retracing"])
+    # FLOPs from TensorFlow's own count of the traced model: its convolutions (depthwise too) by hand, and a
+    # few percent of bias adds, normalisation and element-wise arithmetic on top.
+    from test_models import hand_count
+
+    assert hand_count(model) <= d.facts["flops_per_example"] <= 1.1 * hand_count(model)
+    assert d.facts["compute_limit_examples_per_s"] > 0
+    assert all(0 < r["metrics"]["mfu"] < 1 for r in records if r["table"] == "batch 1 latency")
+    # Retracing is a pitfall of how a function might be called: never ranked as advice for this model,
+    # whose own predict() does not retrace.
+    own = next(r for r in records if r["row"] == "predict(), a new batch size each call")
+    assert own["metrics"]["traces"] <= 2
+    assert not [a for a, _ in d.advice if a.section.startswith("retracing")]
+    assert all(a.pitfall for a, _ in d.pitfalls)
+    assert "Pitfalls, measured on your model" in doctor.summary(d) or not d.pitfalls
+    # The runtime rows time the very files their "Apply:" command writes.
+    onnx = next(f for f in d.findings if f.row == "ONNX Runtime" and f.section == "batch 1 latency")
+    command = onnx.code.split()
+    assert command[:3] == ["tfperf", "export", str(tmp_path / "mobilenet.keras")] and "--format" in command
+    assert main([*command[1:], "--root", str(tmp_path / "mine")]) == 0
+    capsys.readouterr()
+    from tfperf.deploy.layout import load, predict
+
+    timed, made = load(tmp_path / "work" / "exports" / "onnx" / "1"), load(tmp_path / "mine" / "mobilenet" / "1")
+    assert sorted(timed.session.get_modelmeta().custom_metadata_map) == sorted(made.session.get_modelmeta(
+    ).custom_metadata_map) and [s.name for s in timed.inputs] == [s.name for s in made.inputs]
+    x = {timed.inputs[0].name: np.random.default_rng(1).random((4, 32, 32, 3), dtype=np.float32)}
+    np.testing.assert_array_equal(predict(timed, x)["output_0"], predict(made, x)["output_0"])
+
+
+def test_pitfalls_are_ranked_with_the_advice_only_when_the_models_own_call_retraces():
+    from tfperf.doctor.advice import Diagnosis
+    from tfperf.doctor.options import Finding
+    from tfperf.measure.stats import Comparison
+
+    def finding(section, ratio, pitfall):
+        c = Comparison("a", "b", ratio, (ratio * 0.9, ratio * 1.1), FASTER, paired=True, units=6)
+        return Finding(section, f"{section} row", "baseline", c, "code", "cost", pitfall=pitfall)
+
+    measured = [finding("batch 1 latency", 3.0, False), finding("retracing: new batch sizes", 20.0, True)]
+    d = Diagnosis(None, None, measured, {}, {})
+    assert [a.section for a, _ in d.advice] == ["batch 1 latency"]
+    assert [a.section for a, _ in d.pitfalls] == ["retracing: new batch sizes"]
+    own = [measured[0], finding("retracing: new batch sizes", 20.0, False)]  # predict() retraced
+    assert [a.section for a, _ in Diagnosis(None, None, own, {}, {}).advice] == [
+        "retracing: new batch sizes", "batch 1 latency"]
+
+
 def test_retracing_is_detected_where_it_happens_and_only_there():
     plain = tf.function(lambda x: x * 2)
     by_shape = [(tf.zeros([n, 3]),) for n in (1, 2, 3, 4)]
@@ -229,6 +283,10 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path, capsys, factories):
     keras.Model(inputs, Doubler()(inputs)).save(tmp_path / "custom.keras")
     keras.saving.get_custom_objects().clear()  # a fresh process would not know Doubler
     one_line_error(capsys, [tmp_path / "custom.keras"], "module:factory")
+    from test_deploy import unsafe_keras_file
+
+    line = one_line_error(capsys, [unsafe_keras_file(tmp_path)], "safe mode")
+    assert "'doubler'" in line and "--trust" in line
 
     inputs = keras.Input((None, 6))
     keras.Model(inputs, keras.layers.Dense(2)(inputs)).save(tmp_path / "ragged.keras")

@@ -17,7 +17,7 @@ from tfperf.flags import UserError
 
 
 def _model_errors():
-    from tfperf.deploy.formats import ExportError, InputError, ModelError
+    from tfperf.deploy.errors import ExportError, InputError, ModelError
 
     return (ExportError, InputError, ModelError)
 
@@ -154,7 +154,7 @@ def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
     what was written."""
     import numpy as np
 
-    from tfperf.deploy.formats import InputError
+    from tfperf.deploy.errors import InputError
     from tfperf.records.records import atomic_write_bytes
 
     buf = io.BytesIO()

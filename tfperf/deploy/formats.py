@@ -6,7 +6,7 @@ what holds its variables (a Keras model, or a loaded SavedModel or tf.Module). A
 file, and a loader that returns a `Runner`, which takes inputs by name and returns outputs by name.
 `FORMATS` lists them; `tfperf.deploy.layout` puts any of them in the versioned, atomic layout, and
 `tfperf.deploy.inspection` reads each without running it. A new format is one `Format` added here.
-This module imports nothing else of tfperf.
+It sits on `errors` and `converters` (the converters' own calls) and nothing else of tfperf.
 """
 
 from __future__ import annotations
@@ -20,25 +20,15 @@ from typing import Any
 
 import numpy as np
 
-SIGNATURE = "serving_default"
+from tfperf.deploy.converters import (ONNX_OPSET, SIGNATURE, litert_flex_ops, litert_from_saved_model,
+                                      onnx_from_function)
+from tfperf.deploy.errors import ExportError, ModelError, first_line
+
 # Keras' own model.export() names its endpoint `serve` (and aliases it serving_default); other tools name
 # theirs as they like. A runner takes, in this order: the signature asked for, serving_default, serve, the only one.
 PREFERRED_SIGNATURES = (SIGNATURE, "serve")
 QUANTIZATIONS = ("none", "dynamic", "int8")
-ONNX_OPSET = 17  # supported by tf2onnx 1.17 and every onnxruntime since 1.13
 FLOAT_TOLERANCE = 1e-4  # a float32 export answers as the model does within this, relative to the output's scale
-
-
-class ExportError(ValueError):
-    """An export that must not happen as asked (a version that exists, a bad name, an op a format lacks)."""
-
-
-class ModelError(ValueError):
-    """A model that cannot be used: missing, not a model, corrupt, unsafe, or without the signature asked for."""
-
-
-class InputError(ValueError):
-    """Input that does not fit the model's inputs: the message names the expected spec."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +87,6 @@ class Format:
     write: Callable[..., dict[str, Any]]  # (servable, folder, quantize=, representative=) -> metadata
     load: Callable[..., Runner]  # (folder, threads=None, signature=None) -> Runner
     describe: str  # one line for --help
-
-
-def first_line(exc: BaseException, limit: int = 200) -> str:
-    """An exception's first non-empty line, for one-line error messages."""
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
 
 
 def choose_signature(available: list[str], asked: str | None, where: str) -> str:
@@ -212,12 +196,6 @@ def load_savedmodel(folder: Path, threads: int | None = None, signature: str | N
 
 # LiteRT ----------------------------------------------------------------------------------------
 
-# The converter's words for an op with no LiteRT kernel: 'tf.MatrixInverse' op is neither a custom op nor a
-# flex op; or, for a TensorList op it could not lower: failed to legalize operation 'tf.TensorListReserve'
-_NOT_IN_LITERT = re.compile(r"'tf\.(\w+)' op is neither a custom op nor a flex op"
-                            r"|failed to legalize operation 'tf\.(\w+)'")
-
-
 def write_litert(servable: Servable, folder: Path, *, quantize: str = "none",
                  representative: Mapping[str, np.ndarray] | None = None, select_tf_ops: bool = False) -> dict[str, Any]:
     """model.tflite from the servable; `quantize` dynamic (int8 weights) or int8 (weights and activations,
@@ -238,58 +216,6 @@ def write_litert(servable: Servable, folder: Path, *, quantize: str = "none",
     flex = litert_flex_ops(folder / "model.tflite")
     return {"file": "model.tflite", "quantization": quantize, "flex_ops": flex,
             "converter": {"tensorflow": tf.__version__}}
-
-
-def litert_from_saved_model(saved: Path, *, signature: str = SIGNATURE, quantize: str = "none",
-                            representative: Mapping[str, np.ndarray] | None = None,
-                            select_tf_ops: bool = False) -> bytes:
-    """A SavedModel signature converted to a LiteRT flatbuffer; ExportError naming the ops LiteRT lacks."""
-    import tensorflow as tf
-
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved), signature_keys=[signature])
-    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if quantize != "none":
-        # Quantization: int8 weights; with int8, activations too, ranges taken from real inputs
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    if quantize == "int8":
-        rows = {name: np.asarray(a) for name, a in representative.items()}
-        count = min(len(a) for a in rows.values())
-        converter.representative_dataset = lambda: ({n: a[i:i + 1] for n, a in rows.items()} for i in range(count))
-        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    if select_tf_ops:
-        ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
-    converter.target_spec.supported_ops = ops
-    try:
-        return converter.convert()
-    except Exception as exc:  # ConverterError; its text names the ops LiteRT lacks
-        missing = sorted({op for ops in _NOT_IN_LITERT.findall(str(exc)) for op in ops if op})
-        if missing:
-            raise ExportError(
-                f"LiteRT has no kernel for {', '.join(missing)}: export --format litert --select-tf-ops to run "
-                f"them as TensorFlow ops (the runtime must then link the Flex delegate), or use --format onnx "
-                f"or savedmodel") from None
-        raise ExportError(f"the LiteRT converter failed: {first_line(exc)}") from None
-
-
-def litert_ops(path: Path) -> list[str]:
-    """The op names a .tflite file uses (builtin names; custom ops by their code, Flex ops as FlexX)."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
-    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
-    found = []
-    for code in model.operatorCodes or []:
-        builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
-        if builtin == schema.BuiltinOperator.CUSTOM:
-            found.append((code.customCode or b"").decode() or "CUSTOM")
-        else:
-            found.append(names.get(builtin, f"BUILTIN_{builtin}"))
-    return sorted(set(found))
-
-
-def litert_flex_ops(path: Path) -> list[str]:
-    """The TensorFlow ops a .tflite file runs through the Flex delegate (Select TF ops)."""
-    return [op[len("Flex"):] for op in litert_ops(path) if op.startswith("Flex")]
 
 
 class LiteRTRunner(Runner):
@@ -336,9 +262,6 @@ def load_litert(folder: Path, threads: int | None = None, signature: str | None 
 
 # ONNX ------------------------------------------------------------------------------------------
 
-_NOT_IN_ONNX = re.compile(r"Unsupported ops: Counter\(\{(.*?)\}\)")
-
-
 def write_onnx(servable: Servable, folder: Path, *, quantize: str = "none", representative=None) -> dict[str, Any]:
     """model.onnx from the servable's function (tf2onnx), its outputs named as the function's."""
     import onnx
@@ -349,51 +272,6 @@ def write_onnx(servable: Servable, folder: Path, *, quantize: str = "none", repr
     (folder / "model.onnx").write_bytes(proto.SerializeToString())
     return {"file": "model.onnx", "quantization": "none",
             "converter": {"tf2onnx": tf2onnx.__version__, "onnx": onnx.__version__, "opset": ONNX_OPSET}}
-
-
-def onnx_from_function(function, input_signature) -> Any:
-    """A tf.function returning a dict converted to a checked ONNX model whose outputs carry the dict's
-    keys; ExportError naming the ops tf2onnx cannot convert."""
-    import logging
-
-    import onnx
-    import tf2onnx
-
-    # The function's output names are the contract; map any tensor name tf2onnx gives back to them.
-    concrete = function.get_concrete_function(*input_signature)
-    tensor_to_key = {t.name: key for key, t in concrete.structured_outputs.items()}
-    # tf2onnx reports ops it cannot convert in its log, not in an exception: listen to it while converting
-    # (and keep it off the terminal: the error below says the same in one line).
-    log = logging.getLogger("tf2onnx")
-    captured: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: captured.append(record.getMessage())
-    log.addHandler(handler)
-    propagate, log.propagate = log.propagate, False
-    failure = None
-    try:
-        proto, _ = tf2onnx.convert.from_function(function, input_signature=list(input_signature), opset=ONNX_OPSET)
-    except Exception as exc:
-        failure = exc
-    finally:
-        log.removeHandler(handler)
-        log.propagate = propagate
-    missing = sorted({op for text in _NOT_IN_ONNX.findall(" ".join(captured) + str(failure or ""))
-                      for op in re.findall(r"'(\w+)'", text)})
-    if missing:
-        raise ExportError(f"ONNX (tf2onnx {tf2onnx.__version__}, opset {ONNX_OPSET}) has no conversion for "
-                          f"{', '.join(missing)}: use --format savedmodel, or litert if LiteRT has it")
-    if failure is not None:
-        raise ExportError(f"the ONNX converter failed: {first_line(failure)}") from None
-    renamed = {}
-    for out in proto.graph.output:
-        key = tensor_to_key.get(out.name, out.name)
-        renamed[out.name] = key
-        out.name = key
-    for node in proto.graph.node:
-        node.output[:] = [renamed.get(o, o) for o in node.output]
-    onnx.checker.check_model(proto)
-    return proto
 
 
 _ONNX_TYPES = {"float": "float32", "double": "float64", "float16": "float16", "int64": "int64", "int32": "int32",

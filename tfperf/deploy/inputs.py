@@ -10,7 +10,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from tfperf.deploy.formats import InputError, first_line
+from tfperf.deploy.errors import InputError, first_line
 from tfperf.deploy.loader import Subject
 
 TARGETS = "y"  # the array of a sample file that holds training targets, not an input

@@ -26,7 +26,8 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
-from tfperf.deploy.formats import ModelError, check_model_dir, format_of
+from tfperf.deploy.formats import check_model_dir, format_of
+from tfperf.deploy.errors import ModelError
 
 _ALLOWED_BY_KIND: dict[str, str] = {
     "arithmetic and comparison": """
@@ -200,7 +201,7 @@ def inspect_saved_model(path: Path | str) -> Report:
     from google.protobuf.message import DecodeError
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from tfperf.deploy.formats import ModelError
+    from tfperf.deploy.errors import ModelError
 
     path = check_model_dir(path)
     proto = saved_model_pb2.SavedModel()
@@ -257,8 +258,8 @@ def inspect_litert(path: Path | str) -> Report:
     """Read a .tflite export's flatbuffer: signatures, operators, constant buffers; Flex ops judged as TF ops."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from tfperf.deploy.formats import litert_ops
-    from tfperf.deploy.formats import ModelError
+    from tfperf.deploy.converters import litert_ops
+    from tfperf.deploy.errors import ModelError
 
     folder = Path(path)
     file = folder / "model.tflite"
@@ -294,7 +295,7 @@ def inspect_onnx(path: Path | str) -> Report:
     import onnx
     from google.protobuf.message import DecodeError
 
-    from tfperf.deploy.formats import ModelError
+    from tfperf.deploy.errors import ModelError
 
     folder = Path(path)
     file = folder / "model.onnx"

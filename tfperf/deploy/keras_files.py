@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from tfperf.deploy.formats import ModelError, first_line
+from tfperf.deploy.errors import ModelError, first_line
 
 KERAS_SUFFIXES = (".keras", ".h5")
 _NEEDS = ("give module:factory instead (a Python function that builds the model and loads its weights), or "

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from tfperf import __version__
-from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, SIGNATURE, ExportError, ModelError, Runner, Servable,
-                                   agreement,
-                                   check_model_dir, check_options, first_line, format_of, versions)
+from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, SIGNATURE, Runner, Servable, agreement, check_model_dir,
+                                   check_options, format_of, versions)
+from tfperf.deploy.errors import ExportError, ModelError, first_line
 from tfperf.deploy.inputs import fit_inputs
 
 METADATA_FILE = "tfperf.json"

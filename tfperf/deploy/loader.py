@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from tfperf.catalog import MODEL_NAMES
-from tfperf.deploy.formats import ModelError, Servable, first_line
+from tfperf.deploy.formats import Servable
+from tfperf.deploy.errors import ModelError, first_line
 from tfperf.deploy.keras_files import KERAS_SUFFIXES, load_keras_file
 
 COOKBOOK_INPUT = "inputs"  # the cookbook nets' exports take `inputs` and answer `logits` and `probabilities`

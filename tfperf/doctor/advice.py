@@ -1,4 +1,9 @@
-"""The diagnosis: findings turned into advice ranked by measured gain, and the report that says it."""
+"""The diagnosis: findings turned into advice ranked by measured gain, and the report that says it.
+
+The advice holds changes measured on the model as it is used (a runtime, XLA, a batch size, threads,
+training settings). Pitfalls (how a function might be called: new batch sizes, Python numbers) are
+reported apart with their measured cost, unless the model's own call falls into them.
+"""
 
 from __future__ import annotations
 
@@ -20,23 +25,33 @@ class Diagnosis:
     skipped: dict[str, str]
     facts: dict[str, Any]
     elapsed_s: float = 0.0
+    took_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per experiment, in order
 
     @property
     def wins(self) -> list[Finding]:
-        """Significant gains that keep the model's answers, largest first."""
+        """Significant gains that keep the model's answers, largest first (pitfalls included)."""
         from tfperf.measure.stats import FASTER
 
         found = [f for f in self.findings if f.comparison.verdict == FASTER and f.agrees]
         return sorted(found, key=lambda f: f.comparison.ratio, reverse=True)
 
+    @staticmethod
+    def _by_question(found: list[Finding]) -> list[tuple[Finding, list[Finding]]]:
+        grouped: dict[str, list[Finding]] = {}
+        for f in found:
+            grouped.setdefault(f.section, []).append(f)
+        return [(first[0], first[1:]) for first in grouped.values()]
+
     @property
     def advice(self) -> list[tuple[Finding, list[Finding]]]:
-        """Per question (a table, or a cause of retracing), the largest significant gain and the other
+        """Per question (a table), the largest significant gain on the model as it is used and the other
         significant ones; questions ranked by their largest gain."""
-        grouped: dict[str, list[Finding]] = {}
-        for f in self.wins:
-            grouped.setdefault(f.section, []).append(f)
-        return [(found[0], found[1:]) for found in grouped.values()]
+        return self._by_question([f for f in self.wins if not f.pitfall])
+
+    @property
+    def pitfalls(self) -> list[tuple[Finding, list[Finding]]]:
+        """Per cause of retracing, what avoiding it saves, measured on the model (not ranked as advice)."""
+        return self._by_question([f for f in self.wins if f.pitfall])
 
     @property
     def no_gain(self) -> list[Finding]:
@@ -44,6 +59,12 @@ class Diagnosis:
         wins = self.wins
         return [f for f in self.findings if f not in wins]
 
+
+def _item(k: int, a: Finding, also: list[Finding]) -> str:
+    return (f"{k}. **{a.row}** instead of {a.baseline} ({a.section}): {a.comparison.describe()}. "
+            f"Apply: `{a.code}`. Costs: {a.cost}." + (f" {a.note}." if a.note else "")
+            + ("" if not also else " Also faster than " + a.baseline + ": " + "; ".join(
+                f"{o.row} {o.comparison.describe()}" for o in also) + "."))
 
 
 def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
@@ -55,24 +76,24 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
              + f"inputs {'; '.join(f['inputs'])}; outputs {'; '.join(f['outputs'])}.",
              ""]
     if f.get("flops_per_example"):
-        lines += [f"Forward pass: {f['flops_per_example'] / 1e6:.3g} MFLOP per example (Dense and Conv2D layers); "
-                  f"at the {f['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s matmul rate measured now, the compute limit "
-                  f"is {f['compute_limit_examples_per_s']:,.0f} examples/s.", ""]
+        lines += [f"Forward pass: {f['flops_per_example'] / 1e6:.3g} MFLOP per example (counted by TensorFlow's "
+                  f"graph profiler); at the {f['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s matmul rate measured now, "
+                  f"the compute limit is {f['compute_limit_examples_per_s']:,.0f} examples/s. The tables give each "
+                  f"row's MFU: its FLOP/s over that rate.", ""]
     else:
-        lines += [f"FLOPs per example not computed (tfperf counts Keras Dense and Conv2D layers; this model computes "
-                  f"in others too); matmul rate "
-                  f"measured now: {f['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s.", ""]
+        lines += [f"FLOPs per example not computed (TensorFlow's profiler could not count this model's graph); "
+                  f"matmul rate measured now: {f['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s.", ""]
     advice = d.advice
     if advice:
         lines += ["Advice, largest measured gain first (each a 95% interval from interleaved rounds that clears "
                   f"{MIN_GAIN:.0%}):", ""]
-        for k, (a, also) in enumerate(advice, start=1):
-            lines += [f"{k}. **{a.row}** instead of {a.baseline} ({a.section}): {a.comparison.describe()}. "
-                      f"Apply: `{a.code}`. Costs: {a.cost}." + (f" {a.note}." if a.note else "")
-                      + ("" if not also else " Also faster than " + a.baseline + ": " + "; ".join(
-                          f"{o.row} {o.comparison.describe()}" for o in also) + ".")]
+        lines += [_item(k, a, also) for k, (a, also) in enumerate(advice, start=1)]
     else:
         lines += ["No change measured here is significantly faster than what the model does now."]
+    if d.pitfalls:
+        lines += ["", "Pitfalls, measured on your model (what calling a tf.function of it one way or another costs; "
+                      "your model's own call does not fall into them, so they are not ranked as advice):", ""]
+        lines += [_item(k, a, also) for k, (a, also) in enumerate(d.pitfalls, start=1)]
     lines += ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")
@@ -82,6 +103,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
     took = f"Doctor took {d.elapsed_s:.0f} s"
     if goal_s is not None:
         took += f" (goal for --quick: under {goal_s:.0f} s: {'met' if d.elapsed_s <= goal_s else 'NOT met'})"
+    if d.took_s:
+        took += ": " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in d.took_s.items())
     lines += ["", took + "."]
     return "\n".join(lines)
 

@@ -77,7 +77,7 @@ def progress_bar(total: int):
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Diagnose a model: measure, write out/report.md and records, print the advice."""
     from tfperf import doctor
-    from tfperf.deploy.formats import InputError, ModelError
+    from tfperf.deploy.errors import InputError, ModelError
     from tfperf.deploy.inputs import check_runs, make_inputs, read_sample
     from tfperf.deploy.loader import load_subject, parse_input_shapes
     from tfperf.doctor.threads import serve_thread_timers

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from tfperf.deploy.formats import FLOAT_TOLERANCE, agreement, first_line
+from tfperf.deploy.formats import FLOAT_TOLERANCE, agreement
+from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
@@ -21,9 +22,9 @@ from tfperf.doctor.options import MIN_GAIN, Finding, Options
 RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
 
 
-def export_command(subject: Subject, options: Options, fmt: str) -> str:
-    """The `tfperf export` command that writes the artifact a runtime row timed."""
-    words = ["tfperf", "export", subject.source, "--format", fmt]
+def export_command(subject: Subject, options: Options, fmt: str) -> list[str]:
+    """The `tfperf export` command (its arguments after `tfperf`) that writes the artifact a runtime row timed."""
+    words = ["export", subject.source, "--format", fmt]
     for name, shape in options.input_shapes.items():
         words += ["--input-shape", (f"{name}=" if name else "") + ",".join(map(str, shape))]
     if subject.signature:
@@ -32,12 +33,15 @@ def export_command(subject: Subject, options: Options, fmt: str) -> str:
         words += ["--sample", options.sample_path]
     if options.trust:
         words.append("--trust")
-    return " ".join(words)
+    return words
 
 
 def exported_runtimes(subject: Subject, options: Options, workdir: Path) -> tuple[dict[str, Callable], dict, dict]:
-    """Each runtime with the model exported to it as `tfperf export` does (checked against the model), loaded
-    with all cores: (calls on inputs by name, what could not be exported and why, export commands)."""
+    """Each runtime with the model exported to it as its `tfperf export` command does (the same conversion
+    and check against the model, from the model being timed), loaded with all cores: (calls on inputs by
+    name, what could not be exported and why, the export commands)."""
+    import shlex
+
     from tfperf.deploy.layout import export_subject, load
 
     runners, skipped, commands = {}, {}, {}
@@ -46,9 +50,10 @@ def exported_runtimes(subject: Subject, options: Options, workdir: Path) -> tupl
             exported = export_subject(subject, workdir / "exports", name=fmt, format=fmt, sample=options.sample,
                                       seed=options.seed)
             runners[row] = load(exported.path, threads=os.cpu_count())
-            commands[row] = export_command(subject, options, fmt)
         except Exception as exc:  # a converter that cannot take this model: a finding, not a failure
             skipped[row] = f"export failed: {type(exc).__name__}: {first_line(exc)}"
+            continue
+        commands[row] = shlex.join(["tfperf", *export_command(subject, options, fmt)])
     return runners, skipped, commands
 
 
@@ -72,7 +77,15 @@ def model_facts(subject: Subject, *, quick: bool, sample: Mapping[str, np.ndarra
     return facts
 
 
-def inference(subject: Subject, rec, options: Options, workdir: Path, progress) -> tuple[list[Finding], dict]:
+def mfu(examples_per_s: float, facts: Mapping[str, Any], *, passes: float = 1.0) -> float | None:
+    """Model FLOPs utilisation: the model's FLOP/s at this rate (`passes` forward passes' worth per example:
+    3 for training) over the matmul rate measured now; None when the model's FLOPs are unknown."""
+    flops = facts.get("flops_per_example")
+    return passes * flops * examples_per_s / facts["matmul_flops_per_s"] if flops else None
+
+
+def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
+              facts: Mapping[str, Any]) -> tuple[list[Finding], dict]:
     """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size."""
     import tensorflow as tf
 
@@ -117,23 +130,28 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress) 
         for row, runner in runtimes.items():
             calls[row] = ((lambda runner=runner: runner(flat)), False, commands[row],
                           "a converted copy to ship and keep in step with the model; float32, checked against it")
-        diffs = {}
+        # Each row's first call (tracing, compiling: timed apart) is the call whose answer is checked.
+        diffs, timers = {}, []
         for row, (fn, structured, _, _) in list(calls.items()):
+            timer = Timer(fn, name=row, items_per_call=batch)
             try:
-                got = to_numpy(subject.head(fn())) if structured else fn()
+                out = timer.first_call()
+                got = to_numpy(subject.head(out)) if structured else out
                 diffs[row] = max((a["relative"] for a in agreement(reference, got).values()), default=0.0)
             except Exception as exc:
                 skipped[f"{row} at batch {batch}"] = f"{type(exc).__name__}: {first_line(exc)}"
                 del calls[row]
+                continue
+            timers.append(timer)
         table = "batch 1 latency" if batch == 1 else f"throughput at batch {batch}"
         raced = race_table(
-            rec, table, [Timer(fn, name=row, items_per_call=batch) for row, (fn, *_) in calls.items()],
+            rec, table, timers,
             metrics=lambda m, _: {"ms_per_call": m.median_s * 1e3, "p99_ms": m.p99_s * 1e3,
                                   "rows_per_s": m.items_per_s, "first_call_s": m.first_call_s, "batch": batch,
-                                  "max_relative_diff": diffs[m.name]},
+                                  "max_relative_diff": diffs[m.name], "mfu": mfu(m.items_per_s, facts)},
             primary="ms_per_call" if batch == 1 else "rows_per_s", lower_is_better=batch == 1,
             rounds=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
-            min_time_s=options.min_time_s, seed=options.seed)
+            min_time_s=options.min_time_s, seed=options.seed, warmup=0)
         baseline = next(iter(calls))
         for row, c in raced.comparisons.items():
             _, _, code, cost = calls[row]

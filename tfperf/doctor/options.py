@@ -11,7 +11,10 @@ import numpy as np
 RECIPE = "doctor"  # the name its records carry, so that `tfperf compare` matches two doctor runs
 MIN_GAIN = 0.02  # a speedup must be shown to exceed 2% before it is advised
 LOSS_TOLERANCE = 0.10  # relative final-loss difference from plain fit beyond which a change "disagrees"
-TRACE_BATCHES = (1, 2, 3, 5, 8, 13, 21, 34)  # batch sizes an application might send, each new to the function
+# Batch sizes an application might send, each new to the function: 7 calls give the 6 samples a verdict needs
+# (the first call of each row is its first trace), and small batches keep the cost in the traces themselves.
+TRACE_BATCHES = (1, 2, 3, 4, 5, 6, 7)
+OWN_RETRACES = 3  # a model whose own predict() traces this often over TRACE_BATCHES retraces in production
 
 
 class DoctorError(ValueError):
@@ -30,6 +33,7 @@ class Finding:
     cost: str
     agrees: bool = True
     note: str = ""
+    pitfall: bool = False  # about how a function might be called, not a change to the model as it is used
 
 
 @dataclasses.dataclass

@@ -1,4 +1,8 @@
-"""Retracing: how a tf.function of the model behaves when it is called with new batch sizes or Python numbers."""
+"""Retracing: how a tf.function of the model behaves when it is called with new batch sizes or Python numbers.
+
+These are pitfalls, measured on the model: what calling it one way or another would cost. They are
+ranked with the advice only when the model's own way of being called (Keras' predict()) retraces.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from collections.abc import Sequence
 
 from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.options import MIN_GAIN, TRACE_BATCHES, Finding, Options
+from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, TRACE_BATCHES, Finding, Options
 
 
 def count_traces(function, calls: Sequence[tuple]) -> int:
@@ -63,6 +67,24 @@ def retracing(subject: Subject, rec, options: Options) -> tuple[list[Finding], d
         rec.add("retracing", row, {"calls": len(arguments), "traces": traces, "ms_per_call": m.median_s * 1e3,
                                    "first_call_s": m.first_call_s}, primary="ms_per_call", lower_is_better=True,
                 measurement=m, comparison=c, versus_first=False)
+    # The model's own call: Keras' predict() traces a step function (reduce_retracing=True); a SavedModel's
+    # signature is a concrete function and never retraces.
+    own = None
+    if subject.kind == "keras":
+        model = subject.model
+        model.predict(by_batch[0][0], verbose=0)  # builds predict_function if the inference section did not
+        before = model.predict_function.experimental_get_tracing_count()
+        order = iter(by_batch)
+        timer = Timer(lambda: model.predict(next(order)[0], verbose=0), name="predict(), a new batch size each call")
+        timer.start(warmup=0)
+        m = timer._measurement(timer.take(len(by_batch) - 1), rounds=1)
+        own = model.predict_function.experimental_get_tracing_count() - before
+        rec.add("retracing", m.name, {"calls": len(by_batch), "traces": own, "ms_per_call": m.median_s * 1e3,
+                                      "first_call_s": m.first_call_s}, primary="ms_per_call", lower_is_better=True,
+                measurement=m, versus_first=False)
+    # Ranked with the advice only when the model's own call retraces; otherwise reported apart.
+    pitfall = own is None or own < OWN_RETRACES
+    note = "" if own is None else f"your model's predict() traced {own} times in {len(by_batch)} calls"
     findings = []
     (plain_traces, plain), (signed_traces, signed) = found[rows[0][0]], found[rows[1][0]]
     relaxed_traces, relaxed = found[rows[2][0]]
@@ -70,19 +92,20 @@ def retracing(subject: Subject, rec, options: Options) -> tuple[list[Finding], d
         findings.append(Finding(
             "retracing: new batch sizes", rows[1][0], rows[0][0], versus(plain, signed, threshold=MIN_GAIN),
             "@tf.function(input_signature=[tf.TensorSpec([None, ...], dtype)])  # a None batch axis",
-            f"none at run time; {plain_traces} traces in {len(batches)} calls became {signed_traces}"))
+            f"none at run time; {plain_traces} traces in {len(batches)} calls became {signed_traces}",
+            note=note, pitfall=pitfall))
         findings.append(Finding(
             "retracing: new batch sizes", rows[2][0], rows[0][0], versus(plain, relaxed, threshold=MIN_GAIN),
             "@tf.function(reduce_retracing=True)",
             f"{plain_traces} traces in {len(batches)} calls became {relaxed_traces}; the relaxed graph may be "
-            f"less specialised"))
+            f"less specialised", note=note, pitfall=pitfall))
     (number_traces, number), (constant_traces, constant) = found[rows[3][0]], found[rows[4][0]]
     if number_traces > 1:
         findings.append(Finding(
             "retracing: Python numbers", "numbers passed as tf.constant", rows[3][0],
             versus(number, constant, threshold=MIN_GAIN),
             "f(x, tf.constant(scale))   # not f(x, scale): a Python number is part of the trace key",
-            f"none; {number_traces} traces in {len(values)} calls became {constant_traces}"))
+            f"none; {number_traces} traces in {len(values)} calls became {constant_traces}", pitfall=True))
     return findings, {}
 
 

@@ -28,17 +28,18 @@ from tfperf.doctor.training import training
 def plan(subject: Subject, options: Options) -> list[str]:
     """The steps a run takes, in order (for a progress bar)."""
     batches = [b for b in options.batch_sizes if subject.fixed_batch in (None, b)] or [subject.fixed_batch]
-    steps = ["the model", *[f"inference at batch {b}" for b in batches], "retracing"]
+    steps = ["the model", *[f"inference at batch {b}" for b in batches]]
     if options.threads:
         steps += [f"threads at batch {b}" for b in thread_batches(subject, options)]
     if options.train:
         steps.append("training")
-    return steps
+    return [*steps, "retracing"]
 
 
 def diagnose(subject: Subject, options: Options, workdir: Path, *,
              progress: Callable[[str], None] = lambda step: None) -> Diagnosis:
-    """Every experiment in turn, each skipped (and said so) once the budget is spent."""
+    """Every experiment in turn, each skipped (and said so) once the budget is spent; the pitfalls
+    (retracing) last, as what matters least to the model as it is used."""
     from tfperf.records.records import Recorder
 
     started = time.perf_counter()
@@ -47,23 +48,26 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *,
     rec = Recorder(RECIPE, args)
     progress("the model")
     facts = model_facts(subject, quick=options.quick, sample=options.sample)
+    took = {"the model": time.perf_counter() - started}
     findings: list[Finding] = []
     skipped: dict[str, str] = {}
     sections: list[tuple[str, Callable[[], tuple[list[Finding], dict]]]] = [
-        ("inference", lambda: inference(subject, rec, options, workdir, progress)),
-        ("retracing", lambda: (progress("retracing"), retracing(subject, rec, options))[1])]
+        ("inference", lambda: inference(subject, rec, options, workdir, progress, facts))]
     if options.threads:
         sections.append(("threads", lambda: threads(subject, rec, options, progress)))
     if options.train:
-        sections.append(("training", lambda: training(subject, rec, options, progress)))
+        sections.append(("training", lambda: training(subject, rec, options, progress, facts)))
+    sections.append(("retracing", lambda: (progress("retracing"), retracing(subject, rec, options))[1]))
     for name, run in sections:
         spent = time.perf_counter() - started
         if options.budget_s is not None and spent > options.budget_s:
             skipped[name] = f"not run: the --budget of {options.budget_s:.0f} s was spent ({spent:.0f} s)"
             continue
+        began = time.perf_counter()
         found, left_out = run()
+        took[name] = time.perf_counter() - began
         findings += found
         skipped.update(left_out)
-    return Diagnosis(subject, rec, findings, skipped, facts, time.perf_counter() - started)
+    return Diagnosis(subject, rec, findings, skipped, facts, time.perf_counter() - started, took)
 
 

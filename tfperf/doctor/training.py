@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from tfperf.deploy.formats import first_line
+from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.inference import mfu
 from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
 
 
@@ -52,7 +54,8 @@ def training_loss(name: str | None, from_logits: bool) -> Callable:
     return on_logits
 
 
-def training(subject: Subject, rec, options: Options, progress) -> tuple[list[Finding], dict]:
+def training(subject: Subject, rec, options: Options, progress,
+             facts: Mapping[str, Any] | None = None) -> tuple[list[Finding], dict]:
     """Plain fit against steps_per_execution, jit_compile, mixed precision and larger batches, epoch for
     epoch from the same weights; final losses checked finite and in agreement."""
     import keras
@@ -124,7 +127,8 @@ def training(subject: Subject, rec, options: Options, progress) -> tuple[list[Fi
 
     raced = race_table(rec, "training", [t for _, t, _, _, _ in trainers], metrics=lambda m, _: {
         "samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s, "final_loss": final_losses[m.name],
-        "loss_agrees": loss_agrees(m.name)}, primary="samples_per_s", lower_is_better=False,
+        "loss_agrees": loss_agrees(m.name), "mfu": mfu(m.items_per_s, facts or {}, passes=3)},
+        primary="samples_per_s", lower_is_better=False,
         rounds=options.rounds, samples=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
         warmup=0, seed=options.seed, on_first_rounds=read_losses)
     plain, plain_loss = trainers[0][0], final_losses[trainers[0][0]]

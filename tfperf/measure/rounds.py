@@ -32,6 +32,16 @@ class Timer(Protocol):
     def _measurement(self, samples: Sequence[float], *, rounds: int) -> Measurement: ...
 
 
+def _share(timer: Timer, per_round_s: float) -> int:
+    """Samples a timer takes per round to fill `per_round_s`: one when a single call already does (a slow
+    call is not made three times just to be timed), else from the median of three calls."""
+    first = timer.take(1)[0]
+    if first >= per_round_s:
+        return 1
+    typical = float(np.median([first, *timer.take(2)]))
+    return max(1, round(per_round_s / max(typical, 1e-9)))
+
+
 def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None = None,
                warmup: int = 1, min_time_s: float = 0.5, seed: int = 0,
                profile_dir: str | None = None, profile_steps: int = 10,
@@ -40,7 +50,7 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
     timers in a shuffled order, so that slow phases of the machine fall on all of them alike.
 
     `samples` is each timer's total (rounded up to whole rounds); with None, each timer takes as many
-    as fill about `min_time_s`, estimated from three calls after its warm-up. Compare the results with
+    as fill about `min_time_s`, estimated from up to three calls after its warm-up (`_share`). Compare the results with
     `versus`, which pairs them round by round. `after` continues earlier measurements of the same
     timers (from interleave, in the same order; with `samples` None, at the same share per round):
     their rounds come first in what is returned.
@@ -63,7 +73,7 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
     elif after:  # the same share per round as before, so that every round weighs the same
         per_round = [m.n // m.rounds for m in after]
     else:
-        per_round = [max(1, round(min_time_s / rounds / max(float(np.median(t.take(3))), 1e-9))) for t in timers]
+        per_round = [_share(t, min_time_s / rounds) for t in timers]
     rng = np.random.default_rng(seed)
     taken: list[list[float]] = [[] for _ in timers]
     for _ in range(rounds):
@@ -85,32 +95,37 @@ def race(timers: Sequence[Timer], *, rounds: int, samples: int | None = None, th
          on_first_rounds: Callable[[list[Measurement]], None] | None = None,
          against: Mapping[str, Baseline] | None = None) -> tuple[list[Measurement], list[stats.Comparison]]:
     """Interleave the timers and compare each with its baseline (`versus`); while a comparison's CI
-    straddles a verdict's bar (not `decided`), run `rounds` more rounds of all, at most
-    `max_extensions` times: a gain near the bar is then settled by more data, not by which side one
-    run's noise fell on. `on_first_rounds` sees the measurements before any extension (a training
-    race reads its losses there, after the same epochs for everyone).
+    straddles a verdict's bar (not `decided`), run `rounds` more rounds of the timers it compares (and
+    only those), at most `max_extensions` times: a gain near the bar is then settled by more data, not
+    by which side one run's noise fell on, and no time is spent on comparisons already decided (their
+    verdict stands as first reached). `on_first_rounds` sees the measurements before any extension (a
+    training race reads its losses there, after the same epochs for everyone).
 
     `against` maps a timer's name to its baseline: another timer's name, or a function of the
-    measurements by name (e.g. two timers' samples added, `one_after_another`); by default every timer
-    after the first is compared with the first. Returns the measurements, in the timers' order, and
-    the comparisons, in the order of `against`."""
+    measurements by name (e.g. two timers' samples added, `one_after_another`; every timer then counts
+    as compared); by default every timer after the first is compared with the first. Returns the
+    measurements, in the timers' order, and the comparisons, in the order of `against`."""
     names = [t.name for t in timers]
     pairs = dict(against) if against is not None else {name: names[0] for name in names[1:]}
 
-    def compare(found: list[Measurement]) -> list[stats.Comparison]:
-        by_name = dict(zip(names, found))
-        return [versus(base(by_name) if callable(base) else by_name[base], by_name[row], threshold=threshold)
-                for row, base in pairs.items()]
+    def compare(by_name: Mapping[str, Measurement], row: str) -> stats.Comparison:
+        base = pairs[row]
+        return versus(base(by_name) if callable(base) else by_name[base], by_name[row], threshold=threshold)
 
     ms = interleave(timers, rounds=rounds, samples=samples, warmup=warmup, min_time_s=min_time_s, seed=seed,
                     profile_dir=profile_dir, profile_steps=profile_steps)
     if on_first_rounds is not None:
         on_first_rounds(ms)
-    comparisons = compare(ms)
+    found = dict(zip(names, ms))
+    comparisons = {row: compare(found, row) for row in pairs}
     for extension in range(1, max_extensions + 1):
-        if all(c.decided for c in comparisons):
+        open_rows = [row for row, c in comparisons.items() if not c.decided]
+        if not open_rows:
             break
-        ms = interleave(timers, rounds=rounds, samples=samples, warmup=0, min_time_s=min_time_s,
-                        seed=seed + extension, after=ms)
-        comparisons = compare(ms)
-    return ms, comparisons
+        involved = {n for row in open_rows for n in ([row, pairs[row]] if not callable(pairs[row]) else names)}
+        chosen = [t for t in timers if t.name in involved]
+        more = interleave(chosen, rounds=rounds, samples=samples, warmup=0, min_time_s=min_time_s,
+                          seed=seed + extension, after=[found[t.name] for t in chosen])
+        found.update({t.name: m for t, m in zip(chosen, more)})
+        comparisons.update({row: compare(found, row) for row in open_rows})
+    return [found[n] for n in names], list(comparisons.values())

@@ -122,13 +122,26 @@ class Timer:
         self.sync_fn(out)
         return self.clock() - t0
 
+    def first_call(self) -> Any:
+        """The first call, timed apart (it traces and compiles: `first_call_s`); returns what it computed,
+        so that a caller can check the answer of the very call that warmed the function up."""
+        sync(devices=self._devices)  # work queued before must not be billed to the first call
+        t0 = self.clock()
+        out = self.fn()
+        if isinstance(out, Elapsed):
+            self.sync_fn(out.result)
+            self.first_call_s = out.seconds
+            return out.result
+        self.sync_fn(out)
+        self.first_call_s = self.clock() - t0
+        return out
+
     def start(self, warmup: int = 1) -> float:
-        """The first call, timed apart (it traces and compiles), then `warmup` untimed calls; returns its time."""
+        """The first call, timed apart (unless `first_call` made it), then `warmup` untimed calls; returns its time."""
         if warmup < 0:
             raise ValueError(f"warmup must be 0 or more, got {warmup}")
         if self.first_call_s is None:
-            sync(devices=self._devices)  # work queued before must not be billed to the first call
-            self.first_call_s = self._sample(1)
+            self.first_call()
         for _ in range(warmup):
             self.sync_fn(self.fn())
         if self.block_size == "auto":

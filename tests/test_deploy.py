@@ -388,3 +388,17 @@ def test_cli_smoke(tmp_path):
     np.save(tmp_path / "x.npy", np.ones((2, 512), np.float32))
     assert "predicted classes:" in run([*tfperf_, "predict", path, "--input", tmp_path / "x.npy"]).stdout
     assert "safe: the runtime's standard operators" in run([*tfperf_, "inspect", path]).stdout
+
+
+def test_a_legacy_h5_file_exports_and_predicts(tmp_path):
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.save(tmp_path / "legacy.h5")  # Keras 2's format, still what many models ship in
+    x = np.random.default_rng(0).normal(size=(6, 5)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code, out, err = tfperf("export", tmp_path / "legacy.h5", "--root", tmp_path / "saved_models", "--format", "onnx",
+                            "--sample", tmp_path / "x.npy")
+    assert code == 0 and "top class the same as the model's on 100% of rows" in out, err
+    code, out, err = tfperf("predict", out.splitlines()[0], "--input", tmp_path / "x.npy")
+    assert code == 0 and "predicted classes: " + " ".join(map(str, model(x).numpy().argmax(-1))) in out, err

@@ -2,6 +2,7 @@
 
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,55 @@ def test_main_job_starts_horovod_recipes_through_their_declared_launcher():
     assert Path(cmd[0]).name == "horovodrun" and Path(cmd[0]).parent == Path(sys.executable).parent
     assert cmd[1:3] == ["-np", "2"] and cmd[3] == sys.executable and cmd[-1] == "--quick"
     assert recipe_command(read_declaration(RECIPES_DIR / "hybridize.py"), Path("out"), quick=False)[0] == sys.executable
+
+
+STUB = textwrap.dedent('''
+    """A stub recipe: two sleeps of known length, timed and compared, and no TensorFlow."""
+    import sys
+    import time
+
+    from tfperf.measure import Timer
+    from tfperf.recipe import Conclusion, Recipe
+    from tfperf.records.records import race_table
+
+
+    def measure(args, rec):
+        return race_table(rec, "sleeps", [Timer(lambda: time.sleep(0.004), name="slow"),
+                                          Timer(lambda: time.sleep(0.001), name="fast")],
+                          metrics=lambda m, _: {"ms": m.median_s * 1e3}, primary="ms", lower_is_better=True,
+                          rounds=6, samples=12, warmup=0)
+
+
+    def conclude(args, rec, raced):
+        return Conclusion(f"fast against slow: {raced.comparisons['fast'].describe()}")
+
+
+    RECIPE = Recipe(name="stub", doc=__doc__, order=1, measure=measure, conclude=conclude)
+
+    if __name__ == "__main__":
+        sys.exit(RECIPE.main())
+''')
+
+
+def test_the_main_job_runs_each_recipe_in_fresh_processes_and_reports_the_spread(tmp_path, tfperf_cli):
+    # The orchestration of `tfperf run` on a stub recipe: the real recipes are tested one by one above.
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "stub.py").write_text(STUB)
+    out = tfperf_cli("run", "--recipes", tmp_path / "recipes", "--quick", "--repeat", "2",
+                     "--out", tmp_path / "results").stdout
+    assert "[1/1] stub (1/2)" in out and "[1/1] stub (2/2)" in out and "2/2 runs" in out
+    results = tmp_path / "results"
+    assert (results / "repeats" / "2" / "stub.jsonl").exists() and (results / "logs" / "stub.log").exists()
+    report = (results / "report.md").read_text()
+    assert "## stub" in report and "fast against slow:" in report and "ms 95% CI" in report
+    assert "ms across 2 runs" in report and "faster 2/2" in report  # the spread and each verdict's count
+    assert (results / "figures" / "stub-sleeps.png").exists()
+    (tmp_path / "broken").mkdir()  # a recipe that fails: the job goes on, names it, and exits 1
+    (tmp_path / "broken" / "stub.py").write_text(STUB.replace("return race_table(", "raise SystemExit('broke')\n"
+                                                                                      "    return race_table("))
+    failed = tfperf_cli("run", "--recipes", tmp_path / "broken", "--out", tmp_path / "failed", check=False)
+    assert failed.returncode == 1 and "FAILED (exit 1" in failed.stdout and "failed: stub" in failed.stderr
+    (tmp_path / "broken" / "stub.py").write_text("RECIPE = Recipe(name='stub', order=1,\n")  # not even Python
+    line = tfperf_cli("run", "--recipes", tmp_path / "broken", check=False).stderr.strip()
+    assert "stub.py is not Python" in line and len(line.splitlines()) == 1
+

@@ -22,18 +22,24 @@ from tfperf.records.report import REPEATS
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 
-def recipe_declarations(only: Sequence[str] = ()) -> list[Declaration]:
-    """The recipes in the order they declare (the report's order); `only` picks some by name."""
-    found = {d.name: d for d in declarations(RECIPES_DIR)}
+def recipe_declarations(only: Sequence[str] = (), folder: Path = RECIPES_DIR) -> list[Declaration]:
+    """The recipes of a folder (the cookbook's by default) in the order they declare (the report's order);
+    `only` picks some by name."""
+    if not Path(folder).is_dir():
+        raise UserError(f"no such folder of recipes: {folder}")
+    try:
+        found = {d.name: d for d in declarations(folder)}
+    except ValueError as exc:  # a file that does not declare a recipe as the harness needs
+        raise UserError(str(exc)) from None
     unknown = sorted(set(only) - set(found))
     if unknown:
         raise UserError(f"unknown recipe {', '.join(unknown)}: choose from {', '.join(found)}")
     return [found[n] for n in only] if only else list(found.values())
 
 
-def recipe_order() -> list[str]:
+def recipe_order(folder: Path = RECIPES_DIR) -> list[str]:
     """Recipe names in report order."""
-    return [d.name for d in recipe_declarations()]
+    return [d.name for d in recipe_declarations(folder=folder)]
 
 
 def recipe_command(recipe: Declaration, out: Path, quick: bool) -> list[str]:
@@ -59,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     if (out / REPEATS).exists():  # spreads from an earlier run's repeats would be mixed with this run's
         shutil.rmtree(out / REPEATS)
-    recipes = recipe_declarations(args.only)
+    recipes = recipe_declarations(args.only, Path(args.recipes))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     failed = []
     started = time.perf_counter()
@@ -79,9 +85,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 failed.append(label)
                 tail = log.read_text().splitlines()[-15:]
                 print("    " + "\n    ".join(tail), file=sys.stderr)
-    report = build_report(out, order=recipe_order())
-    print(f"report: {report} ({len(recipes) * args.repeat - len(failed)}/{len(recipes) * args.repeat} runs, "
-          f"{time.perf_counter() - started:.0f} s)")
+    runs = f"{len(recipes) * args.repeat - len(failed)}/{len(recipes) * args.repeat} runs"
+    try:
+        report = build_report(out, order=recipe_order(Path(args.recipes)))
+    except FileNotFoundError:  # every run failed before it recorded a row: there is nothing to report
+        print(f"report: not written, no recipe recorded anything ({runs}, "
+              f"{time.perf_counter() - started:.0f} s)")
+    else:
+        print(f"report: {report} ({runs}, {time.perf_counter() - started:.0f} s)")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -147,8 +158,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    """Print the environment that records carry."""
-    from tfperf.records.records import environment
+    """Print the environment that records carry, as a process that runs models sees it."""
+    import keras  # noqa: F401  (loaded, so that its runtime settings are read too)
+    import tensorflow  # noqa: F401
+
+    from tfperf.records.environment import environment
 
     print(json.dumps(environment(), indent=2))
     return 0
@@ -175,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="each recipe at its --quick size")
     run.add_argument("--out", default="results", help="folder for records, logs, figures and the report")
     run.add_argument("--only", nargs="+", default=(), metavar="RECIPE", help="run only these recipes")
+    run.add_argument("--recipes", default=str(RECIPES_DIR), metavar="DIR",
+                     help="run the recipes of another folder (default: the cookbook's)")
     run.add_argument("--repeat", type=flags.positive_int, default=1,
                      help="run each recipe N times in fresh processes; the report shows the run-to-run spread")
     run.set_defaults(func=cmd_run)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
 
 from tfperf.catalog import DATASET_NAMES
 from tfperf.catalog import OFFLINE_DATASET as OFFLINE_DEFAULT
+
+if TYPE_CHECKING:  # annotations only: the arrays load without TensorFlow
+    import tensorflow as tf
 
 
 class DatasetUnavailable(RuntimeError):
@@ -128,6 +131,8 @@ def to_dataset(
     shard: tuple[int, int] | None = None,
 ) -> tf.data.Dataset:
     """A batched, prefetched tf.data pipeline; `shard=(count, index)` keeps one worker's share."""
+    import tensorflow as tf
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     ds = tf.data.Dataset.from_tensor_slices((x, y))

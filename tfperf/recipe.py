@@ -140,7 +140,11 @@ def read_declaration(path: Path | str) -> Declaration:
 
     Read with `ast`, so that listing recipes does not import TensorFlow or Horovod."""
     path = Path(path)
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except SyntaxError as exc:
+        raise ValueError(f"{path} is not Python: {exc.msg} (line {exc.lineno})") from None
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Recipe":
             found = {k.arg: k.value for k in node.keywords}
             try:

@@ -3,32 +3,53 @@
 A Timer calls a function once apart (tracing, compiling), warms up, then takes samples: one call per
 clock read (latency mode) or blocks of calls with one device sync each (throughput mode), and stops
 the clock when the work is done without copying results to the host. This is the one module of
-tfperf.measure that imports TensorFlow.
+tfperf.measure that uses TensorFlow, and only once the process has loaded it: a process that never
+imported TensorFlow has no TensorFlow work to wait for, so timing NumPy, JAX or Python code (a timer
+served by a child process, a JAX backend) does not pay seconds to import it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from tfperf.measure.measurement import Clock, Elapsed, Measurement
 
 
+def _loaded_tf():
+    """TensorFlow, if this process has imported it; else None (then no TensorFlow work can be pending)."""
+    return sys.modules.get("tensorflow")
+
+
 def gpus_present() -> bool:
-    """True when TensorFlow sees at least one GPU."""
-    return bool(tf.config.list_logical_devices("GPU"))
+    """True when TensorFlow is loaded and sees at least one GPU."""
+    tf = _loaded_tf()
+    return bool(tf and tf.config.list_logical_devices("GPU"))
 
 
 def device_sync_needed() -> bool:
-    """True when ops can return before they ran: a GPU is present or eager execution is asynchronous."""
-    return gpus_present() or not tf.config.experimental.get_synchronous_execution()
+    """True when TensorFlow ops can return before they ran: a GPU is present or eager execution is asynchronous."""
+    tf = _loaded_tf()
+    return bool(tf) and (gpus_present() or not tf.config.experimental.get_synchronous_execution())
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    """The leaves of nested lists, tuples and dicts (what a function returns)."""
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif value is not None:
+        yield value
 
 
 def sync(result: Any = None, *, devices: bool | None = None) -> None:
@@ -42,10 +63,11 @@ def sync(result: Any = None, *, devices: bool | None = None) -> None:
     """
     if devices is None:
         devices = device_sync_needed()
+    tf = _loaded_tf()
     # sync_devices exists only in eager mode; it costs ~50 us on a CPU host, so it runs only when needed.
-    if devices and tf.executing_eagerly():
+    if devices and tf is not None and tf.executing_eagerly():
         tf.test.experimental.sync_devices()
-    for leaf in tf.nest.flatten(result):
+    for leaf in _leaves(result):
         wait = getattr(leaf, "block_until_ready", None)
         if callable(wait):
             wait()
@@ -57,6 +79,8 @@ def profiled(profile_dir: str | None, name: str) -> contextlib.AbstractContextMa
         return contextlib.nullcontext()
     # One folder per trace: traces are named by the second they start, so two in one second would
     # overwrite each other; TensorBoard shows each folder as a run.
+    import tensorflow as tf
+
     run = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "run"
     return tf.profiler.experimental.Profile(str(Path(profile_dir) / run))
 
@@ -128,6 +152,8 @@ class Timer:
         sync(devices=self._devices)  # work queued before must not be billed to the first call
         t0 = self.clock()
         out = self.fn()
+        if not self._custom_sync:  # the first call may have been what loaded TensorFlow: decide again
+            self._devices = device_sync_needed()
         if isinstance(out, Elapsed):
             self.sync_fn(out.result)
             self.first_call_s = out.seconds
@@ -207,6 +233,8 @@ class Timer:
 @contextlib.contextmanager
 def synchronous_execution(enabled: bool) -> Iterator[None]:
     """Temporarily switch eager execution between synchronous and asynchronous."""
+    import tensorflow as tf
+
     before = tf.config.experimental.get_synchronous_execution()
     sync(devices=True)
     tf.config.experimental.set_synchronous_execution(enabled)
@@ -217,8 +245,11 @@ def synchronous_execution(enabled: bool) -> Iterator[None]:
         tf.config.experimental.set_synchronous_execution(before)
 
 
-def matmul_flops_per_s(n: int = 1024, *, dtype: tf.DType = tf.float32, steps: int | None = None) -> float:
+def matmul_flops_per_s(n: int = 1024, *, dtype: Any = "float32", steps: int | None = None) -> float:
     """Measured FLOP/s of an n x n x n matmul in a tf.function: the compute roof for dense layers."""
+    import tensorflow as tf
+
+    dtype = tf.as_dtype(dtype)
     a = tf.cast(tf.random.normal([n, n], dtype=tf.float32, seed=1), dtype)
     b = tf.cast(tf.random.normal([n, n], dtype=tf.float32, seed=2), dtype)
     matmul = tf.function(tf.linalg.matmul)
@@ -226,7 +257,7 @@ def matmul_flops_per_s(n: int = 1024, *, dtype: tf.DType = tf.float32, steps: in
     return 2.0 * n**3 / m.median_s
 
 
-def peak_matmul_flops_per_s(sizes: tuple[int, ...] = (512, 1024, 2048), *, dtype: tf.DType = tf.float32,
+def peak_matmul_flops_per_s(sizes: tuple[int, ...] = (512, 1024, 2048), *, dtype: Any = "float32",
                             steps: int | None = None) -> float:
     """The best matmul FLOP/s over a few sizes: one size can miss the shape the library likes best."""
     return max(matmul_flops_per_s(n, dtype=dtype, steps=steps) for n in sizes)

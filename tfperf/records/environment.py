@@ -84,29 +84,51 @@ def relevant_variables() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
 
-def environment() -> dict[str, Any]:
-    """What a figure depends on: versions, CPU and its load, cores, GPUs, XLA, threads, variables, checkout."""
-    import keras
-    import tensorflow as tf
+def package_version(name: str) -> str | None:
+    """An installed package's version, read from its metadata (nothing is imported), or None."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    gpus = tf.config.list_physical_devices("GPU")
-    return {
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """What a figure depends on: versions, CPU and its load, cores, GPUs, XLA, threads, variables, checkout.
+
+    Versions come from the packages' metadata. TensorFlow's and Keras' runtime settings (GPUs, thread
+    pools, XLA, the dtype policy) are read only in a process that has loaded them: one that never
+    imported TensorFlow ran nothing on it, and importing it here would cost seconds and settle its
+    devices for the caller."""
+    import sys
+
+    found = {
         "tfperf": __version__,
         "git_commit": git_commit(),
         "git_dirty": git_dirty(),
         "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
+        "tensorflow": package_version("tensorflow"),
+        "keras": package_version("keras"),
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
-        "gpus": [tf.config.experimental.get_device_details(g).get("device_name", g.name) for g in gpus],
-        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-        "xla_auto_jit": tf.config.optimizer.get_jit() or None,
         "tf_xla_flags": os.environ.get("TF_XLA_FLAGS"),
-        "dtype_policy": keras.config.dtype_policy().name,
         "load_average": load_average(),
         "cpu_frequency": cpu_frequency(),
         "variables": relevant_variables(),
     }
+    if "tensorflow" in sys.modules:
+        tf = sys.modules["tensorflow"]
+        found.update({
+            "tensorflow": tf.__version__,
+            "gpus": [tf.config.experimental.get_device_details(g).get("device_name", g.name)
+                     for g in tf.config.list_physical_devices("GPU")],
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+            "xla_auto_jit": tf.config.optimizer.get_jit() or None,
+        })
+    if "keras" in sys.modules:
+        keras = sys.modules["keras"]
+        found.update({"keras": keras.__version__, "dtype_policy": keras.config.dtype_policy().name})
+    return found

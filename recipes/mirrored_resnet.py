@@ -39,6 +39,7 @@ TABLE = "ResNet-18, MirroredStrategy by device count"
 
 
 def add_flags(p) -> None:
+    flags.add_model_flag(p, "resnet18")
     flags.add_dataset_flag(p, "mnist-5k")
     p.add_argument("--devices", type=flags.positive_int, default=2, help="the most devices to mirror over")
     p.add_argument("--epochs", type=flags.positive_int,
@@ -69,7 +70,7 @@ def measure(args, rec) -> dict:
         lr = args.lr * strategy.num_replicas_in_sync  # Mirrored: a batch n times larger takes n times the step
         keras.utils.set_random_seed(args.seed)
         with strategy.scope():  # Mirrored: variables created here are mirrored on every device
-            model = get_net("resnet18", input_shape=data.input_shape, num_classes=data.num_classes)
+            model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
             model.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.9),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         train = to_dataset(data.x_train[:n_train], data.y_train[:n_train], batch_size=global_batch, seed=args.seed)

@@ -21,7 +21,7 @@ import tensorflow as tf
 from conftest import run
 from tfperf.cli import main
 
-FORMATS = [("savedmodel", "none"), ("litert", "none"), ("litert", "dynamic"), ("litert", "int8"), ("onnx", "none")]
+FORMATS = [("savedmodel", "none"), ("litert", "none"), ("litert", "int8"), ("onnx", "none")]
 
 
 def tfperf(*args) -> tuple[int, str, str]:
@@ -74,7 +74,7 @@ def exports(mobilenet):
 
 
 def test_every_format_is_checked_against_the_model_and_lands_versioned(exports):
-    assert [p.name for p in exports.values()] == ["1", "2", "3", "4", "5"]
+    assert [p.name for p in exports.values()] == ["1", "2", "3", "4"]
     for (fmt, quantize), path in exports.items():
         meta = json.loads((path / "tfperf.json").read_text())
         assert meta["format"] == fmt and meta["version"] == int(path.name) and meta["classifier"] == "output_0"
@@ -261,7 +261,7 @@ def test_predict_refuses_bad_input_in_one_line(exports, two_by_two, tmp_path, ca
     expected = {"shape": "has shape [2, 31, 32, 3]", "dtype": "holds <U1", "pickle": "holds Python objects",
                 "not-npy": "cannot read", "forged-header": "(206,158,430,208 bytes), but the file holds 16 bytes",
                 "forged-npz": "images.npy: its header claims", "missing-input": "no such input file",
-                "missing-model": "no model at", "not-an-export": "holds versions [1, 2, 3, 4, 5]",
+                "missing-model": "no model at", "not-an-export": "holds versions [1, 2, 3, 4]",
                 "corrupt": "saved_model.pb is corrupt", "corrupt-litert": "model.tflite is corrupt",
                 "corrupt-onnx": "model.onnx is corrupt", "wrong-name": "lacks ids (it holds dense, token_ids)",
                 "floats-for-ids": "holds floats where the model takes int32"}[case]
@@ -377,6 +377,10 @@ def test_the_cookbook_nets_keep_their_contract(tmp_path):
     assert exported.metadata["classifier"] == "probabilities"
     y = predict(runner, {"": np.zeros((3, 28, 28, 1), np.float32)})
     np.testing.assert_allclose(y["probabilities"].sum(-1), 1.0, rtol=1e-5)
+    # Dynamic-range quantization (int8 weights, float activations): checked, and it still answers.
+    dynamic = export_subject(cookbook_subject("mlp"), tmp_path, format="litert", quantize="dynamic")
+    assert dynamic.metadata["quantization"] == "dynamic" and dynamic.metadata["agreement"]["top_class_agreement"] > 0.5
+    assert predict(load(dynamic.path), {"inputs": np.ones((2, 512), np.float32)})["probabilities"].shape == (2, 2)
 
 
 def test_cli_smoke(tmp_path):

@@ -179,8 +179,8 @@ def test_multi_device_scratch_trains_like_one_device(tmp_path):
 
 @pytest.mark.slow
 def test_mirrored_resnet_runs_on_one_and_two_devices(tmp_path):
-    run([sys.executable, recipe("mirrored_resnet"), "--quick", "--max-steps", "2", "--epochs", "2", "--train-size", "32",
-         "--batch-size", "8", "--out", tmp_path])
+    run([sys.executable, recipe("mirrored_resnet"), "--quick", "--model", "cnn", "--max-steps", "2", "--epochs", "2",
+         "--train-size", "32", "--batch-size", "8", "--out", tmp_path])
     rows = {r["row"]: r["metrics"] for r in read_records(tmp_path / "mirrored_resnet.jsonl")}
     assert set(rows) == {"1 device", "2 devices"}
     assert rows["2 devices"]["global_batch"] == 2 * rows["1 device"]["global_batch"] == 16

@@ -88,17 +88,23 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_loses_only_its_steps(tmp_p
         train(get_net("mlp", **shape), data, steps=50, batch_size=16, checkpoint_dir=ckpt, checkpoint_every=10, keep=3)
 
 
-def test_train_cli_says_which_checkpoint_it_skipped_and_exits_2_when_none_restores(tmp_path):
+def test_train_cli_says_which_checkpoint_it_skipped_and_exits_2_when_none_restores(tmp_path, monkeypatch, capsys):
+    from tfperf.cli import main
+
+    monkeypatch.chdir(tmp_path)
     ckpt = tmp_path / "ckpt"
-    cmd = [sys.executable, "-m", "tfperf", "train", "--model", "mlp", "--dataset", "digits", "--steps", "20",
-           "--checkpoint-every", "10", "--keep", "2", "--batch-size", "16", "--checkpoint-dir", str(ckpt)]
-    run(cmd, cwd=tmp_path)
+    cmd = ["train", "--model", "mlp", "--dataset", "digits", "--steps", "20", "--checkpoint-every", "10",
+           "--keep", "2", "--batch-size", "16", "--checkpoint-dir", str(ckpt)]
+    assert main(cmd) == 0
     corrupt(ckpt, 20, "data")
-    proc = run(cmd, cwd=tmp_path)
-    assert "skipped checkpoint" in proc.stderr and "ckpt-20" in proc.stderr
-    assert "resumed from step 10" in proc.stdout and "done: 20 steps" in proc.stdout
+    capsys.readouterr()
+    assert main(cmd) == 0
+    said = capsys.readouterr()
+    assert "skipped checkpoint" in said.err and "ckpt-20" in said.err
+    assert "resumed from step 10" in said.out and "done: 20 steps" in said.out
     for step in (10, 20):
         corrupt(ckpt, step, "data")
-    proc = run(cmd, cwd=tmp_path, check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("tfperf train: error: none of the 2 checkpoints")
+    assert main(cmd) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "tfperf train: error: none of the 2 checkpoints")

@@ -5,15 +5,6 @@ later. That hides Python's overhead behind the computation, and it makes naive t
 
 Run:   python recipes/async_execution.py --quick        (under a minute on 2 CPU cores)
 Needs: TensorFlow 2.21; a CPU is enough (on a GPU, kernels are asynchronous even in synchronous mode).
-
-Introduction
-------------
-The seed's asynchronous-computation section compares NumPy, which computes before it returns, with
-a framework whose front end (Python) hands ops to a back end (the runtime) through a queue. In
-TensorFlow that queue is opt-in for eager ops on a CPU, `tf.config.experimental.set_synchronous_execution(False)`,
-and always there for GPU kernels. Below: NumPy vs TensorFlow, the loop's return time against the time
-its results are ready, the wrong way to time next to the right way, what makes the front end wait
-anyway, and what letting the queue run ahead costs in memory.
 """
 
 import os
@@ -21,6 +12,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import contextlib
+import dataclasses
 import sys
 import threading
 import time
@@ -35,7 +27,28 @@ from tfperf.measure.timer import synchronous_execution
 from tfperf.recipe import Conclusion, Recipe
 from tfperf.measure.stats import FASTER
 
-QUEUE, MEMORY = "front end vs back end (loop of ops)", "memory while the queue runs ahead"
+# The technique: a front end that enqueues, and a clock that waits for the back end -----------------
+# NumPy computes before it returns. TensorFlow's front end (Python) hands ops to its back end (the
+# runtime) through a queue: always for GPU kernels, and for eager ops on a CPU after one switch,
+#     tf.config.experimental.set_synchronous_execution(False)
+# A call then returns as soon as its ops are queued, which hides Python's overhead behind the work, and
+# a clock read right after it is wrong: wait for the devices first, without copying anything back,
+#     tf.test.experimental.sync_devices()
+
+
+def variants(a, x, chain) -> dict:
+    """The loop bodies compared: (a step, whether it runs in synchronous mode)."""
+    return {
+        # Baseline: NumPy computes before it returns; so does TensorFlow in synchronous mode.
+        "NumPy matmul chain": (lambda i: (a @ a) @ a / len(a), True),
+        "tf.function, synchronous": (lambda i: chain(x), True),
+        # Asynchronous: a graph call only enqueues; the loop returns before its results exist.
+        "tf.function, asynchronous": (lambda i: chain(x), False),
+        # What makes the front end wait even so: a tensor made from host data, and eager op wrappers that
+        # read a pending result's shape.
+        "async, new tf.constant each step": (lambda i: chain(tf.constant(a)), False),
+        "async, eager tf.matmul": (lambda i: tf.matmul(tf.matmul(x, x), x), False),
+    }
 
 
 def loop(body, iters: int, synchronous: bool):
@@ -84,33 +97,35 @@ def peak_rss_growth(body, iters: int, sync_every_step: bool) -> float:
     return peak[0] / 2**20
 
 
+# Measuring -------------------------------------------------------------------------------------------
+# Each loop is timed by two clocks: one read when Python returns (the wrong way), one after a sync. Every
+# row runs in the same interleaved rounds, so that comparisons between them are paired.
+
+QUEUE, MEMORY = "front end vs back end (loop of ops)", "memory while the queue runs ahead"
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    optimistic: dict  # per row: how many times too fast a clock without a sync says the loop is
+    ahead: float  # peak memory growth (MiB) with the queue free-running
+    bounded: float  # and with a sync every minibatch
+
+
 def add_flags(p) -> None:
     p.add_argument("--size", type=flags.positive_int, help="matrix size of the seed's matmul benchmark")
     p.add_argument("--rounds", type=flags.positive_int,
                    help="interleaved rounds: one timed loop of each row per round")
 
 
-def measure(args, rec) -> dict:
-    # Setup ------------------------------------------------------------------------------------
+def measure(args, rec) -> Found:
     n = args.size
     a = np.random.default_rng(args.seed).normal(size=(n, n)).astype(np.float32)
     x = tf.constant(a)
     chain = tf.function(lambda x: tf.matmul(tf.matmul(x, x), x) / n)  # a step of known work: 2 matmuls
     chain(x)
 
-    # Every row in the same interleaved rounds, so that comparisons between them are paired. The process
-    # runs asynchronously; the synchronous rows switch back for their loop (what the CPU default does).
-    rows = {  # row: (loop body, runs synchronously)
-        # Baseline: NumPy computes before it returns; so does TensorFlow in synchronous mode
-        "NumPy matmul chain": (lambda i: (a @ a) @ a / n, True),
-        "tf.function, synchronous": (lambda i: chain(x), True),
-        # async: a graph call only enqueues; the loop returns before its results exist
-        "tf.function, asynchronous": (lambda i: chain(x), False),
-        # What makes the front end wait even in asynchronous mode: creating a tensor from host data, and
-        # eager op wrappers that read a pending result's shape.
-        "async, new tf.constant each step": (lambda i: chain(tf.constant(a)), False),
-        "async, eager tf.matmul": (lambda i: tf.matmul(tf.matmul(x, x), x), False),
-    }
+    # The process runs asynchronously; the synchronous rows switch back for their loop (the CPU default).
+    rows = variants(a, x, chain)
     with synchronous_execution(False):
         timers = [t for row, (body, synchronous) in rows.items()
                   for t in loop_timers(row, body, args.steps, synchronous)]
@@ -147,11 +162,11 @@ def measure(args, rec) -> dict:
         rec.add(MEMORY, row, {"peak_rss_growth_mib": mib, "buffer_mib": n * n * 4 / 2**20},
                 primary="peak_rss_growth_mib", lower_is_better=True, versus_first=False)
 
-    return {"optimistic": optimistic, "ahead": ahead, "bounded": bounded}
+    return Found(optimistic, ahead, bounded)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    optimistic, ahead, bounded = found["optimistic"], found["ahead"], found["bounded"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    optimistic, ahead, bounded = found.optimistic, found.ahead, found.bounded
     n = args.size
     wrong = optimistic["tf.function, asynchronous"]
     m = {r["row"]: r for r in rec.table(QUEUE)}
@@ -160,7 +175,6 @@ def conclude(args, rec, found) -> Conclusion:
             f"{m['tf.function, asynchronous']['metrics']['loop_returns_ms']:.1f} ms, with one {right_ms:.1f} ms: "
             f"{wrong.describe().replace('faster', 'too fast')}")
 
-    # Conclusion, from this run's numbers ------------------------------------------------------
     buffer_mib = n * n * 4 / 2**20
     if ahead > bounded + 2 * buffer_mib:
         memory = (f"Running ahead cost memory: peak growth {ahead:.0f} MiB free-running against {bounded:.0f} MiB "

@@ -5,22 +5,13 @@ recipe's results can be read against them.
 
 Run:   python recipes/hardware.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and NumPy; a GPU adds host-to-device bandwidth when present.
-
-Introduction
-------------
-Two roofs bound any kernel: the arithmetic rate (FLOP/s) and the memory bandwidth (bytes/s). Their
-ratio is the ridge point: a computation with fewer FLOPs per byte moved than that is memory-bound.
-The recipe measures streaming bandwidth, a working-set sweep whose steps are the cache levels, matmul
-FLOP/s per dtype and size (the per-call clock checked against matmuls chained inside one call, and
-compared with NumPy's own BLAS in the same interleaved rounds), the cost of dispatching
-one op, and places the cookbook's models on the roofline. A last table puts this machine's rows next
-to the classic "latency numbers every programmer should know".
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import dataclasses
 import socket
 import sys
 import tempfile
@@ -38,7 +29,16 @@ from tfperf.catalog import MODEL_NAMES
 from tfperf.models import activation_bytes, flops, get_net
 from tfperf.recipe import Conclusion, Recipe
 from tfperf.records.report import save_figure
-from tfperf.measure.stats import NO_DIFFERENCE
+from tfperf.measure.stats import NO_DIFFERENCE, Comparison
+
+# What is measured: two roofs, and where the models sit under them --------------------------------------
+# Two roofs bound any kernel: the arithmetic rate (FLOP/s) and the memory bandwidth (bytes/s). Their
+# ratio is the ridge point: a computation with fewer FLOPs per byte moved than that is memory-bound.
+# The recipe measures streaming bandwidth, a working-set sweep whose steps are the cache levels, matmul
+# FLOP/s per dtype and size (the per-call clock checked against matmuls chained inside one call, and
+# compared with NumPy's own BLAS in the same interleaved rounds), the cost of dispatching
+# one op, and places the cookbook's models on the roofline. A last table puts this machine's rows next
+# to the classic "latency numbers every programmer should know".
 
 MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY = (
     "memory bandwidth", "working-set sweep: latency of a dependent load", "matmul FLOP/s by dtype and size",
@@ -49,6 +49,21 @@ CHAIN = 10  # matmuls chained inside one graph call for the clock check
 CLASSIC = {"L1 cache reference": 0.5e-9, "L2 cache reference": 7e-9, "main memory reference": 100e-9,
            "compress 1 KB with zlib": 3e-6, "read 1 MB sequentially from memory": 250e-6,
            "round trip within a data center": 500e-6, "read 1 MB sequentially from disk": 20e-3}
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    clock_check: Comparison  # the per-call clock against matmuls chained in one call and read back
+    size: int  # the matmul size the clock was checked at
+    tf_gflops: float
+    numpy_gflops: float
+    numpy_vs_tf: Comparison
+    figure: str  # the roofline chart
+    ridge: float  # FLOPs per byte where the two roofs meet
+    bandwidth: float  # bytes/s
+    peak: float  # FLOP/s
+    at_level: dict  # the working-set sweep's latency per cache level
+    dispatch: dict  # seconds to dispatch one op, per kind of call
 
 
 def best_of(fn, reps: int) -> float:
@@ -95,7 +110,7 @@ def add_flags(p) -> None:
     p.add_argument("--stream-mb", type=flags.positive_int, help="array size of the streaming benchmarks (MB)")
 
 
-def measure(args, rec) -> dict:
+def measure(args, rec) -> Found:
     caches = cache_sizes()
 
     # Memory bandwidth: stream a large array that no cache can hold -------------------------------
@@ -224,23 +239,22 @@ def measure(args, rec) -> dict:
                                "how": notes.get(row, "measured") if measured.get(row) else "not measured"},
                 primary="classic_ns", lower_is_better=True, versus_first=False)
 
-    return {"clock_check": clock_check, "size": size, "tf_gflops": tf_gflops, "numpy_gflops": numpy_gflops,
-            "numpy_vs_tf": numpy_vs_tf, "figure": figure, "ridge": ridge, "bandwidth": bandwidth, "peak": peak,
-            "at_level": at_level, "dispatch": dispatch}
+    return Found(clock_check, size, tf_gflops, numpy_gflops, numpy_vs_tf, str(figure), ridge, bandwidth, peak,
+                 at_level, dispatch)
 
 
-def conclude(args, rec, found) -> Conclusion:
+def conclude(args, rec, found: Found) -> Conclusion:
     clock_check, numpy_vs_tf, ridge, bandwidth, peak, at_level, dispatch = (
-        found[k] for k in ("clock_check", "numpy_vs_tf", "ridge", "bandwidth", "peak", "at_level", "dispatch"))
+        found.clock_check, found.numpy_vs_tf, found.ridge, found.bandwidth, found.peak, found.at_level,
+        found.dispatch)
     agree = clock_check.verdict == NO_DIFFERENCE
-    lines = [f"matmul float32 {found['size']}: the per-call clock and {CHAIN} chained matmuls read back "
+    lines = [f"matmul float32 {found.size}: the per-call clock and {CHAIN} chained matmuls read back "
              f"{'agree' if agree else 'DISAGREE'} within {AGREEMENT:.0%} (per call against chained: "
              f"{clock_check.describe()}); TensorFlow "
-             f"{found['tf_gflops']:.1f} GFLOP/s, NumPy {found['numpy_gflops']:.1f} GFLOP/s: NumPy "
+             f"{found.tf_gflops:.1f} GFLOP/s, NumPy {found.numpy_gflops:.1f} GFLOP/s: NumPy "
              f"{numpy_vs_tf.describe()}",
-             f"roofline: {found['figure']}; ridge point {ridge:.1f} FLOP/byte"]
+             f"roofline: {found.figure}; ridge point {ridge:.1f} FLOP/byte"]
 
-    # Conclusion, from this run's numbers ------------------------------------------------------
     r = {row["row"]: row["metrics"] for row in rec.table(ROOFLINE)}
     return Conclusion((
         f"This machine streams {bandwidth / 1e9:.1f} GB/s from memory (the faster of NumPy's copy and "

@@ -6,20 +6,13 @@ caching remove the wait.
 
 Run:   python recipes/input_pipeline.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and Keras 3; synthetic data, offline.
-
-Introduction
-------------
-The most common real-world slowdown is not the model: it is reading, decoding and augmenting data
-while the device waits. Here the load is an I/O-like call of known cost (it sleeps, as a read from
-disk or network waits, so loads can overlap without competing for the cores) and the model step is
-the CNN's training step, timed first. The load is set to twice the step, so a naive pipeline is
-input-bound; each variant adds one tf.data technique, and a timeline shows who waits for whom.
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import dataclasses
 import sys
 import threading
 import time
@@ -35,8 +28,46 @@ from tfperf.recipe import Conclusion, Recipe
 from tfperf.records.report import timeline_chart
 from tfperf.train import make_train_step
 
+# The technique: tf.data overlaps loading with the step, loads in parallel, and caches -----------------
+# The most common real-world slowdown is not the model: it is reading, decoding and augmenting data
+# while the device waits. A pipeline maps a loading function over the batch indices.
+
+
+def pipelines(load_batch, batch_size: int) -> dict:
+    """The same batches four ways; `load_batch(i)` reads and decodes batch i (a NumPy function)."""
+
+    def loaded(index):
+        x, y = tf.numpy_function(load_batch, [index], (tf.float32, tf.int64))
+        return tf.ensure_shape(x, [batch_size, 28, 28, 1]), tf.ensure_shape(y, [batch_size])
+
+    indices = tf.data.Dataset.range(10**9)
+    # tf.data adds a prefetch on its own (inject_prefetch): it is switched off to show the naive pipeline.
+    naive = tf.data.Options()
+    naive.experimental_optimization.inject_prefetch = False
+    return {
+        "naive: map, no overlap": indices.map(loaded).with_options(naive),
+        # Prefetch: load batch n+1 while step n runs.
+        "prefetch": indices.map(loaded).prefetch(1).with_options(naive),
+        # Parallel map: several loads at once, as many as AUTOTUNE finds useful, and the overlap.
+        "parallel map + prefetch": indices.map(loaded, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE),
+        # Cache: the first pass loads and keeps the batches in memory; later passes read them from there.
+        "cache (second pass)": indices.take(16).map(loaded).cache().repeat().prefetch(tf.data.AUTOTUNE),
+    }
+
+
+# Measuring -------------------------------------------------------------------------------------------
+# The load is an I/O-like call of known cost (it sleeps, as a read from disk or network waits, so loads
+# can overlap without competing for the cores); the step is the CNN's training step, timed first. The
+# load is twice the step, so the naive pipeline is input-bound; a timeline shows who waits for whom.
+
 TABLE = "input pipeline variants"
 EVENTS: list[tuple[str, float, float]] = []  # (thread, start, end) of every load, written by the loader threads
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    figure: str  # the timeline chart
+    load_s: float  # what loading one batch cost
 
 
 def add_flags(p) -> None:
@@ -44,8 +75,7 @@ def add_flags(p) -> None:
                    help="cost of loading one batch (default: twice the model step)")
 
 
-def measure(args, rec) -> dict:
-    # Setup ------------------------------------------------------------------------------------
+def measure(args, rec) -> Found:
     tf.random.set_seed(args.seed)
     model = get_net("cnn")
     optimizer = keras.optimizers.Adam(1e-3)
@@ -69,22 +99,7 @@ def measure(args, rec) -> dict:
         i = int(index) % 16 * args.batch_size
         return images[i:i + args.batch_size], labels[i:i + args.batch_size]
 
-    def loaded(index):
-        x, y = tf.numpy_function(load, [index], (tf.float32, tf.int64))
-        return tf.ensure_shape(x, [args.batch_size, 28, 28, 1]), tf.ensure_shape(y, [args.batch_size])
-
-    indices = tf.data.Dataset.range(10**9)
-    # tf.data now adds a prefetch on its own (inject_prefetch); switched off here to show the naive pipeline.
-    plain = tf.data.Options()
-    plain.experimental_optimization.inject_prefetch = False
-    variants = {
-        "naive: map, no overlap": indices.map(loaded).with_options(plain),
-        "prefetch": indices.map(loaded).prefetch(1).with_options(plain),  # tf.data: load batch n+1 during step n
-        # tf.data: several loads at once, as many as AUTOTUNE finds useful, plus the overlap
-        "parallel map + prefetch": indices.map(loaded, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE),
-        # tf.data: the first pass loads and keeps the batches in memory; later passes read them from there
-        "cache (second pass)": indices.take(16).map(loaded).cache().repeat().prefetch(tf.data.AUTOTUNE),
-    }
+    variants = pipelines(load, args.batch_size)
 
     # Each variant: time the steps, including the wait for the batch --------------------------------
     # One variant after another, not interleaved: a prefetching pipeline keeps loading while it is not
@@ -142,16 +157,14 @@ def measure(args, rec) -> dict:
                             colors={"waiting for input": "#C44E52", "training step": "#4C72B0",
                                     "loading a batch": "#55A868"})
 
-    return {"figure": figure, "load_s": load_s}
+    return Found(str(figure), load_s)
 
 
-def conclude(args, rec, found) -> Conclusion:
+def conclude(args, rec, found: Found) -> Conclusion:
     m = {r["row"]: r["metrics"] for r in rec.table(TABLE)}
     naive, tuned, alone = m["naive: map, no overlap"], m["parallel map + prefetch"], m["model alone (data in memory)"]
     gain = next(r for r in rec.table(TABLE) if r["row"] == "parallel map + prefetch")
-    load_s = found["load_s"]
-
-    # Conclusion, from this run's numbers ------------------------------------------------------
+    load_s = found.load_s
     return Conclusion((
         f"With loading at {load_s * 1e3:.0f} ms per batch and a {alone['ms_per_step']:.0f} ms model step, the naive "
         f"pipeline took {naive['ms_per_step']:.0f} ms per step and spent {naive['input_bound_share']:.0%} of its "
@@ -163,7 +176,7 @@ def conclude(args, rec, found) -> Conclusion:
         f"{tuned['input_bound_share']:.0%} waiting), against {alone['ms_per_step']:.0f} ms for the model alone; "
         f"the cache's second pass took {m['cache (second pass)']['ms_per_step']:.0f} ms. Loads that wait (I/O) "
         f"overlap freely; loads that compute (decoding, augmentation) compete with the model for the same "
-        f"cores, which is when moving them off the training host or caching them pays most."), [f"timeline: {found['figure']}"])
+        f"cores, which is when moving them off the training host or caching them pays most."), [f"timeline: {found.figure}"])
 
 
 RECIPE = Recipe(name="input_pipeline", doc=__doc__, order=40, measure=measure, conclude=conclude, add_flags=add_flags,

@@ -1,23 +1,11 @@
 """Keras 2 against Keras 3 on TensorFlow against Keras 3 on JAX: the same models, measured side by side.
 
 Train the same two models (a CNN on digits, an LSTM on a synthetic sequence task) from the same
-initial weights under each stack, each stack in its own processes, and compare first-epoch time, fit
-throughput, final loss, predict() and model(x).
+initial weights under each stack, each stack in a process of its own, and compare first-epoch time,
+fit throughput, final loss, predict() and model(x).
 
-Run:   python recipes/keras_backends.py --quick        (about five minutes on 2 CPU cores)
+Run:   python recipes/keras_backends.py --quick        (about two minutes on 2 CPU cores)
 Needs: TensorFlow 2.21, Keras 3, tf-keras 2.21 and jax[cpu] (all installed by `make install`).
-
-Introduction
-------------
-"My model got slower after moving to Keras 3" is the most frequent performance complaint of the last
-two years of TensorFlow users, and the usual answer is "it depends". It depends on things one can
-measure: what `jit_compile="auto"` resolves to on each backend (XLA or not), how each backend runs a
-convolution or a recurrent loop on this CPU, and what `predict()` sets up on every call. A Keras
-backend is fixed when Keras is imported, so each stack runs in processes of its own: Keras 2 through
-`tf_keras` (TF_USE_LEGACY_KERAS=1), Keras 3 with KERAS_BACKEND=tensorflow or jax. The stacks take
-turns, round after round in shuffled order, so that a slow phase of the machine falls on all of them,
-and each figure is compared with Keras 2's from the same rounds. Inside the Keras 3 TensorFlow process
-the model is also trained with jit_compile set the other way, epoch for epoch beside the default.
 """
 
 import os
@@ -25,6 +13,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
+import dataclasses
 import re
 import sys
 import tempfile
@@ -33,35 +22,24 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.measure.processes import ChildError, reply, run_child
+from tfperf.measure.processes import ChildError
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 
-FIT, FIRST, PREDICT, LOSS, JIT = ("fit throughput", "first epoch (trace and compile)", "inference calls",
-                                  "final loss after the same steps", "Keras 3 on TensorFlow: jit_compile")
+# The technique: the backend is chosen before Keras is imported ---------------------------------------
+# "My model got slower after moving to Keras 3" is the most frequent performance complaint of the last
+# two years of TensorFlow users, and the usual answer is "it depends": on what `jit_compile="auto"`
+# resolves to on each backend (XLA or not), how each backend runs a convolution or a recurrent loop on
+# this CPU, and what `predict()` sets up on every call. The stack is fixed when Keras is imported:
+#     TF_USE_LEGACY_KERAS=1 python train.py         Keras 2 (the tf_keras package)
+#     KERAS_BACKEND=tensorflow python train.py      Keras 3 on TensorFlow (the default)
+#     KERAS_BACKEND=jax python train.py             Keras 3 on JAX
+# The same model code runs under each, with `import keras` (or `import tf_keras as keras` for Keras 2).
 STACKS = {
     "Keras 2 (tf_keras)": {"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "tensorflow"},
     "Keras 3, TensorFlow": {"KERAS_BACKEND": "tensorflow"},
     "Keras 3, JAX": {"KERAS_BACKEND": "jax"},
 }
-# How to install a stack that is missing (requirements.txt pins each; `make install` installs them all).
-INSTALL = {
-    "Keras 2 (tf_keras)": "pip install tf-keras==2.21.0",
-    "Keras 3, TensorFlow": "pip install 'tensorflow==2.21.*' 'keras==3.*'",
-    "Keras 3, JAX": "pip install 'jax[cpu]==0.10.2'",
-}
-MODELS = ("cnn", "lstm")
-BATCH = 128
-# Same weights, same batches in the same order: the stacks' losses differ only by floating-point
-# order of operations (XLA fusion, other kernels), which a few epochs do not amplify past this.
-LOSS_TOLERANCE = 0.05
 SEQUENCE = (32, 8, 4)  # time steps, features, classes of the synthetic sequence task
-
-
-def sequence_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A synthetic sequence task: the class is which of the first 4 features has the largest sum over time."""
-    steps, features, classes = SEQUENCE
-    x = np.random.default_rng(seed).normal(size=(n, steps, features)).astype(np.float32)
-    return x, x[:, :, :classes].sum(axis=1).argmax(axis=1).astype(np.int32)
 
 
 def build(name: str, k):
@@ -75,18 +53,62 @@ def build(name: str, k):
     return k.Model(inputs, k.layers.Dense(classes)(k.layers.LSTM(64)(inputs)), name="lstm")
 
 
-def time_stack(stack: str, work: Path, epochs: int, calls: int, seed: int) -> dict:
-    """In a process of one stack: each model's first epoch, timed epochs, loss, predict() and model(x)."""
+# Measuring -------------------------------------------------------------------------------------------
+# Each stack runs in a process of its own that serves its timers; the three processes stay up and take
+# turns, round after round in shuffled order, so that a slow phase of the machine falls on all of them,
+# and each figure is compared with Keras 2's from the same rounds. Every stack trains the same epochs,
+# so the final losses are comparable. In the Keras 3 TensorFlow process the model is also trained with
+# jit_compile set the other way, epoch for epoch beside the default. The first epoch (tracing and
+# compiling) happens once per process: one reading per stack, reported, not judged.
+
+FIT, FIRST, PREDICT, LOSS, JIT = ("fit throughput", "first epoch (trace and compile)", "inference calls",
+                                  "final loss after the same steps", "Keras 3 on TensorFlow: jit_compile")
+# How to install a stack that is missing (requirements.txt pins each; `make install` installs them all).
+INSTALL = {
+    "Keras 2 (tf_keras)": "pip install tf-keras==2.21.0",
+    "Keras 3, TensorFlow": "pip install 'tensorflow==2.21.*' 'keras==3.*'",
+    "Keras 3, JAX": "pip install 'jax[cpu]==0.10.2'",
+}
+MODELS = ("cnn", "lstm")
+BATCH = 128
+# Same weights, same batches in the same order: the stacks' losses differ only by floating-point
+# order of operations (XLA fusion, other kernels), which a few epochs do not amplify past this.
+LOSS_TOLERANCE = 0.05
+CALLS = {"predict(), batch 1, ": ("predict", 1), "predict(), batch 256, ": ("predict", 256),
+         "model(x), batch 1, ": ("call", 1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    compare: dict  # (table or call, model, stack) -> Comparison against the baseline stack
+    loss: dict[tuple[str, str], float]  # (model, stack) -> test loss after the same epochs
+    jit: dict[tuple[str, str], bool]  # (model, stack) -> what jit_compile resolved to
+    stacks: list[str]  # the stacks measured
+    baseline: str
+    missing: dict[str, str]  # stacks that could not be imported, and why
+
+
+def sequence_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A synthetic sequence task: the class is which of the first 4 features has the largest sum over time."""
+    steps, features, classes = SEQUENCE
+    x = np.random.default_rng(seed).normal(size=(n, steps, features)).astype(np.float32)
+    return x, x[:, :, :classes].sum(axis=1).argmax(axis=1).astype(np.int32)
+
+
+def serve_stack(stack: str, work: Path, calls: int, seed: int) -> None:
+    """A stack's process: builds each model from the shared weights, serves its timers (fit epochs, predict()
+    and model(x)), and after `quit` replies with each model's first epoch, jit_compile and final loss."""
     if STACKS[stack].get("TF_USE_LEGACY_KERAS"):
         import tf_keras as k
     else:
         import keras as k
-    from tfperf.measure import Timer, interleave
+    from tfperf.measure import Timer, serve_timers
+    from tfperf.measure.processes import reply
     from tfperf.train import fit_epochs
 
     k.utils.set_random_seed(seed)
     data = np.load(work / "data.npz")
-    found = {}
+    timers, models = [], {}
     for name in MODELS:
         x, y, x_test, y_test = (data[f"{name}_{part}"] for part in ("x", "y", "x_test", "y_test"))
         weights = np.load(work / f"{name}.weights.npz")
@@ -101,31 +123,33 @@ def time_stack(stack: str, work: Path, epochs: int, calls: int, seed: int) -> di
         model = compiled()
         jit = bool(getattr(model, "jit_compile", False) or getattr(model, "_jit_compile", False))
         epoch, _ = fit_epochs(model, x, y, keras_module=k, batch_size=BATCH, shuffle=False)
-        fit = Timer(epoch, name=f"{stack}: {name}", items_per_call=len(x))
-        row = {"jit_compile": jit, "first_epoch_s": fit.start(warmup=0)}
-        if stack == "Keras 3, TensorFlow":
-            # jit_compile: the default against the other setting, epoch for epoch in the same rounds
+        fit = Timer(epoch, name=f"fit {name}", items_per_call=len(x))
+        fit.start(warmup=0)  # the first epoch traces and compiles: timed apart
+        timers.append(fit)
+        found = {"jit_compile": jit, "first_epoch_s": fit.first_call_s}
+        if stack == "Keras 3, TensorFlow":  # jit_compile: the default against the other setting
             other = compiled(jit_compile=not jit)
             other_epoch, _ = fit_epochs(other, x, y, keras_module=k, batch_size=BATCH, shuffle=False)
-            flipped = Timer(other_epoch, name=f"jit_compile={not jit}", items_per_call=len(x))
-            mine, theirs = interleave([fit, flipped], rounds=epochs, samples=epochs, warmup=0, seed=seed)
-            row["fit_s"], row["flipped_fit_s"] = list(mine.samples_s), list(theirs.samples_s)
-            row["flipped_first_epoch_s"] = flipped.first_call_s
-        else:
-            row["fit_s"] = fit.take(epochs)
-        row["loss"] = float(model.evaluate(x_test, y_test, batch_size=256, verbose=0))
-        one, many = x_test[:1], x_test[:256]
-        row["predict_1_s"] = list(Timer(lambda: model.predict(one, verbose=0)).measure(calls, warmup=1).samples_s)
-        row["predict_256_s"] = list(Timer(lambda: model.predict(many, verbose=0)).measure(calls, warmup=1).samples_s)
-        row["call_1_s"] = list(Timer(lambda: model(one)).measure(calls, warmup=2).samples_s)
-        found[name] = row
-    return found
+            flipped = Timer(other_epoch, name=f"flipped fit {name}", items_per_call=len(x))
+            found["flipped_first_epoch_s"] = flipped.start(warmup=0)
+            timers.append(flipped)
+        for label, (kind, rows) in CALLS.items():
+            batch = x_test[:rows]
+            call = (lambda m=model, b=batch: m.predict(b, verbose=0)) if kind == "predict" else (
+                lambda m=model, b=batch: m(b))
+            timer = Timer(call, name=f"{label}{name}", items_per_call=rows)
+            timer.start(warmup=1 if kind == "predict" else 2)
+            timers.append(timer)
+        models[name] = (model, x_test, y_test, found)
+    serve_timers(timers, warmup=0)
+    print(reply({name: {**found, "loss": float(model.evaluate(x_test, y_test, batch_size=256, verbose=0))}
+                 for name, (model, x_test, y_test, found) in models.items()}), flush=True)
 
 
 def add_flags(p) -> None:
-    p.add_argument("--rounds", type=flags.positive_int, help="rounds of one process per stack, in shuffled order")
-    p.add_argument("--epochs", type=flags.positive_int, help="timed epochs per model and process")
-    p.add_argument("--calls", type=flags.positive_int, help="timed predict() and model(x) calls per process")
+    p.add_argument("--rounds", type=flags.positive_int, help="rounds in which every stack takes its turn")
+    p.add_argument("--epochs", type=flags.positive_int, help="timed epochs per model and stack in each round")
+    p.add_argument("--calls", type=flags.positive_int, help="timed predict() and model(x) calls per round")
     p.add_argument("--train-size", type=flags.positive_int, help="training examples per model")
     # Internal: one stack's process.
     p.add_argument("--role", choices=["stack"], help=argparse.SUPPRESS)
@@ -135,7 +159,7 @@ def add_flags(p) -> None:
 
 def task(args) -> int:
     """One stack's process: its backend was chosen by the environment before Keras was imported."""
-    print(reply(time_stack(args.stack, Path(args.work), args.epochs, args.calls, args.seed)))
+    serve_stack(args.stack, Path(args.work), args.calls, args.seed)
     return 0
 
 
@@ -145,23 +169,26 @@ def import_failure(error: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def run_stack(stack: str, args, work: Path) -> dict:
-    """Run one stack's process with its environment; its result (ChildError when it fails)."""
+def start_stack(stack: str, args, work: Path):
+    """One stack's process, with its environment: a TimerServer of its timers."""
+    from tfperf.measure import TimerServer
+
     env = {**os.environ, **STACKS[stack]}
     if "TF_USE_LEGACY_KERAS" not in STACKS[stack]:
         env.pop("TF_USE_LEGACY_KERAS", None)
-    argv = [sys.executable, __file__, "--role", "stack", "--stack", stack, "--work", work, "--epochs", args.epochs,
-            "--calls", args.calls, "--seed", args.seed]
-    return run_child(argv, env=env, who=f"the {stack} process")
+    argv = [sys.executable, __file__, "--role", "stack", "--stack", stack, "--work", work, "--calls", args.calls,
+            "--seed", args.seed]
+    return TimerServer(argv, env=env, name=f"the {stack} process")
 
 
-def measure(args, rec) -> dict:
+def measure(args, rec) -> Found:
+    import contextlib
+
     import keras
 
-    from tfperf.measure import Measurement, versus
     from tfperf.data import load_arrays
+    from tfperf.measure import interleave, versus
 
-    # Setup: data and initial weights, written once for every stack's processes -----------------
     digits = load_arrays("mnist-5k", seed=args.seed)
     seq_x, seq_y = sequence_data(args.train_size + 1000, args.seed)
     arrays = {"cnn_x": digits.x_train[:args.train_size], "cnn_y": digits.y_train[:args.train_size],
@@ -169,88 +196,80 @@ def measure(args, rec) -> dict:
               "lstm_x": seq_x[:args.train_size], "lstm_y": seq_y[:args.train_size],
               "lstm_x_test": seq_x[args.train_size:], "lstm_y_test": seq_y[args.train_size:]}
     keras.utils.set_random_seed(args.seed)
-    rounds = []
-    with tempfile.TemporaryDirectory() as tmp:
+    found, fits_of = Found({}, {}, {}, [], "", {}), {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as running:
         work = Path(tmp)
         np.savez(work / "data.npz", **arrays)
         for name in MODELS:
             np.savez(work / f"{name}.weights.npz", **{f"w{i}": w for i, w in enumerate(build(name, keras).get_weights())})
-
-        # The stacks take turns, round after round, in shuffled order --------------------------
-        # A stack that cannot be imported is said so, with how to install it, and the others go on.
-        rng = np.random.default_rng(args.seed)
-        missing: dict[str, str] = {}
-        for r in range(args.rounds):
-            results = {}
-            for stack in rng.permutation(list(STACKS)):
-                if stack in missing:
-                    continue
-                try:
-                    results[str(stack)] = run_stack(str(stack), args, work)
-                except ChildError as exc:
-                    why = import_failure(str(exc))
-                    if r > 0 or why is None:
-                        raise
-                    missing[str(stack)] = why
-                    print(f"{stack}: not measured: {why}; install it with {INSTALL[stack]}", flush=True)
-            rounds.append(results)
-            print(f"round {r + 1}/{args.rounds} done", flush=True)
-    stacks = [s for s in STACKS if s not in missing]
-    if not stacks:
-        raise RecipeError("no Keras stack could be imported: " + "; ".join(f"{s}: {w}" for s, w in missing.items()))
-    baseline = stacks[0]  # Keras 2 when it is there: the stack users move from
-
-    # Results: every stack against Keras 2, paired by round ---------------------------------------
-    def measurement(row: str, samples: list, items: int = 1) -> Measurement:
-        """One row's samples from every round, in round order (an equal count from each)."""
-        return Measurement(row, tuple(float(s) for s in samples), items_per_call=items, rounds=args.rounds)
-
-    def across(stack: str, model: str, key: str) -> list:
-        return [s for rnd in rounds for s in np.atleast_1d(rnd[stack][model][key])]
-
-    found = {"jit": {}, "loss": {}, "compare": {}, "stacks": stacks, "baseline": baseline, "missing": missing}
-    kinds = (  # table, sample key, row label, items per call, primary metric
-        (FIT, "fit_s", "", args.train_size, "samples_per_s"),
-        (FIRST, "first_epoch_s", "", 1, "seconds"),
-        (PREDICT, "predict_1_s", "predict(), batch 1, ", 1, "ms"),
-        (PREDICT, "predict_256_s", "predict(), batch 256, ", 256, "ms"),
-        (PREDICT, "call_1_s", "model(x), batch 1, ", 1, "ms"))
-    for model in MODELS:
-        for table, key, label, items, metric in kinds:
-            base = None
+        # The stacks' processes start side by side; a stack that cannot be imported is said so, with how to
+        # install it, and the others go on.
+        servers = {stack: running.enter_context(start_stack(stack, args, work)) for stack in STACKS}
+        remote = {}
+        for stack, server in servers.items():
+            try:
+                remote[stack] = server.timer(f"fit {MODELS[0]}")  # waits until the process is ready
+            except ChildError as exc:
+                why = import_failure(str(exc))
+                if why is None:
+                    raise
+                found.missing[stack] = why
+                print(f"{stack}: not measured: {why}; install it with {INSTALL[stack]}", flush=True)
+        stacks = [s for s in STACKS if s not in found.missing]
+        if not stacks:
+            raise RecipeError("no Keras stack could be imported: " + "; ".join(
+                f"{s}: {w}" for s, w in found.missing.items()))
+        baseline = stacks[0]  # Keras 2 when it is there: the stack users move from
+        race = dict(rounds=args.rounds, warmup=0, seed=args.seed)
+        for model in MODELS:
+            # Fit: every stack's epochs, and the Keras 3 TensorFlow model with jit_compile flipped, in the same rounds.
+            timers = [servers[s].timer(f"fit {model}", f"{model}, {s}") for s in stacks]
+            flip = "Keras 3, TensorFlow" in stacks
+            if flip:
+                timers.append(servers["Keras 3, TensorFlow"].timer(f"flipped fit {model}", f"{model}, flipped"))
+            fits = fits_of[model] = dict(zip([t.name for t in timers],
+                                             interleave(timers, samples=args.rounds * args.epochs, **race)))
             for stack in stacks:
-                m = measurement(f"{model}, {label}{stack}", across(stack, model, key), items)
-                base = base or m  # the baseline stack comes first
-                c = versus(base, m) if stack != baseline else None
-                value = {"samples_per_s": m.items_per_s, "seconds": m.median_s, "ms": m.median_s * 1e3}[metric]
-                rec.add(table, m.name, {metric: value}, primary=metric, lower_is_better=metric != "samples_per_s",
+                m = fits[f"{model}, {stack}"]
+                c = versus(fits[f"{model}, {baseline}"], m) if stack != baseline else None
+                found.compare[FIT, model, stack] = c
+                rec.add(FIT, m.name, {"samples_per_s": m.items_per_s}, primary="samples_per_s", lower_is_better=False,
                         measurement=m, comparison=c)
-                found["compare"][label.rstrip(", ") or table, model, stack] = c
+            for label, _ in CALLS.items():
+                timers = [servers[s].timer(f"{label}{model}", f"{model}, {label}{s}") for s in stacks]
+                calls = interleave(timers, samples=args.rounds * args.calls, **race)
+                for stack, m in zip(stacks, calls):
+                    c = versus(calls[0], m) if stack != baseline else None
+                    found.compare[label.rstrip(", "), model, stack] = c
+                    rec.add(PREDICT, m.name, {"ms": m.median_s * 1e3}, primary="ms", lower_is_better=True,
+                            measurement=m, comparison=c)
+            if flip:
+                found.compare[JIT, model] = versus(fits[f"{model}, Keras 3, TensorFlow"], fits[f"{model}, flipped"])
+        for server in servers.values():
+            server.quit()  # every process replies with its results once it has finished
+    results = {stack: servers[stack].result for stack in stacks}
+    for model in MODELS:
         for stack in stacks:
-            found["loss"][model, stack] = float(np.median([rnd[stack][model]["loss"] for rnd in rounds]))
-            found["jit"][model, stack] = rounds[0][stack][model]["jit_compile"]
-            rec.add(LOSS, f"{model}, {stack}", {"test_loss": found["loss"][model, stack],
-                                                "jit_compile": found["jit"][model, stack]},
+            r = results[stack][model]
+            found.loss[model, stack], found.jit[model, stack] = r["loss"], r["jit_compile"]
+            rec.add(FIRST, f"{model}, {stack}", {"seconds": r["first_epoch_s"]}, primary="seconds",
+                    lower_is_better=True, versus_first=False)
+            rec.add(LOSS, f"{model}, {stack}", {"test_loss": r["loss"], "jit_compile": r["jit_compile"]},
                     primary="test_loss", lower_is_better=True, versus_first=False)
-        # jit_compile on Keras 3's TensorFlow backend: the default against the other setting, epoch for epoch.
-        if "Keras 3, TensorFlow" not in stacks:
-            continue
-        default_jit = found["jit"][model, "Keras 3, TensorFlow"]
-        default = measurement(f"{model}, jit_compile={default_jit} (default)",
-                              across("Keras 3, TensorFlow", model, "fit_s"), args.train_size)
-        flipped = measurement(f"{model}, jit_compile={not default_jit}",
-                              across("Keras 3, TensorFlow", model, "flipped_fit_s"), args.train_size)
-        found["compare"][JIT, model] = c = versus(default, flipped)
-        for m, comparison in ((default, None), (flipped, c)):
-            rec.add(JIT, m.name, {"samples_per_s": m.items_per_s}, primary="samples_per_s", lower_is_better=False,
-                    measurement=m, comparison=comparison)
-    return found
+        if JIT in {key[0] for key in found.compare if key[1:] == (model,)}:
+            default_jit = found.jit[model, "Keras 3, TensorFlow"]
+            default = dataclasses.replace(fits_of[model][f"{model}, Keras 3, TensorFlow"],
+                                          name=f"{model}, jit_compile={default_jit} (default)")
+            flipped = dataclasses.replace(fits_of[model][f"{model}, flipped"], name=f"{model}, jit_compile={not default_jit}")
+            for m, comparison in ((default, None), (flipped, found.compare[JIT, model])):
+                rec.add(JIT, m.name, {"samples_per_s": m.items_per_s}, primary="samples_per_s", lower_is_better=False,
+                        measurement=m, comparison=comparison)
+    return dataclasses.replace(found, stacks=stacks, baseline=baseline)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    # Results ----------------------------------------------------------------------------------
-    compare, loss, jit = found["compare"], found["loss"], found["jit"]
-    stacks, baseline, missing = found["stacks"], found["baseline"], found["missing"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    compare, loss, jit = found.compare, found.loss, found.jit
+    stacks, baseline, missing = found.stacks, found.baseline, found.missing
     others = [s for s in stacks if s != baseline]
     short = {"Keras 2 (tf_keras)": "Keras 2", "Keras 3, TensorFlow": "Keras 3/TF", "Keras 3, JAX": "JAX"}
     lines, texts, failure = [], [], ""
@@ -267,7 +286,6 @@ def conclude(args, rec, found) -> Conclusion:
     for stack, why in missing.items():
         lines.append(f"{stack}: not measured ({why}); install it with {INSTALL[stack]}")
 
-    # Conclusion, from this run's numbers -------------------------------------------------------
     def against(table: str, model: str) -> str:
         return ", ".join(f"{short[s]} {compare[table, model, s].describe()}" for s in others)
 
@@ -293,7 +311,10 @@ def conclude(args, rec, found) -> Conclusion:
                           f"{not default_jit} there gives {flip.describe()} against the default ({default_jit})")
             text.append(f"{advice[0].upper() + advice[1:]}.")
         if others:
-            text.append(f"First epoch (tracing and compiling) against {short[baseline]}: {against(FIRST, model)}. "
+            first = {r["row"].split(", ", 1)[1]: r["metrics"]["seconds"] for r in rec.table(FIRST)
+                     if r["row"].startswith(f"{model}, ")}
+            text.append(f"First epoch (tracing and compiling, one per process, not judged): "
+                        f"{', '.join(f'{short[s]} {first[s]:.1f} s' for s in stacks)}. "
                         f"predict() on one row: {against('predict(), batch 1', model)}; model(x) on one row: "
                         f"{against('model(x), batch 1', model)}.")
         texts.append(" ".join(text))
@@ -308,7 +329,7 @@ def conclude(args, rec, found) -> Conclusion:
 
 RECIPE = Recipe(name="keras_backends", doc=__doc__, order=150, measure=measure, conclude=conclude,
                 add_flags=add_flags, task=task,
-                sizes={"rounds": (10, 6), "epochs": (3, 2), "calls": (10, 6), "train_size": (4000, 1024)})
+                sizes={"rounds": (10, 6), "epochs": (1, 1), "calls": (3, 2), "train_size": (4000, 1024)})
 
 if __name__ == "__main__":
     sys.exit(RECIPE.main())

@@ -7,20 +7,13 @@ Run:   python recipes/mirrored_resnet.py --quick        (about two minutes on 2 
 Needs: TensorFlow 2.21 and Keras 3. Uses the GPUs when there are enough (--devices), otherwise splits
        this CPU into logical devices. mnist-5k (Fashion-MNIST's shape) works offline;
        `--dataset fashion_mnist` downloads the real thing once.
-
-Introduction
-------------
-The seed's concise multi-GPU section trains d2l's ResNet-18 on Fashion-MNIST on 1 and 2 GPUs and
-reports time per epoch and test accuracy. Two things change with the device count: the global batch
-(each device keeps its per-device batch, so the global batch grows with the devices) and therefore
-the learning rate, which scales with the global batch (the linear scaling rule). Building the model
-and optimizer inside `strategy.scope()` is the only other change: `fit` does the rest.
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import dataclasses
 import sys
 
 import keras
@@ -32,10 +25,44 @@ from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import flops, get_net
 from tfperf.recipe import Conclusion, Recipe, RecipeError
-from tfperf.measure.stats import FASTER, SLOWER
+from tfperf.measure.stats import FASTER, SLOWER, Comparison
 from tfperf.train import fit_epochs
 
+# The technique: build and compile inside strategy.scope(); fit does the rest ------------------------
+
+
+def mirrored(devices: list[str], model_name: str, data, per_device_batch: int, lr: float):
+    """The model compiled for MirroredStrategy over `devices`, with its global batch and learning rate."""
+    # MirroredStrategy: a copy of the model per device, gradients all-reduced before every update.
+    strategy = tf.distribute.MirroredStrategy(devices)
+    # Each device keeps its batch, so the global batch grows with the devices, and the learning rate with it.
+    global_batch = per_device_batch * strategy.num_replicas_in_sync
+    lr = lr * strategy.num_replicas_in_sync
+    # Variables created inside the scope are mirrored on every device.
+    with strategy.scope():
+        model = get_net(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
+        model.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.9),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model, global_batch, lr
+
+
+# Measuring --------------------------------------------------------------------------------------------
+# The seed's concise multi-GPU section trains d2l's ResNet-18 on Fashion-MNIST on 1 and 2 GPUs and
+# reports time per epoch and test accuracy. Two things change with the device count: the global batch
+# (each device keeps its per-device batch, so the global batch grows with the devices) and therefore
+# the learning rate, which scales with the global batch (the linear scaling rule). Building the model
+# and optimizer inside `strategy.scope()` is the only other change: `fit` does the rest.
+
 TABLE = "ResNet-18, MirroredStrategy by device count"
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    devices: list[str]
+    n_train: int
+    model_gflop: float  # training GFLOP per example
+    peak: float  # matmul GFLOP/s on the first device
+    speed: Comparison | None  # all devices against one
 
 
 def add_flags(p) -> None:
@@ -49,8 +76,8 @@ def add_flags(p) -> None:
     p.add_argument("--max-steps", type=flags.positive_int, help="at most this many steps per epoch (tests)")
 
 
-def measure(args, rec) -> dict:
-    # Setup: devices first, before any op fixes them -------------------------------------------
+def measure(args, rec) -> Found:
+    # Devices first, before any op fixes them.
     if args.epochs < 2:
         raise RecipeError(f"--epochs {args.epochs}: at least 2 are needed, the first compiles and is timed apart")
     try:
@@ -65,14 +92,8 @@ def measure(args, rec) -> dict:
     # Baseline: one device; then all of them. The same code, the strategy is the only difference ---
     runs = {}
     for n in sorted({1, args.devices}):
-        strategy = tf.distribute.MirroredStrategy(devices[:n])  # Mirrored: one model copy per device
-        global_batch = args.batch_size * strategy.num_replicas_in_sync  # Mirrored: each device keeps its batch
-        lr = args.lr * strategy.num_replicas_in_sync  # Mirrored: a batch n times larger takes n times the step
         keras.utils.set_random_seed(args.seed)
-        with strategy.scope():  # Mirrored: variables created here are mirrored on every device
-            model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
-            model.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.9),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        model, global_batch, lr = mirrored(devices[:n], args.model, data, args.batch_size, args.lr)
         train = to_dataset(data.x_train[:n_train], data.y_train[:n_train], batch_size=global_batch, seed=args.seed)
         train = train.take(args.max_steps) if args.max_steps else train
         epoch, losses = fit_epochs(model, train, shuffle=False)
@@ -98,21 +119,20 @@ def measure(args, rec) -> dict:
     with tf.device(devices[0]):
         peak = peak_matmul_flops_per_s() / 1e9
     speed = versus(timed[0], timed[-1]) if len(timed) > 1 else None
-    return {"devices": devices, "n_train": n_train, "model_gflop": model_gflop, "peak": peak, "speed": speed}
+    return Found(devices, n_train, model_gflop, peak, speed)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    devices, n_train, model_gflop, peak = found["devices"], found["n_train"], found["model_gflop"], found["peak"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    devices, n_train, model_gflop, peak = found.devices, found.n_train, found.model_gflop, found.peak
     rows = {r["row"]: r["metrics"] for r in rec.table(TABLE)}
     one, many = rows["1 device"], rows[f"{args.devices} devices"] if args.devices > 1 else rows["1 device"]
-    speed = found["speed"]
+    speed = found.speed
     verdict = speed.describe() if speed else "one device only"
     used = model_gflop * one["samples_per_s"]
     line = (f"{args.devices} devices vs 1, per example: {verdict}; training costs about {model_gflop:.1f} GFLOP per "
           f"example: one device ran {used:.0f} GFLOP/s, {used / peak:.0%} of the {peak:.0f} GFLOP/s matmul peak "
           f"measured now")
 
-    # Conclusion, from this run's numbers ------------------------------------------------------
     on_cpu = devices[0].startswith("/CPU")
     if not on_cpu:
         why = "Each device is a GPU with its own compute: the speedup is what is left after the all-reduce."

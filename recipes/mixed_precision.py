@@ -6,23 +6,13 @@ traffic and can multiply matmul throughput; where it does not, it only adds conv
 Run:   python recipes/mixed_precision.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and Keras 3; mnist-5k works offline. A GPU with compute capability >= 7.0
        (float16) or >= 8.0 (bfloat16), or a CPU with AVX-512 BF16 / AMX, to see a speedup.
-
-Introduction
-------------
-The seed used `tf.keras.mixed_precision.experimental`, which no longer exists; today it is one call,
-`keras.config.set_dtype_policy("mixed_float16")` (here scoped with `tfperf.precision.dtype_policy`).
-Layers then compute in float16 and keep float32 variables; the model's last layer stays float32
-(`get_net` does that) so the softmax and the loss are computed in full precision. float16 has a
-narrow exponent range, so small gradients underflow to zero: `keras.optimizers.LossScaleOptimizer`
-multiplies the loss before backpropagation and divides the gradients after. bfloat16 has float32's
-range and needs no scaling. The recipe times a training step under each policy, computes the
-activation memory, and checks that training gives the same result as float32.
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import dataclasses
 import math
 import sys
 
@@ -31,18 +21,63 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
-from tfperf.measure import Timer, interleave, versus
-from tfperf.measure.timer import matmul_flops_per_s
 from tfperf.data import load_arrays, to_dataset
+from tfperf.measure import Timer
+from tfperf.measure.stats import FASTER, Comparison
+from tfperf.measure.timer import matmul_flops_per_s
 from tfperf.models import activation_bytes, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.measure.stats import FASTER
+from tfperf.records.records import race_table
 from tfperf.train import accuracy
+
+# The technique: one dtype policy before the model is built -----------------------------------------
+# In a program it is one call: keras.config.set_dtype_policy("mixed_bfloat16"). Layers built after it
+# compute in 16 bits and keep float32 variables; the model's last layer stays float32 (get_net builds
+# it so) so that the softmax and the loss are computed in full precision.
+
+
+def build(model_name: str, data, policy: str, lr: float):
+    """The model built under `policy`, and its optimizer."""
+    with dtype_policy(policy):  # keras.config.set_dtype_policy(policy), scoped to compare policies here
+        model = get_net(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
+    optimizer = keras.optimizers.Adam(lr)
+    if policy == "mixed_float16":
+        # float16's exponent is narrow: small gradients underflow to zero unless the loss is scaled up
+        # before backpropagation and the gradients down after. bfloat16 has float32's range: no scaling.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return model, optimizer
+
+
+def train_step_for(model, optimizer, loss_fn):
+    """A compiled training step that scales the loss when the optimizer does (mixed_float16)."""
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))  # float32 logits, so a float32 loss
+            scaled = optimizer.scale_loss(loss)  # mixed_float16: x loss scale; unchanged otherwise
+        grads = tape.gradient(scaled, model.trainable_variables)  # the optimizer unscales them
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step
+
+
+# Measuring ---------------------------------------------------------------------------------------
+# The three policies train from the same weights on the same batches; their steps are timed in the same
+# interleaved rounds, and training goes on to check that each lands where float32 does.
 
 TABLE = "training step by dtype policy"
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 LOSS_TOLERANCE, ACCURACY_TOLERANCE = 0.1, 0.03  # against float32 after the same steps from the same weights
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    results: dict[str, dict]  # per policy: speed, matmul rate, memory, loss and accuracy
+    ok: dict[str, bool]  # per policy: agrees with float32 within the tolerances, no NaN
+    against_float32: dict[str, Comparison]
 
 
 def peak_device_memory(device: str) -> int | None:
@@ -60,86 +95,60 @@ def add_flags(p) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
 
 
-def measure(args, rec) -> dict:
-    # Setup ------------------------------------------------------------------------------------
+def measure(args, rec) -> Found:
     data = load_arrays(args.dataset, seed=args.seed)
     gpu = bool(tf.config.list_physical_devices("GPU"))
     print(f"hardware: {hardware_summary()}", flush=True)
     batches = list(to_dataset(data.x_train, data.y_train, batch_size=args.batch_size, seed=args.seed, repeat=True,
                               drop_remainder=True).take(args.train_steps))
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    # Baseline float32, then each mixed policy: the same weights, the same batches ----------------
     models, steps = {}, {}
     for policy in POLICIES:
-        keras.utils.set_random_seed(args.seed)
-        with dtype_policy(policy):  # mixed: layers built here compute in 16 bits, keep float32 variables
-            model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
-        optimizer = keras.optimizers.Adam(args.lr)
-        if policy == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # mixed: keep small fp16 gradients alive
-        models[policy], steps[policy] = model, train_step_for(model, optimizer, loss_fn)
+        keras.utils.set_random_seed(args.seed)  # the same initial weights under every policy
+        models[policy], optimizer = build(args.model, data, policy, args.lr)
+        steps[policy] = train_step_for(models[policy], optimizer, loss_fn)
 
-    # All three policies in the same interleaved rounds, so that the machine's drift falls on each alike.
+    # Speed: a step under each policy, in the same interleaved rounds; then the numerical check: the rest
+    # of the steps, continuing from the timed steps' weights.
     x0, y0 = batches[0]
-    timers = [Timer(lambda step=steps[p]: step(x0, y0), name=p, items_per_call=args.batch_size) for p in POLICIES]
-    speed = dict(zip(POLICIES, interleave(timers, samples=args.steps, warmup=args.warmup, seed=args.seed,
-                                          profile_dir=args.profile)))
-    against_float32 = {p: versus(speed["float32"], speed[p]) for p in POLICIES[1:]}
+    results, ok = {}, {}
 
-    # Numerical check against float32: the rest of the steps, continuing from the timed steps' weights --
-    results = {}
-    for policy in POLICIES:
-        model = models[policy]
+    def row(m, _):
+        policy, model = m.name, models[m.name]
         if gpu:
             tf.config.experimental.reset_memory_stats("GPU:0")
         losses = [float(steps[policy](x, y)) for x, y in batches]
         tail = float(np.mean(losses[-10:]))
-        dtype = tf.float16 if policy == "mixed_float16" else tf.bfloat16 if policy == "mixed_bfloat16" else tf.float32
-        results[policy] = {
-            "samples_per_s": speed[policy].items_per_s, "ms_per_step": speed[policy].median_s * 1e3,
+        dtype = {"mixed_float16": tf.float16, "mixed_bfloat16": tf.bfloat16}.get(policy, tf.float32)
+        results[policy] = found = {
+            "samples_per_s": m.items_per_s, "ms_per_step": m.median_s * 1e3,
             "matmul_gflops": matmul_flops_per_s(1024, dtype=dtype) / 1e9,
             "activation_mb": activation_bytes(model, args.batch_size) / 2**20,
             "peak_gpu_mb": (peak_device_memory("GPU:0") or 0) / 2**20 if gpu else None,
             "final_loss": tail, "test_accuracy": accuracy(model, data.x_test, data.y_test),
-            "nan_losses": sum(not math.isfinite(l) for l in losses),
+            "nan_losses": sum(not math.isfinite(loss) for loss in losses),
             "compute_dtype": model.layers[1].compute_dtype, "variable_dtype": model.layers[1].variable_dtype}
-        print(f"{policy:<15} {speed[policy].items_per_s:8,.0f} samples/s  loss {tail:.4f}", flush=True)
+        base = results["float32"]
+        found["loss_diff"] = found["final_loss"] - base["final_loss"]
+        found["accuracy_diff"] = found["test_accuracy"] - base["test_accuracy"]
+        ok[policy] = found["agrees_with_float32"] = (
+            found["nan_losses"] == 0 and abs(found["loss_diff"]) <= LOSS_TOLERANCE
+            and abs(found["accuracy_diff"]) <= ACCURACY_TOLERANCE)
+        print(f"{policy:<15} {m.items_per_s:8,.0f} samples/s  loss {tail:.4f}", flush=True)
+        return found
 
-    base = results["float32"]
-    ok = {}
-    for policy, m in results.items():
-        m["loss_diff"] = m["final_loss"] - base["final_loss"]
-        m["accuracy_diff"] = m["test_accuracy"] - base["test_accuracy"]
-        ok[policy] = (m["nan_losses"] == 0 and abs(m["loss_diff"]) <= LOSS_TOLERANCE
-                      and abs(m["accuracy_diff"]) <= ACCURACY_TOLERANCE)
-        rec.add(TABLE, policy, {**m, "agrees_with_float32": ok[policy]}, primary="samples_per_s",
-                lower_is_better=False, measurement=speed[policy], comparison=against_float32.get(policy))
-    return {"results": results, "ok": ok, "against_float32": against_float32}
-
-
-def train_step_for(model, optimizer, loss_fn):
-    """A compiled training step that scales the loss when the optimizer does (mixed_float16)."""
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))  # float32 logits, so a float32 loss
-            scaled = optimizer.scale_loss(loss)  # mixed: x loss scale for fp16, unchanged otherwise
-        grads = tape.gradient(scaled, model.trainable_variables)  # the optimizer unscales them
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return train_step
+    raced = race_table(rec, TABLE, [Timer(lambda step=steps[p]: step(x0, y0), name=p, items_per_call=args.batch_size)
+                                    for p in POLICIES], metrics=row, primary="samples_per_s", lower_is_better=False,
+                       rounds=10, samples=args.steps, warmup=args.warmup, seed=args.seed, profile_dir=args.profile)
+    return Found(results, ok, raced.comparisons)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    results, ok, against = found["results"], found["ok"], found["against_float32"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    results, ok, against = found.results, found.ok, found.against_float32
     base = results["float32"]
     line = (f"numerical check ({args.train_steps} steps, loss within {LOSS_TOLERANCE}, accuracy within "
             f"{ACCURACY_TOLERANCE} of float32, no NaN): " + ", ".join(f"{p} {'ok' if ok[p] else 'FAILED'}" for p in POLICIES))
 
-    # Conclusion, from this run's numbers ------------------------------------------------------
     mm = {p: results[p]["matmul_gflops"] / base["matmul_gflops"] for p in POLICIES}
     wins = [p for p, c in against.items() if c.verdict == FASTER]
     text = (

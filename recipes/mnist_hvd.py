@@ -7,21 +7,13 @@ Run:   horovodrun -np 4 python recipes/mnist_hvd.py          (4 ranks on this ho
        python recipes/mnist_hvd.py --quick                  (one rank, no launcher needed)
 Needs: Horovod 0.28.1 built with TensorFlow and Gloo (`make install` builds it); mnist-5k works offline,
        `--dataset mnist` downloads full MNIST once.
-
-Introduction
-------------
-Horovod's recipe for data parallelism fits in a handful of lines, tagged `# Horovod:` below. Keras 3
-broke `horovod.tensorflow.keras` (horovod issue 4290), so this script uses `horovod.tensorflow` in a
-custom training loop; `tfperf.hvd` hands Horovod the `tf.Variable` under each Keras variable. The global
-batch is `size` times the per-rank batch, so the learning rate scales with `size`, after a warm-up. At
-the end every rank checks that it holds exactly rank 0's weights.
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -41,9 +33,12 @@ from tfperf.models import get_net
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 from tfperf.train import accuracy
 
-TARGET_ACCURACY = {"mnist-5k": 0.95, "mnist": 0.98}  # after a full-size run (10 epochs)
-THROUGHPUT, RESULT, T1 = "throughput per rank and in total", "training result", "t1: the step without its all-reduce"
-PROBE_BLOCK = 8  # --t1-probe: steps per probe block, one block after every PROBE_BLOCK steps of the run
+# The technique: data parallelism in a handful of Horovod calls -----------------------------------------
+# Horovod's recipe for data parallelism fits in a handful of lines, tagged `# Horovod:` below. Keras 3
+# broke `horovod.tensorflow.keras` (horovod issue 4290), so this script uses `horovod.tensorflow` in a
+# custom training loop; `tfperf.hvd` hands Horovod the `tf.Variable` under each Keras variable. The global
+# batch is `size` times the per-rank batch, so the learning rate scales with `size`, after a warm-up. At
+# the end every rank checks that it holds exactly rank 0's weights.
 
 
 def input_batches(data, batch_size: int, seed: int, rank: int, size: int):
@@ -60,16 +55,15 @@ def make_optimizer(lr: float, size: int, warmup_steps: int):
     return keras.optimizers.Adam(schedule)
 
 
-def make_train_step(model, optimizer, loss_fn, *, communicate: bool = True):
-    """One training step; communicate=False leaves out the all-reduce (scaling_model times that as t1)."""
+def make_train_step(model, optimizer, loss_fn):
+    """One training step, its gradients averaged over the ranks."""
 
     @tf.function
     def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        if communicate:
-            # Horovod: gradient() returns the average over ranks
-            tape = hvd.DistributedGradientTape(tape)
+        # Horovod: gradient() returns the average over ranks
+        tape = hvd.DistributedGradientTape(tape)
         grads = thvd.gradients(tape, loss, model.trainable_variables)  # Keras 3: via the tf.Variables
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -77,20 +71,21 @@ def make_train_step(model, optimizer, loss_fn, *, communicate: bool = True):
     return train_step
 
 
-def t1_probe(args, data, size: int, rank: int, warmup_steps: int, loss_fn) -> Timer:
-    """scaling_model's t1: a twin of the model (its own weights, optimizer and batches) taking the run's
-    step without the all-reduce, in blocks of PROBE_BLOCK steps; started and warmed up."""
-    twin = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
-    optimizer = make_optimizer(args.lr, size, warmup_steps)
-    optimizer.build(twin.trainable_variables)
-    step = make_train_step(twin, optimizer, loss_fn, communicate=False)
-    batches = input_batches(data, args.batch_size, args.seed + 1, rank, size)
-    # Blocks of steps per clock read: with more ranks than cores a rank is descheduled for whole time slices,
-    # which a median of single steps would skip and a block includes, as the run does (its all-reduce
-    # waits for the slowest rank every step).
-    probe = Timer(lambda: step(*next(batches)), name="t1", items_per_call=args.batch_size, block_size=PROBE_BLOCK)
-    probe.start(warmup=2)
-    return probe
+# Measuring -------------------------------------------------------------------------------------------
+
+TARGET_ACCURACY = {"mnist-5k": 0.95, "mnist": 0.98}  # after a full-size run (10 epochs)
+THROUGHPUT, RESULT = "throughput per rank and in total", "training result"
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    size: int  # ranks
+    per_rank: list[float]  # samples/s of each rank
+    test_accuracy: float
+    seen: int  # test images scored, over all ranks
+    checkpoint: str | None
+    drift: float  # the largest weight difference from rank 0 after training (must be 0)
+    epochs: int
 
 
 def add_flags(p) -> None:
@@ -102,11 +97,9 @@ def add_flags(p) -> None:
     p.add_argument("--checkpoint-dir", default="checkpoints/mnist_hvd", help="each run writes a new folder here")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue from the latest checkpoint in a run folder")
     p.add_argument("--max-steps", type=flags.positive_int, help="at most this many steps per epoch (tests)")
-    # Internal (scaling_model): also time the step without its all-reduce, between the run's steps.
-    p.add_argument("--t1-probe", action="store_true", help=argparse.SUPPRESS)
 
 
-def measure(args, rec) -> dict:
+def measure(args, rec) -> Found:
     hvd.init()  # Horovod: start the ranks' communication; rank and size come from horovodrun
     devices = thvd.pin_to_local_gpu()  # Horovod: one GPU per rank, or a share of the CPU cores
     rank, size = hvd.rank(), hvd.size()
@@ -147,7 +140,6 @@ def measure(args, rec) -> dict:
               f"(global batch {args.batch_size * size}); lr {args.lr} -> {args.lr * size} over "
               f"{warmup_steps} steps", flush=True)
     train_step = make_train_step(model, optimizer, loss_fn)
-    probe = t1_probe(args, data, size, rank, warmup_steps, loss_fn) if args.t1_probe else None
 
     # Training ---------------------------------------------------------------------------------
     losses = []
@@ -158,7 +150,7 @@ def measure(args, rec) -> dict:
 
     # Each step is a sample; the very first (it traces) is timed apart, as one of the first epoch's steps.
     clock = Timer(step, name=f"rank {rank} steps, np={size}", items_per_call=args.batch_size)
-    step_times, probe_times, started, traced, finished = [], [], time.perf_counter(), 0, 0
+    step_times, started, traced, finished = [], time.perf_counter(), 0, 0
     try:
         while int(epoch.numpy()) < args.epochs:
             finished += len(losses)
@@ -171,15 +163,7 @@ def measure(args, rec) -> dict:
             trace = bool(args.profile) and chief and int(epoch.numpy()) == args.epochs - 1 and args.epochs > 1
             traced = todo if trace else traced
             with profiled(args.profile if trace else None, f"rank0-np{size}"):
-                if probe is None or trace:
-                    step_times.extend(clock.take(todo))
-                else:
-                    # --t1-probe: a block of the step without its all-reduce after every PROBE_BLOCK steps of
-                    # the run, on every rank at once (each rank follows the same schedule): the machine's
-                    # drift falls on the run and on its t1 alike.
-                    for done in range(0, todo, PROBE_BLOCK):
-                        step_times.extend(clock.take(min(PROBE_BLOCK, todo - done)))
-                        probe_times.extend(probe.take(1))
+                step_times.extend(clock.take(todo))
             # Horovod: metrics over all ranks
             mean_loss = thvd.average({"loss": float(np.mean([float(loss) for loss in losses]))})["loss"]
             epoch.assign_add(1)
@@ -200,8 +184,6 @@ def measure(args, rec) -> dict:
     timed = np.array(recorded[args.warmup:] or recorded)  # the first steps still settle (allocations, caches)
     mine = args.batch_size / float(np.median(timed))
     per_rank = hvd.allgather(tf.constant([mine], tf.float64)).numpy()  # Horovod: collect every rank's rate
-    # Horovod: every rank's probe blocks, for one t1 of the ranks computing at once
-    probed = hvd.allgather(tf.constant(probe_times, tf.float64)).numpy() if probe is not None else None
     # Horovod: test accuracy over the whole test set, each rank scoring its own shard
     test_x, test_y = data.x_test[rank::size], data.y_test[rank::size]
     correct = round(accuracy(model, test_x, test_y) * len(test_y))
@@ -219,27 +201,21 @@ def measure(args, rec) -> dict:
     rec.add(THROUGHPUT, f"total, np={size}", {"samples_per_s": float(per_rank.sum()),
                                                "ms_per_step": float(np.median(timed)) * 1e3},
             primary="samples_per_s", lower_is_better=False, measurement=steps)
-    if probe is not None:
-        t1 = Measurement(f"t1, np={size}", tuple(float(t) for t in probed), block_size=PROBE_BLOCK,
-                         items_per_call=args.batch_size, first_call_s=probe.first_call_s)
-        rec.add(T1, f"np={size}", {"ms_per_step": float(np.median(t1.per_call_s)) * 1e3,
-                                   "gradient_bytes": 4 * model.count_params()},
-                primary="ms_per_step", lower_is_better=True, versus_first=False, measurement=t1)
     rec.add(RESULT, f"np={size}", {
         "test_accuracy": test_accuracy, "final_loss": mean_loss, "weight_drift": drift, "epochs": int(epoch.numpy()),
         "global_batch": args.batch_size * size, "updates": finished + len(losses), "wall_s": time.perf_counter() - started},
         primary="test_accuracy", lower_is_better=False)
-    return {"size": size, "per_rank": per_rank, "test_accuracy": test_accuracy, "seen": counts["seen"],
-            "checkpoint": manager.latest_checkpoint, "drift": drift, "epochs": int(epoch.numpy())}
+    return Found(size, per_rank.tolist(), test_accuracy, int(counts["seen"]), manager.latest_checkpoint, drift,
+                 int(epoch.numpy()))
 
 
-def conclude(args, rec, found) -> Conclusion:
-    size, per_rank, test_accuracy, drift = found["size"], found["per_rank"], found["test_accuracy"], found["drift"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    size, test_accuracy, drift = found.size, found.test_accuracy, found.drift
+    per_rank = np.asarray(found.per_rank)
     lines = [f"samples/s per rank: {per_rank.mean():.0f} (median step), total on {size} rank(s): {per_rank.sum():.0f}",
-             f"test accuracy {test_accuracy:.4f} on {found['seen']:.0f} images; checkpoint {found['checkpoint']}",
+             f"test accuracy {test_accuracy:.4f} on {found.seen:.0f} images; checkpoint {found.checkpoint}",
              f"weights identical on all ranks: {drift == 0.0} (largest difference from rank 0: {drift:g})"]
 
-    # Conclusion, from this run's numbers ------------------------------------------------------
     target = TARGET_ACCURACY.get(args.dataset)
     full_run = args.epochs >= 10 and not args.max_steps
     reached = ("no target is stated for this data set" if target is None else
@@ -247,7 +223,7 @@ def conclude(args, rec, found) -> Conclusion:
                if full_run else f"a short run; the target of {target:.2f} applies to 10 full epochs")
     cores = usable_cores()
     return Conclusion((
-        f"{size} rank(s) trained {args.model} on {args.dataset} for {found['epochs']} epoch(s) to test "
+        f"{size} rank(s) trained {args.model} on {args.dataset} for {found.epochs} epoch(s) to test "
         f"accuracy {test_accuracy:.3f} ({reached}). Each rank ran {per_rank.mean():.0f} samples/s, "
         f"{per_rank.sum():.0f} in total. On this host's {cores} CPU core(s) the ranks split the same cores, "
         f"so the total cannot grow past one process using all of them; Horovod's gain is on machines with a "

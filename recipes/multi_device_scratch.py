@@ -6,22 +6,13 @@ the gradients are summed across devices and every copy takes the same step.
 Run:   python recipes/multi_device_scratch.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and Keras 3. Uses the GPUs when there are enough (--devices), otherwise
        splits this CPU into logical devices; mnist-5k works offline (--dataset fashion_mnist downloads).
-
-Introduction
-------------
-The seed's "multi-GPU training" section, written with today's TensorFlow: LeNet trained by SGD, where
-the model is a Keras model called statelessly (`model.stateless_call(params, ...)`) so that each device
-can run it on its own copy of the parameters. Four pieces do the work: copy the parameters to each
-device, split the batch, all-reduce the gradients (sum on the first device, copy back, as the seed
-does), and update every copy. With the same global batch, this must train exactly like one device:
-the mean of the per-device gradients of equal slices is the gradient of the whole batch. The recipe
-checks that, then times both.
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import dataclasses
 import sys
 
 import keras
@@ -33,10 +24,19 @@ from tfperf.measure import Timer, interleave, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.models import get_net
+from tfperf.measure.stats import Comparison
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 
-SPEED, AGREEMENT = "training by hand, same global batch", "agreement with one device"
-AGREEMENT_STEPS, TOLERANCE = 10, 1e-4
+
+
+# The technique: copy the parameters, split the batch, all-reduce the gradients, update ----------------
+# The seed's "multi-GPU training" section, written with today's TensorFlow: LeNet trained by SGD, where
+# the model is a Keras model called statelessly (`model.stateless_call(params, ...)`) so that each device
+# can run it on its own copy of the parameters. Four pieces do the work: copy the parameters to each
+# device, split the batch, all-reduce the gradients (sum on the first device, copy back, as the seed
+# does), and update every copy. With the same global batch, this must train exactly like one device:
+# the mean of the per-device gradients of equal slices is the gradient of the whole batch. The recipe
+# checks that, then times both.
 
 
 def replicate(values, devices):
@@ -96,6 +96,24 @@ def accuracy(model, params, x, y):
     return float(np.mean(np.argmax(logits, -1) == y))
 
 
+# Measuring -------------------------------------------------------------------------------------------
+# With the same global batch, data parallelism must train exactly like one device: the mean of the
+# per-device gradients of equal slices is the gradient of the whole batch. That is checked first; then
+# epochs on one device and on all of them are timed in turn.
+
+SPEED, AGREEMENT = "training by hand, same global batch", "agreement with one device"
+AGREEMENT_STEPS, TOLERANCE = 10, 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    devices: list[str]
+    weight_diff: float  # the largest difference from one device's weights after the agreement steps
+    replica_diff: float  # and between the replicas
+    batches: int  # agreement steps taken
+    comparison: Comparison | None  # all devices against one
+
+
 def add_flags(p) -> None:
     flags.add_dataset_flag(p, "mnist-5k")
     p.add_argument("--devices", type=flags.positive_int, default=2, help="devices to split each batch over")
@@ -104,7 +122,7 @@ def add_flags(p) -> None:
     p.add_argument("--max-steps", type=flags.positive_int, help="at most this many steps per epoch (tests)")
 
 
-def measure(args, rec) -> dict:
+def measure(args, rec) -> Found:
     # Setup: devices first, before any op fixes them -------------------------------------------
     try:
         devices = compute_devices(args.devices)
@@ -167,24 +185,22 @@ def measure(args, rec) -> dict:
             "final_loss": losses[-1], "test_accuracy": accuracy(model, replicas[0], data.x_test, data.y_test)},
             primary="s_per_epoch", lower_is_better=True, measurement=m, comparison=comparison if n > 1 else None)
         print(f"{n} device(s): {args.epochs} epochs, loss {losses[-1]:.4f}", flush=True)
-    return {"devices": devices, "weight_diff": weight_diff, "replica_diff": replica_diff, "batches": len(batches),
-            "comparison": comparison}
+    return Found(devices, weight_diff, replica_diff, len(batches), comparison)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    weight_diff, replica_diff, comparison = found["weight_diff"], found["replica_diff"], found["comparison"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    weight_diff, replica_diff, comparison = found.weight_diff, found.replica_diff, found.comparison
     speed = comparison.describe() if comparison else "the same as one device (one device asked for)"
     agrees = weight_diff <= TOLERANCE and replica_diff == 0.0
     line = (f"{args.devices} devices vs 1: {speed}; same training as one device: {agrees} "
             f"(max weight difference {weight_diff:.2g}, tolerance {TOLERANCE:g})")
 
-    # Conclusion, from this run's numbers ------------------------------------------------------
     cpu_note = (f"Here the {args.devices} devices are logical devices carved out of {usable_cores()} CPU cores: "
                 f"they share the same cores and memory, so splitting the batch adds copies and a reduction "
-                f"without adding compute. " if found["devices"][0].startswith("/CPU") else "")
+                f"without adding compute. " if found.devices[0].startswith("/CPU") else "")
     text = (
         f"Splitting each batch of {args.batch_size} over {args.devices} devices trained the same model as one "
-        f"device: after {found['batches']} steps the weights differ by at most {weight_diff:.2g} (float32 rounding "
+        f"device: after {found.batches} steps the weights differ by at most {weight_diff:.2g} (float32 rounding "
         f"of a sum taken in a different order) and the replicas by {replica_diff:g}. Against one device, an "
         f"epoch on {args.devices} devices: {speed}. {cpu_note}Data parallelism pays when each device brings its own compute and "
         f"the per-device slice is large enough that the all-reduce (here through the first device, a "

@@ -7,16 +7,6 @@ with TensorFlow's own collective ops (a ring over gRPC on CPUs, NCCL on GPUs).
 Run:   python recipes/multi_worker.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and Keras 3; free localhost ports. On real machines, run the worker part on
        each host with its own TF_CONFIG instead of letting this script start them.
-
-Introduction
-------------
-Beyond one machine, `tf.distribute` needs one process per worker and a `TF_CONFIG` naming them all.
-The training step is the one any custom loop has, with two changes tagged `# MWMS:` below: the loss is
-averaged over the global batch, and the optimizer, called inside `strategy.run`, sums the workers'
-gradients with a collective all-reduce. The recipe runs 1 worker (the baseline) and N, checks that N
-workers train exactly like one process on the same global batches, and times the all-reduce by size.
-Both clusters stay up and take their timed steps in turns (shuffled rounds), so that this host's
-drift, tens of percent within a minute, falls on both and the speedup is judged round by round.
 """
 
 import os
@@ -25,6 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import tempfile
@@ -41,10 +32,16 @@ from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 from tfperf.measure.stats import FASTER, SLOWER
 
-TRAINING, ALLREDUCE = "training, same global batch", "collective all-reduce by size"
-AGREEMENT_STEPS, TOLERANCE = 5, 1e-4
-ALLREDUCE_REPS, PROFILE_STEPS = 6, 5  # timed all-reduces per size; steps traced under --profile
-ROUNDS = 10  # turns each cluster takes, --steps shared out among them
+# The technique: one worker's part of synchronous training over processes ------------------------------
+# Beyond one machine, `tf.distribute` needs one process per worker and a `TF_CONFIG` naming them all.
+# The training step is the one any custom loop has, with two changes tagged `# MWMS:` below: the loss is
+# averaged over the global batch, and the optimizer, called inside `strategy.run`, sums the workers'
+# gradients with a collective all-reduce. The recipe runs 1 worker (the baseline) and N, checks that N
+# workers train exactly like one process on the same global batches, and times the all-reduce by size.
+# Both clusters stay up and take their timed steps in turns (shuffled rounds), so that this host's
+# drift, tens of percent within a minute, falls on both and the speedup is judged round by round.
+
+
 
 
 def worker(args) -> None:
@@ -118,6 +115,21 @@ def worker(args) -> None:
         print(reply(result), flush=True)
 
 
+# Measuring -------------------------------------------------------------------------------------------
+
+TRAINING, ALLREDUCE = "training, same global batch", "collective all-reduce by size"
+AGREEMENT_STEPS, TOLERANCE = 5, 1e-4
+ALLREDUCE_REPS, PROFILE_STEPS = 6, 5  # timed all-reduces per size; steps traced under --profile
+ROUNDS = 10  # turns each cluster takes, --steps shared out among them
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    results: dict[int, dict]  # per worker count: what the chief replied, and the timed steps
+    weight_diff: float  # N workers' weights against one process's after the agreement steps
+    between: float  # and between the N workers
+
+
 def start_workers(n: int, args, tmp: Path) -> TimerCluster:
     """Start n worker processes with their TF_CONFIG, as one cluster of timer processes."""
     cluster = local_cluster({"worker": n})
@@ -136,7 +148,7 @@ def add_flags(p) -> None:
     p.add_argument("--weights-dir", help=argparse.SUPPRESS)
 
 
-def measure(args, rec) -> dict:
+def measure(args, rec) -> Found:
     if args.batch_size % args.workers:
         raise RecipeError(f"the global --batch-size {args.batch_size} must split evenly over "
                           f"{args.workers} workers: use a multiple of {args.workers}")
@@ -179,18 +191,17 @@ def measure(args, rec) -> dict:
         rec.add(ALLREDUCE, m.name, {"ms": m.median_s * 1e3, "gb_per_s": a["bytes"] / m.median_s / 1e9},
                 primary="ms", lower_is_better=True, versus_first=False, measurement=m)
 
-    return {"results": results, "weight_diff": weight_diff, "between": between}
+    return Found(results, weight_diff, between)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    results, weight_diff, between = found["results"], found["weight_diff"], found["between"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    results, weight_diff, between = found.results, found.weight_diff, found.between
     agrees = weight_diff <= TOLERANCE and between == 0.0
     # Same global batch: the ratio of samples/s, paired round by round.
     speed = versus(results[1]["timed"], results[args.workers]["timed"])
     line = (f"{args.workers} workers vs 1: {speed.describe()}; same training as one process: {agrees} "
           f"(max weight difference {weight_diff:.2g}, between workers {between:g})")
 
-    # Conclusion, from this run's numbers ------------------------------------------------------
     cores = usable_cores()
     if speed.verdict == SLOWER:
         why = (f"On this {cores}-core host the workers share the cores and pay for the collective over gRPC, so "

@@ -7,16 +7,6 @@ process this script starts) schedules the steps.
 Run:   python recipes/parameter_server.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and Keras 3; free localhost ports. It starts the ps, worker and coordinator
        processes itself; on real machines each runs `tf.distribute.Server` on its own host.
-
-Introduction
-------------
-The seed's parameter-server section describes a key-value store: `push` sends a worker's gradients
-to the server that owns the keys, `pull` fetches the current parameters. With
-`tf.distribute.ParameterServerStrategy` that is literal: variables created in `strategy.scope()` live
-on the ps tasks, a step function scheduled on a worker reads them (pull) and `assign_sub`s its update
-(push). The recipe times pull and push by size, trains with 1 and 2 workers, and compares the traffic
-with the ring all-reduce that synchronous strategies use (multi_worker.py, scaling_model.py). Both
-clusters stay up and run their timed blocks of steps in turns, so the speedup is judged round by round.
 """
 
 import os
@@ -25,6 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import tempfile
@@ -38,10 +29,18 @@ from tfperf.cluster import ClusterError, LocalCluster, local_cluster
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.measure.stats import FASTER, SLOWER
+from tfperf.measure.stats import FASTER, SLOWER, Comparison
 
-TRAINING, KV = "asynchronous training, 1 ps", "key-value store: pull and push by size"
-BLOCKS, KV_REPS = 8, 6  # timed blocks of training steps per cluster (one a turn); pulls and pushes per size
+# The technique: a ps/worker/coordinator cluster, and push and pull as variable reads and writes -------
+# The seed's parameter-server section describes a key-value store: `push` sends a worker's gradients
+# to the server that owns the keys, `pull` fetches the current parameters. With
+# `tf.distribute.ParameterServerStrategy` that is literal: variables created in `strategy.scope()` live
+# on the ps tasks, a step function scheduled on a worker reads them (pull) and `assign_sub`s its update
+# (push). The recipe times pull and push by size, trains with 1 and 2 workers, and compares the traffic
+# with the ring all-reduce that synchronous strategies use (multi_worker.py, scaling_model.py). Both
+# clusters stay up and run their timed blocks of steps in turns, so the speedup is judged round by round.
+
+
 
 
 def server(args) -> None:
@@ -122,6 +121,18 @@ def coordinator(args) -> dict:
     return result
 
 
+# Measuring -------------------------------------------------------------------------------------------
+
+TRAINING, KV = "asynchronous training, 1 ps", "key-value store: pull and push by size"
+BLOCKS, KV_REPS = 8, 6  # timed blocks of training steps per cluster (one a turn); pulls and pushes per size
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    results: dict[int, dict]  # per worker count: what the coordinator replied, and the timed blocks
+    speedup: Comparison | None  # N workers against 1
+
+
 def block_steps(steps: int) -> int:
     """Training steps per timed block: --steps shared out over BLOCKS blocks."""
     return max(1, steps // BLOCKS)
@@ -161,7 +172,7 @@ def task(args) -> int:
     os._exit(0)  # skip teardown: the servers are killed next, and the eager context would try to reach them
 
 
-def measure(args, rec) -> dict:
+def measure(args, rec) -> Found:
     # Baseline (1 worker) and N workers, both clusters up, running blocks of steps in turns ---------
     results = {}
     counts = sorted({1, args.workers})
@@ -181,28 +192,26 @@ def measure(args, rec) -> dict:
     for n, r in results.items():
         print(f"{n} worker(s): {r['timed'].items_per_s:,.0f} samples/s over {BLOCKS} blocks of "
               f"{block_steps(args.steps)} steps", flush=True)
+    speedup = versus(results[1]["timed"], results[args.workers]["timed"]) if args.workers > 1 else None
     for n, r in results.items():
         m = r["timed"]
         rec.add(TRAINING, m.name, {
             "steps_per_s": 1 / m.median_s, "samples_per_s": m.items_per_s,
             "final_loss": r["final_loss"], "test_accuracy": r["test_accuracy"]},
-            primary="samples_per_s", lower_is_better=False, measurement=m,
-            comparison=versus(results[1]["timed"], m) if n > 1 else None)
+            primary="samples_per_s", lower_is_better=False, measurement=m, comparison=speedup if n > 1 else None)
     for kv in results[args.workers]["kv"]:
         m = Measurement(f"{kv['op']} {kv['bytes'] / 1024:,.0f} KiB", tuple(kv["samples_s"]))
         rec.add(KV, m.name, {"ms": m.median_s * 1e3, "gb_per_s": kv["bytes"] / m.median_s / 1e9},
                 primary="ms", lower_is_better=True, versus_first=False, measurement=m)
 
-    return results
+    return Found(results, speedup)
 
 
-def conclude(args, rec, results) -> Conclusion:
-    placement = results[args.workers]["placement"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    placement = found.results[args.workers]["placement"]
     line = f"the model's variables live on: {', '.join(placement)}"
-    one, many = results[1], results[args.workers]
-    speed = versus(one["timed"], many["timed"])
-
-    # Conclusion, from this run's numbers ------------------------------------------------------
+    one, many = found.results[1], found.results[args.workers]
+    speed = found.speedup or versus(one["timed"], many["timed"])
     kv = {(k["op"], k["bytes"]): float(np.median(k["samples_s"])) for k in many["kv"]}
     largest = max(b for _, b in kv) if kv else None
     traffic = (f" Pulling {largest / 2**20:.0f} MiB took {kv[('pull', largest)] * 1e3:.0f} ms and pushing it "

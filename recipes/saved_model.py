@@ -5,22 +5,13 @@ export, the reload and first call, and the steady-state latency against the in-p
 
 Run:   python recipes/saved_model.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and Keras 3; a CPU is enough.
-
-Introduction
-------------
-The seed's serialization section ends at `tf.saved_model.save(net, 'my_mlp')`. A deployed model is
-loaded by another process, often another language (TF Serving is C++), so what matters is: an explicit
-signature (named input, any batch size), a layout that servers understand (`<name>/<version>/`), and
-what loading and calling the graph costs compared with the model in the training process. The
-reloaded signature is a concrete function: it never retraces, whatever the batch size. How the
-SavedModel compares with other runtimes (LiteRT, ONNX Runtime, Keras itself), including the cold
-start of a fresh serving process, is recipes/serving_runtimes.py's subject and is measured there.
 """
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +24,16 @@ from tfperf.measure import Timer, interleave, timing_ms, versus
 from tfperf.models import default_input_shape, get_net
 from tfperf.recipe import Conclusion, Recipe
 
-STARTUP, LATENCY = "start-up: load and first call", "steady-state latency by batch size"
+
+
+# The technique: export in TF Serving's layout, then load with TensorFlow alone ------------------------
+# The seed's serialization section ends at `tf.saved_model.save(net, 'my_mlp')`. A deployed model is
+# loaded by another process, often another language (TF Serving is C++), so what matters is: an explicit
+# signature (named input, any batch size), a layout that servers understand (`<name>/<version>/`), and
+# what loading and calling the graph costs compared with the model in the training process. The
+# reloaded signature is a concrete function: it never retraces, whatever the batch size. How the
+# SavedModel compares with other runtimes (LiteRT, ONNX Runtime, Keras itself), including the cold
+# start of a fresh serving process, is recipes/serving_runtimes.py's subject and is measured there.
 
 
 def export_and_reload(net, root: Path):
@@ -48,12 +48,27 @@ def export_and_reload(net, root: Path):
     return export_dir, loaded
 
 
+# Measuring -------------------------------------------------------------------------------------------
+
+STARTUP, LATENCY = "start-up: load and first call", "steady-state latency by batch size"
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    export_s: float  # export, load and first call, in this process
+    reload_s: float  # load and first call again
+    size: int  # bytes on disk
+    outputs_match: bool  # the reloaded signature answers as the in-process model does
+    retraces: int  # the in-process tf.function's traces beyond the first, over the batch sizes
+    reloaded_vs: dict  # batch -> Comparison of the reloaded signature against the in-process model
+
+
 def add_flags(p) -> None:
     flags.add_model_flag(p, "cnn")
     p.add_argument("--batches", type=flags.positive_int, nargs="+", help="batch sizes of the latency sweep")
 
 
-def measure(args, rec) -> dict:
+def measure(args, rec) -> Found:
     tf.random.set_seed(args.seed)
     shape = default_input_shape(args.model)
 
@@ -109,23 +124,20 @@ def measure(args, rec) -> dict:
                         primary="us_per_row", lower_is_better=True, measurement=m, comparison=c)
         retraces = in_process.experimental_get_tracing_count() - 1
 
-    return {"export_s": export_s, "reload_s": reload_s, "size": size, "outputs_match": outputs_match,
-            "retraces": retraces, "reloaded_vs": reloaded_vs}
+    return Found(export_s, reload_s, size, outputs_match, retraces, reloaded_vs)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    # Results --------------------------------------------------------------------------------------
-    outputs_match, retraces, reloaded_vs = found["outputs_match"], found["retraces"], found["reloaded_vs"]
-    line = (f"export, load and first call: {found['export_s']:.2f} s, {found['size'] / 1e6:.1f} MB on disk; "
+def conclude(args, rec, found: Found) -> Conclusion:
+    outputs_match, retraces, reloaded_vs = found.outputs_match, found.retraces, found.reloaded_vs
+    line = (f"export, load and first call: {found.export_s:.2f} s, {found.size / 1e6:.1f} MB on disk; "
             f"outputs match in-process: "
             f"{outputs_match}; retraces over {len(args.batches)} batch sizes: {retraces}")
 
-    # Conclusion, from this run's numbers -----------------------------------------------------------
     lat = {r["row"]: r["metrics"] for r in rec.table(LATENCY)}
     p99_over_p50 = max(m["p99_ms"] / m["median_ms"] for m in lat.values())
     small, large = args.batches[0], args.batches[-1]
     conclusion = (
-        f"Loading the {args.model} SavedModel back and answering its first request took {found['reload_s']:.2f} s "
+        f"Loading the {args.model} SavedModel back and answering its first request took {found.reload_s:.2f} s "
         f"in this process (a fresh serving process also imports TensorFlow first: serving_runtimes.py times "
         f"that), so send a warm-up request before taking traffic. Once warm, "
         f"the reloaded signature against the in-process model: "

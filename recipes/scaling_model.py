@@ -3,21 +3,8 @@
 t1 is the compute of one training step, t2 the all-reduce of its gradients; a step on n ranks takes
 about t1(n) + t2(n). Measure both here, predict np = 1, 2, 4, run them, and compare.
 
-Run:   python recipes/scaling_model.py --quick        (about six minutes on 2 CPU cores)
+Run:   python recipes/scaling_model.py --quick        (about four minutes on 2 CPU cores)
 Needs: Horovod 0.28.1 with TensorFlow and Gloo (`make install`); it launches horovodrun itself.
-
-Introduction
-------------
-Seed 002's course notes split a data-parallel step into t1, the forward and backward pass, and t2, the
-synchronisation of gradients. Both are measured here, not assumed: t1 inside the run itself, where
-recipes/mnist_hvd.py (`--t1-probe`) has a twin of its model take the very same step with the all-reduce
-left out, a block of steps after every few steps of the run, on every rank at once with the threads a
-rank gets (this host's speed drifts by tens of percent within a minute, so t1 taken in another process
-at another moment would measure another machine); t2 by timing Horovod's all-reduce over a range of
-sizes and fitting the ring model, where each of n ranks sends and receives 2(n-1) chunks of S/n bytes:
-t2 = 2(n-1)(alpha + S/(n beta)), and for the model's own gradients at each rank count. Then it compares
-t1 + t2 with the run's throughput at np = 1, 2, 4, with a 95% interval for each error. Finally it
-projects, on paper, to 8, 64 and 512 workers, the regime of Horovod's published 90% scaling efficiency.
 """
 
 import os
@@ -25,9 +12,9 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
+import dataclasses
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +24,33 @@ from tfperf.cluster import ClusterError
 from tfperf.measure.processes import replies, reply
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.records.records import read_records
 from tfperf.measure.stats import median_ci
+
+# The model: a step on n ranks takes t1 + t2 ----------------------------------------------------------
+# Seed 002's course notes split a data-parallel step into t1, the forward and backward pass, and t2, the
+# synchronisation of gradients. Horovod's ring all-reduce has each of n ranks send and receive 2(n-1)
+# chunks of S/n bytes: t2 = 2(n-1)(alpha + S/(n beta)). Both are measured here, not assumed: t1 inside
+# the run itself, where a twin of the model takes mnist_hvd's very step with the all-reduce left out, a
+# block of steps after every few steps of the run, on every rank at once with the threads a rank gets
+# (this host's speed drifts by tens of percent within a minute, so t1 taken in another process at
+# another moment would measure another machine); t2 by timing Horovod's all-reduce over a range of sizes
+# and fitting the ring model, and for the model's own gradients at each rank count. Then t1 + t2 is
+# compared with the run's throughput at np = 1, 2, 4, with a 95% interval for each error, and projected,
+# on paper, to 8, 64 and 512 workers, the regime of Horovod's published 90% scaling efficiency.
+
+
+def ring_t2(n: int, size: float, alpha: float, beta: float) -> float:
+    """Ring all-reduce: 2(n-1) steps, each a message of size/n bytes (latency alpha, bandwidth beta)."""
+    return 0.0 if n == 1 else 2 * (n - 1) * (alpha + size / n / beta)
+
+
+# Measuring: the processes horovodrun starts ------------------------------------------------------------
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 ALLREDUCE, PREDICTED, PROJECTION = ("all-reduce time by size (Horovod, gloo, np=2)",
                                     "predicted vs measured (mnist_hvd)", "projection on paper")
+PROBE_BLOCK = 8  # training steps per block; a t1 probe block follows each
 GOAL = 0.15
 # With one rank there is no communication at all: t1 alone must predict the run, or t1 is not its step.
 NP1_GOAL = 0.10
@@ -51,6 +58,15 @@ NP1_GOAL = 0.10
 # 90% scaling efficiency for ResNet-101 on 512 Pascal GPUs over 25 Gbit/s RoCE. A ResNet-101 step of
 # batch 64 at about 130 images/s per P100 (tf_cnn_benchmarks) is t1 = 0.49 s: an assumption, not measured here.
 RESNET101_BYTES, RESNET101_T1, HOP_LATENCY_S = 44.5e6 * 4, 64 / 130, 50e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    cores: int
+    t1_of: dict[int, float]  # t1 (s) per rank count
+    gradient_bytes: int
+    alpha: float  # the ring fit's latency per message (s)
+    beta: float  # and bandwidth (bytes/s)
 
 
 def probe_allreduce(sizes: list[int], reps: int) -> list[dict]:
@@ -72,9 +88,62 @@ def probe_allreduce(sizes: list[int], reps: int) -> list[dict]:
     return rows if hvd.rank() == 0 else []
 
 
-def ring_t2(n: int, size: float, alpha: float, beta: float) -> float:
-    """Ring all-reduce: 2(n-1) steps, each a message of size/n bytes (latency alpha, bandwidth beta)."""
-    return 0.0 if n == 1 else 2 * (n - 1) * (alpha + size / n / beta)
+def train_and_probe(args) -> dict | None:
+    """One rank of the run whose throughput is predicted: mnist_hvd's training step, and between blocks of
+    it, t1: a twin of the model (its own weights, optimizer and batches) taking the same step without the
+    all-reduce. Rank 0 returns the run's step times, every rank's rate and every rank's t1 blocks."""
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    from mnist_hvd import input_batches, make_optimizer, make_train_step  # beside this file: the step it teaches
+    from tfperf import hvd as thvd
+    from tfperf.data import load_arrays
+    from tfperf.measure import Timer, profiled
+    from tfperf.models import get_net
+
+    hvd.init()
+    thvd.pin_to_local_gpu()
+    rank, size = hvd.rank(), hvd.size()
+    data = load_arrays("mnist-5k", seed=args.seed)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model, twin = (get_net("cnn", input_shape=data.input_shape, num_classes=data.num_classes) for _ in range(2))
+    optimizer, twin_optimizer = make_optimizer(1e-3, size, 0), make_optimizer(1e-3, size, 0)
+    for m, o in ((model, optimizer), (twin, twin_optimizer)):
+        o.build(m.trainable_variables)
+    thvd.broadcast(model.variables + optimizer.variables, root_rank=0)
+    batches = input_batches(data, args.batch_size, args.seed, rank, size)
+    twin_batches = input_batches(data, args.batch_size, args.seed + 1, rank, size)
+    step = make_train_step(model, optimizer, loss_fn)
+
+    @tf.function
+    def t1_step(x, y):  # the same step without the all-reduce
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, twin(x, training=True))
+        twin_optimizer.apply_gradients(zip(thvd.gradients(tape, loss, twin.trainable_variables),
+                                           twin.trainable_variables))
+        return loss
+
+    run = Timer(lambda: step(*next(batches)), name="run", items_per_call=args.batch_size)
+    # Blocks of steps per clock read: with more ranks than cores a rank is descheduled for whole time slices,
+    # which a median of single steps would skip and a block includes, as the run does (its all-reduce
+    # waits for the slowest rank every step).
+    probe = Timer(lambda: t1_step(*next(twin_batches)), name="t1", block_size=PROBE_BLOCK)
+    first = run.start(warmup=args.warmup)
+    probe.start(warmup=2)
+    steps, blocks = [], []
+    for _ in range(args.blocks):  # the same schedule on every rank: the machine's drift falls on both alike
+        steps += run.take(PROBE_BLOCK)
+        blocks += probe.take(1)
+    with profiled(args.profile if rank == 0 else None, f"rank0-np{size}"):  # --profile: one more block, traced
+        if args.profile:
+            run.take(PROBE_BLOCK)
+    per_rank = hvd.allgather(tf.constant([args.batch_size / float(np.median(steps))], tf.float64)).numpy()
+    all_blocks = hvd.allgather(tf.constant(blocks, tf.float64)).numpy()
+    if rank != 0:
+        return None
+    return {"steps_s": steps, "first_step_s": first, "per_rank": per_rank.tolist(), "t1_blocks_s": all_blocks.tolist(),
+            "gradient_bytes": 4 * model.count_params()}
 
 
 def launch(cmd: list) -> str:
@@ -95,13 +164,20 @@ def add_flags(p) -> None:
     p.add_argument("--ranks", type=flags.positive_int, nargs="+", help="np values to predict and run")
     p.add_argument("--reps", type=flags.positive_int, help="all-reduce repetitions per size")
     p.add_argument("--pairs", type=flags.positive_int, help="runs (each with its t1 probe) per rank count")
-    # Internal: the all-reduce probe runs in its own processes under horovodrun.
-    p.add_argument("--role", choices=["allreduce"], help=argparse.SUPPRESS)
+    p.add_argument("--blocks", type=flags.positive_int,
+                   help=f"blocks of {PROBE_BLOCK} training steps per run, each followed by a t1 probe block")
+    # Internal: the probes and runs are processes of this script under horovodrun.
+    p.add_argument("--role", choices=["allreduce", "run"], help=argparse.SUPPRESS)
     p.add_argument("--probe-bytes", type=int, nargs="+", help=argparse.SUPPRESS)
 
 
 def task(args) -> int:
-    """The all-reduce probe on one rank: prints its rows for the launching process."""
+    """A process under horovodrun: the all-reduce probe, or a run with its t1 probe; rank 0 replies."""
+    if args.role == "run":
+        found = train_and_probe(args)
+        if found is not None:
+            print(reply(found), flush=True)
+        return 0
     for row in probe_allreduce(args.probe_bytes or sweep_sizes(args.quick), args.reps):
         print(reply(row))
     return 0
@@ -112,10 +188,9 @@ def sweep_sizes(quick: bool) -> list[int]:
     return [2 ** k for k in range(10, 25 if quick else 27, 2)]
 
 
-def measure(args, rec) -> dict:
-    # Setup ------------------------------------------------------------------------------------
+def measure(args, rec) -> Found:
     cores = usable_cores()
-    me = [sys.executable, __file__, "--batch-size", args.batch_size, "--reps", args.reps]
+    me = [sys.executable, __file__, "--batch-size", args.batch_size, "--reps", args.reps, "--seed", args.seed]
 
     # t2: the all-reduce, measured by size, fitted to the ring model ----------------------------
     out = launch([BIN / "horovodrun", "-np", "2", *me, "--role", "allreduce"])
@@ -131,60 +206,53 @@ def measure(args, rec) -> dict:
             "gb_per_s": r["bytes"] / r["s"] / 1e9}, primary="ms", lower_is_better=True, versus_first=False)
     print(f"ring fit: alpha {alpha * 1e6:.0f} us per message, beta {beta / 1e9:.2f} GB/s", flush=True)
 
-    from mnist_hvd import T1  # beside this file: the table its --t1-probe writes
-
-    def run_hvd(n: int, out: Path) -> tuple[dict, dict]:
-        """mnist_hvd.py on n ranks with its t1 probe: its records of the total throughput (rank 0's step
-        samples inside) and of t1 (every rank's probe blocks)."""
-        launch([BIN / "horovodrun", "-np", n, sys.executable, HERE / "mnist_hvd.py", "--quick", "--t1-probe",
-                "--batch-size", args.batch_size, "--warmup", args.warmup, "--out", out,
-                "--checkpoint-dir", out / "ckpt", *(["--profile", Path(args.profile).resolve()] if args.profile else [])])
-        records = read_records(out / "mnist_hvd.jsonl")
-        total = next(r for r in records if r["row"] == f"total, np={n}")
-        return total, next(r for r in records if r["table"] == T1 and r["row"] == f"np={n}")
+    def run_hvd(n: int) -> dict:
+        """mnist_hvd's step on n ranks, with its t1 probe between blocks (train_and_probe): rank 0's reply."""
+        profile = ["--profile", Path(args.profile).resolve()] if args.profile else []
+        return rank0_replies(launch([BIN / "horovodrun", "-np", n, *me, "--role", "run", "--blocks", args.blocks,
+                                     "--warmup", args.warmup, *profile]))[-1]
 
     # Run, with t1 measured inside each run; t2 right after the first run of each rank count ---------
     threads_for = {n: max(1, cores // n) for n in args.ranks}
     t1_of, t2_of = {}, {1: 0.0}
     gradient_bytes = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in args.ranks:
-            k = threads_for[n]
-            t1_samples, step_samples, totals, t2_ci = [], [], [], (0.0, 0.0)
-            for pair in range(args.pairs):
-                total, t1_record = run_hvd(n, Path(tmp) / f"np{n}-{pair}")
-                totals.append(total["metrics"]["samples_per_s"])
-                step_samples += total["samples_s"]
-                t1_samples += [s / t1_record["timing"]["block_size"] for s in t1_record["samples_s"]]
-                gradient_bytes = t1_record["metrics"]["gradient_bytes"]
-                if n > 1 and pair == 0:
-                    # t2 for the model's own gradients, measured at this rank count: with more ranks than
-                    # cores a ring step also waits for its neighbour to be scheduled, which no fit can know.
-                    out = launch([BIN / "horovodrun", "-np", n, *me, "--role", "allreduce",
-                                  "--probe-bytes", gradient_bytes])
-                    probe = rank0_replies(out)[0]
-                    t2_of[n], t2_ci = probe["s"], tuple(probe["ci95_s"])
-                    print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
-                          f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)
-            t1_of[n], t1_ci = float(np.median(t1_samples)), median_ci(t1_samples)
-            t1, t2 = t1_of[n], t2_of[n]
-            print(f"t1 with {n} rank(s) computing at once, {k} thread(s) each: {t1 * 1e3:.1f} ms", flush=True)
-            predicted = n * args.batch_size / (t1 + t2)
-            measured = float(np.exp(np.mean(np.log(totals))))  # the pairs' geometric mean
-            # The error's 95% interval, from the intervals of its parts (t1, t2 and the runs' median step):
-            # the fastest prediction against the slowest run, and the other way round.
-            step_median, (step_low, step_high) = float(np.median(step_samples)), median_ci(step_samples)
-            measured_low, measured_high = measured * step_median / step_high, measured * step_median / step_low
-            predicted_high = n * args.batch_size / (t1_ci[0] + t2_ci[0])
-            predicted_low = n * args.batch_size / (t1_ci[1] + t2_ci[1])
-            error_ci = [predicted_low / measured_high - 1, predicted_high / measured_low - 1]
-            rec.add(PREDICTED, f"np={n}", {
-                "threads_per_rank": k, "t1_ms": t1 * 1e3, "t2_ms": t2 * 1e3,
-                "t2_ring_model_ms": ring_t2(n, gradient_bytes, alpha, beta) * 1e3, "predicted_samples_per_s": predicted,
-                "samples_per_s": measured, "error": predicted / measured - 1, "error_ci95": error_ci},
-                primary="samples_per_s", lower_is_better=False)
-            print(f"np={n}: predicted {predicted:,.0f} samples/s, measured {measured:,.0f}: error "
-                  f"{predicted / measured - 1:+.0%} (95% CI {error_ci[0]:+.0%} to {error_ci[1]:+.0%})", flush=True)
+    for n in args.ranks:
+        k = threads_for[n]
+        t1_samples, step_samples, totals, t2_ci = [], [], [], (0.0, 0.0)
+        for pair in range(args.pairs):
+            found = run_hvd(n)
+            totals.append(float(np.sum(found["per_rank"])))
+            step_samples += found["steps_s"]
+            t1_samples += [s / PROBE_BLOCK for s in found["t1_blocks_s"]]
+            gradient_bytes = found["gradient_bytes"]
+            if n > 1 and pair == 0:
+                # t2 for the model's own gradients, measured at this rank count: with more ranks than
+                # cores a ring step also waits for its neighbour to be scheduled, which no fit can know.
+                out = launch([BIN / "horovodrun", "-np", n, *me, "--role", "allreduce",
+                              "--probe-bytes", gradient_bytes])
+                probe = rank0_replies(out)[0]
+                t2_of[n], t2_ci = probe["s"], tuple(probe["ci95_s"])
+                print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
+                      f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)
+        t1_of[n], t1_ci = float(np.median(t1_samples)), median_ci(t1_samples)
+        t1, t2 = t1_of[n], t2_of[n]
+        print(f"t1 with {n} rank(s) computing at once, {k} thread(s) each: {t1 * 1e3:.1f} ms", flush=True)
+        predicted = n * args.batch_size / (t1 + t2)
+        measured = float(np.exp(np.mean(np.log(totals))))  # the pairs' geometric mean
+        # The error's 95% interval, from the intervals of its parts (t1, t2 and the runs' median step):
+        # the fastest prediction against the slowest run, and the other way round.
+        step_median, (step_low, step_high) = float(np.median(step_samples)), median_ci(step_samples)
+        measured_low, measured_high = measured * step_median / step_high, measured * step_median / step_low
+        predicted_high = n * args.batch_size / (t1_ci[0] + t2_ci[0])
+        predicted_low = n * args.batch_size / (t1_ci[1] + t2_ci[1])
+        error_ci = [predicted_low / measured_high - 1, predicted_high / measured_low - 1]
+        rec.add(PREDICTED, f"np={n}", {
+            "threads_per_rank": k, "t1_ms": t1 * 1e3, "t2_ms": t2 * 1e3,
+            "t2_ring_model_ms": ring_t2(n, gradient_bytes, alpha, beta) * 1e3, "predicted_samples_per_s": predicted,
+            "samples_per_s": measured, "error": predicted / measured - 1, "error_ci95": error_ci},
+            primary="samples_per_s", lower_is_better=False)
+        print(f"np={n}: predicted {predicted:,.0f} samples/s, measured {measured:,.0f}: error "
+              f"{predicted / measured - 1:+.0%} (95% CI {error_ci[0]:+.0%} to {error_ci[1]:+.0%})", flush=True)
 
     # On paper: many workers, for stated link bandwidths ----------------------------------------
     t1_host = t1_of[min(t1_of)]  # one rank per host, all its cores
@@ -198,11 +266,11 @@ def measure(args, rec) -> dict:
                     "efficiency_full_overlap": min(1.0, t1 / t2)}, primary="efficiency_no_overlap",
                         lower_is_better=False, versus_first=False)
 
-    return {"cores": cores, "t1_of": t1_of, "gradient_bytes": gradient_bytes, "alpha": alpha, "beta": beta}
+    return Found(cores, t1_of, gradient_bytes, alpha, beta)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    cores, t1_of, gradient_bytes, alpha, beta = (found[k] for k in ("cores", "t1_of", "gradient_bytes", "alpha", "beta"))
+def conclude(args, rec, found: Found) -> Conclusion:
+    cores, t1_of, gradient_bytes, alpha, beta = found.cores, found.t1_of, found.gradient_bytes, found.alpha, found.beta
     errors = {r["row"]: r["metrics"]["error"] for r in rec.table(PREDICTED)}
     worst = max(errors, key=lambda row: abs(errors[row]))
     within = all(abs(e) <= GOAL for e in errors.values())
@@ -212,7 +280,6 @@ def conclude(args, rec, found) -> Conclusion:
         lines.append(f"np=1 (t1 alone): error {errors['np=1']:+.1%}; goal +-{NP1_GOAL:.0%}: "
                      f"{'met' if abs(errors['np=1']) <= NP1_GOAL else 'NOT met'}")
 
-    # Conclusion, from this run's numbers ------------------------------------------------------
     paper = {r["row"]: r["metrics"] for r in rec.table(PROJECTION)}
     crowded = {n: errors[f"np={n}"] for n in args.ranks if n > cores and abs(errors[f"np={n}"]) > GOAL}
     crowding = (
@@ -238,8 +305,8 @@ def conclude(args, rec, found) -> Conclusion:
 
 RECIPE = Recipe(name="scaling_model", doc=__doc__, order=130, measure=measure, conclude=conclude, add_flags=add_flags,
                 task=task, uses=("warmup", "batch_size"),
-                sizes={"reps": (50, 20), "warmup": (5, 5), "batch_size": (64, 64), "pairs": (3, 2),
-                       "ranks": ([1, 2, 4], [1, 2, 4])})
+                sizes={"reps": (50, 20), "warmup": (5, 5), "batch_size": (64, 64), "pairs": (3, 1),
+                       "ranks": ([1, 2, 4], [1, 2, 4]), "blocks": (16, 8)})
 
 if __name__ == "__main__":
     sys.exit(RECIPE.main())

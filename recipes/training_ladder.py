@@ -1,33 +1,11 @@
 """The training ladder: one model, one data set, one change at a time from plain `model.fit`.
 
 Each rung adds one technique to the best configuration so far and keeps it only if it is measurably
-faster and no less accurate, so the last kept rung is the best configuration this machine found, with
-the price of each step on the way.
+faster and no less accurate: the last kept rung is the best configuration this machine found.
 
 Run:   python recipes/training_ladder.py --quick          (3-5 minutes on 2 CPU cores; more near the bar)
        python recipes/training_ladder.py --model resnet18 (slow on a CPU)
 Needs: TensorFlow 2.21 and Keras 3; mnist-5k works offline.
-
-Introduction
-------------
-Performance advice comes as a list: compile with XLA, run several steps per call, raise the batch,
-tune the input pipeline, use mixed precision, write the training step yourself. Whether each helps
-depends on the model and the machine, so this recipe measures them in order on the same model and
-data. Every rung trains from the same initial weights for the same number of epochs (the same
-examples seen), so its test accuracy shows a rung that is faster but worse. MFU (model FLOPs
-utilisation) is the training FLOPs per second over the matmul FLOP/s measured in this same run.
-
-A rung is judged against the best configuration so far trained beside it: one epoch of each in turn,
-in shuffled order, for several rounds, so that the machine's drift falls on both. The rung is kept
-only when the 95% confidence interval of its speedup lies above 1 + MIN_GAIN. When the interval
-straddles that bar (or its mirror for "slower"), the race runs more rounds, up to MAX_EXTENSIONS
-times, before it decides: a rung whose gain is near the bar is settled by more data rather than by
-the noise of one run, so that reruns keep the same configuration. (Looking again after more data
-widens the true error rate a little beyond the nominal 5%; the extensions are few and the bar is
-above 1, which keeps the cost small.) A rung whose interval still straddles the bar after them is
-not kept and is called unsettled: its gain is near the bar, and on these noisy epochs (a tenth of
-an epoch's time from one to the next on 2 shared cores) a rerun may keep it. The batch is raised
-while it pays: once a batch size is not kept, larger ones are not tried.
 """
 
 import os
@@ -48,30 +26,22 @@ from tfperf.data import load_arrays, to_dataset
 from tfperf.models import flops, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.recipe import Conclusion, Recipe
-from tfperf.measure.stats import FASTER
+from tfperf.measure.stats import FASTER, Comparison
 from tfperf.train import accuracy, fit_epochs
 
-TABLE, FINAL = "training ladder", "best configuration vs plain fit"
-MAX_EXTENSIONS = 2  # more rounds for a race whose CI straddles a bar, at most this many times
-ACCURACY_TOLERANCE = 0.05  # a rung may lose at most this much test accuracy against plain fit
-MIN_GAIN = 0.02  # and its speedup's CI must clear 1.02: gains smaller than this are not worth a change
+# The technique: the settings a training run can change, in the Keras calls that change them ---------
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """One configuration: plain `model.fit(x, y)` is Config()."""
+
     batch: int = 32  # Keras' default for arrays
     jit: bool | str = "auto"  # Keras' default: XLA on GPUs, not on CPU-only machines
     steps_per_execution: int = 1
     pipeline: str = "arrays"  # or "tf.data"
     policy: str = "float32"
     custom_loop: bool = False
-
-
-def unsettled(c) -> bool:
-    """The speedup's CI still straddles the keep bar after the extra rounds: a gain this near the bar
-    is kept by some runs and not by others, which the reader should know."""
-    low, high = c.ci95
-    return low <= 1 + c.threshold < high
 
 
 class Trainer:
@@ -81,11 +51,14 @@ class Trainer:
         self.cfg, self.data, self.losses = cfg, data, []
         self.quality: tuple[float, float] | None = None  # (final loss, test accuracy) after the first rounds
         keras.utils.set_random_seed(seed)
+        # Mixed precision: layers built under the policy compute in 16 bits and keep float32 variables
+        # (a program calls keras.config.set_dtype_policy(...) once; scoped here so that rungs can differ)
         with dtype_policy(cfg.policy):
             self.model = get_net(model_name, input_shape=data.input_shape, num_classes=data.num_classes)
         # Larger batches take fewer steps per epoch; the square-root rule keeps Adam's progress per epoch similar.
         optimizer = keras.optimizers.Adam(lr * math.sqrt(cfg.batch / 32))
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        # tf.data: the arrays cached as tensors, shuffled, batched and prefetched while the step runs
         self.ds = to_dataset(data.x_train, data.y_train, batch_size=cfg.batch, seed=seed).cache()
         if cfg.custom_loop:
             if cfg.policy == "mixed_float16":
@@ -107,6 +80,7 @@ class Trainer:
 
             self.train_epoch = train_epoch
         else:
+            # XLA and several steps per call are compile() settings
             self.model.compile(optimizer=optimizer, loss=loss_fn, jit_compile=cfg.jit,
                                steps_per_execution=cfg.steps_per_execution)
             tf_data = cfg.pipeline == "tf.data"
@@ -127,6 +101,51 @@ class Trainer:
         return self.cfg.jit is True if self.cfg.custom_loop else bool(self.model.jit_compile)
 
 
+# Measuring --------------------------------------------------------------------------------------------
+# Performance advice comes as a list: compile with XLA, run several steps per call, raise the batch,
+# tune the input pipeline, use mixed precision, write the training step yourself. Whether each helps
+# depends on the model and the machine, so this recipe measures them in order on the same model and
+# data. Every rung trains from the same initial weights for the same number of epochs (the same
+# examples seen), so its test accuracy shows a rung that is faster but worse. MFU (model FLOPs
+# utilisation) is the training FLOPs per second over the matmul FLOP/s measured in this same run.
+#
+# A rung is judged against the best configuration so far trained beside it: one epoch of each in turn,
+# in shuffled order, for several rounds, so that the machine's drift falls on both. The rung is kept
+# only when the 95% confidence interval of its speedup lies above 1 + MIN_GAIN. When the interval
+# straddles that bar (or its mirror for "slower"), the race runs more rounds, up to MAX_EXTENSIONS
+# times, before it decides: a rung whose gain is near the bar is settled by more data rather than by
+# the noise of one run, so that reruns keep the same configuration. (Looking again after more data
+# widens the true error rate a little beyond the nominal 5%; the extensions are few and the bar is
+# above 1, which keeps the cost small.) A rung whose interval still straddles the bar after them is
+# not kept and is called unsettled: its gain is near the bar, and on these noisy epochs (a tenth of
+# an epoch's time from one to the next on 2 shared cores) a rerun may keep it. The batch is raised
+# while it pays: once a batch size is not kept, larger ones are not tried.
+
+TABLE, FINAL = "training ladder", "best configuration vs plain fit"
+MAX_EXTENSIONS = 2  # more rounds for a race whose CI straddles a bar, at most this many times
+ACCURACY_TOLERANCE = 0.05  # a rung may lose at most this much test accuracy against plain fit
+MIN_GAIN = 0.02  # and its speedup's CI must clear 1.02: gains smaller than this are not worth a change
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    kept: list[str]  # plain fit, then each kept rung in order
+    verdicts: dict[str, tuple[Comparison, bool, str]]  # rung -> (against the best so far, accurate enough, that best)
+    untried: list[str]  # batch sizes left out once a smaller one did not pay
+    headline: Comparison | None  # the best configuration against plain fit, raced side by side
+    top: dict  # the best configuration's metrics
+    plain_mfu: float
+    mixed: str  # the mixed policy this hardware gets
+    gpu: bool
+
+
+def unsettled(c) -> bool:
+    """The speedup's CI still straddles the keep bar after the extra rounds: a gain this near the bar
+    is kept by some runs and not by others, which the reader should know."""
+    low, high = c.ci95
+    return low <= 1 + c.threshold < high
+
+
 def add_flags(p) -> None:
     flags.add_model_flag(p, "cnn")
     flags.add_dataset_flag(p, "mnist-5k")
@@ -137,8 +156,7 @@ def add_flags(p) -> None:
     p.add_argument("--train-size", type=flags.positive_int, help="training examples used (default: all)")
 
 
-def measure(args, rec) -> dict:
-    # Setup ------------------------------------------------------------------------------------
+def measure(args, rec) -> Found:
     data = load_arrays(args.dataset, seed=args.seed)
     data = dataclasses.replace(data, x_train=data.x_train[:args.train_size], y_train=data.y_train[:args.train_size])
     gpu = bool(tf.config.list_physical_devices("GPU"))
@@ -227,16 +245,14 @@ def measure(args, rec) -> dict:
     else:
         headline, top, plain_mfu = None, plain, plain["mfu"]
 
-    return {"kept": kept, "verdicts": verdicts, "untried": untried, "headline": headline, "top": top,
-            "plain_mfu": plain_mfu, "mixed": mixed, "gpu": gpu}
+    return Found(kept, verdicts, untried, headline, top, plain_mfu, mixed, gpu)
 
 
-def conclude(args, rec, found) -> Conclusion:
-    # Results ----------------------------------------------------------------------------------
-    kept, verdicts, headline, top, gpu = found["kept"], found["verdicts"], found["headline"], found["top"], found["gpu"]
+def conclude(args, rec, found: Found) -> Conclusion:
+    kept, verdicts, headline, top, gpu = found.kept, found.verdicts, found.headline, found.top, found.gpu
     summary = headline.describe() if headline else "nothing was measurably faster than plain fit"
     line = (f"best configuration: {' + '.join(kept)}: {top['samples_per_s']:,.0f} samples/s, {summary}; "
-            f"MFU {top['mfu']:.1%} (plain fit {found['plain_mfu']:.1%})")
+            f"MFU {top['mfu']:.1%} (plain fit {found.plain_mfu:.1%})")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     not_kept = {row: (c, ok, base, ok and unsettled(c))
@@ -247,8 +263,8 @@ def conclude(args, rec, found) -> Conclusion:
             for row, (c, ok, base, near) in not_kept.items() if near]
     near_note = (f" Unsettled, so a rerun may keep {'it' if len(near) == 1 else 'them'}: {'; '.join(near)}; a gain "
                  f"this close to the {MIN_GAIN:.0%} bar needs more rounds (--rounds) to settle." if near else "")
-    untried = (f" Not tried: {', '.join(found['untried'])}, since a smaller batch already did not pay."
-               if found["untried"] else "")
+    untried = (f" Not tried: {', '.join(found.untried)}, since a smaller batch already did not pay."
+               if found.untried else "")
     xla, _, _ = verdicts["jit_compile=True"]
     xla_note = f"XLA against plain fit: {xla.describe()}" + (
         ": on a CPU, XLA calls its own (Eigen) convolutions instead of the oneDNN kernels TensorFlow's ops use, "
@@ -261,7 +277,7 @@ def conclude(args, rec, found) -> Conclusion:
         f"Not kept: {'; '.join(dropped) or 'none'}.{near_note}{untried} "
         f"{xla_note} At {top['mfu']:.0%} MFU most of a step is not matmul arithmetic: this {args.model}'s "
         f"layers are small, so per-step dispatch, the optimizer update and memory-bound ops weigh; the kept rungs "
-        f"attack exactly that. {found['mixed']}: {hardware_summary()}."), [line])
+        f"attack exactly that. {found.mixed}: {hardware_summary()}."), [line])
 
 
 RECIPE = Recipe(name="training_ladder", doc=__doc__, order=20, measure=measure, conclude=conclude,

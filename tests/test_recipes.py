@@ -123,6 +123,8 @@ def test_keras_backends_trains_the_same_models_alike_under_each_stack(tmp_path):
     for r in fit:
         assert (r.get("versus") == f"{r['row'].split(',')[0]}, Keras 2 (tf_keras)") == ("Keras 2" not in r["row"])
         assert r["metrics"]["samples_per_s"] > 0 and len(r["samples_s"]) == r["n"] == 1
+    first = {r["row"] for r in records if r["table"].startswith("first epoch")}
+    assert first == {f"{m}, {s}" for m in ("cnn", "lstm") for s in stacks}  # one per process, not judged
     inference = {r["row"] for r in records if r["table"] == "inference calls"}
     assert "lstm, predict(), batch 256, Keras 3, JAX" in inference and "cnn, model(x), batch 1, Keras 2 (tf_keras)" in inference
     jit_rows = [r["row"] for r in records if r["table"].startswith("Keras 3 on TensorFlow")]
@@ -132,33 +134,53 @@ def test_keras_backends_trains_the_same_models_alike_under_each_stack(tmp_path):
 
 def test_keras_backends_says_which_stack_is_missing_and_measures_the_others(tmp_path, monkeypatch, capsys):
     # The stacks' processes are stubbed (the test above runs the real ones): Keras 2 fails to import, the others
-    # answer with results of the shape time_stack returns.
+    # serve timers of a fake clock and reply with results of the shape serve_stack does.
+    from tfperf.measure import Timer
     from tfperf.measure.processes import ChildError
 
     backends = load_recipe("keras_backends")
     module = backends.measure.__globals__
 
-    def stub(stack, args, work):
-        if stack == "Keras 2 (tf_keras)":
-            raise ChildError("the Keras 2 (tf_keras) process exited with 1: Traceback (most recent call last): | "
-                             "ImportError: tf_keras is broken in this test")
-        rng = np.random.default_rng(len(stack))
-        series = lambda mean, n: list(mean * (1 + 0.01 * rng.standard_normal(n)))  # noqa: E731
-        return {model: {"jit_compile": "JAX" in stack, "first_epoch_s": 2.0, "fit_s": series(1.0, args.epochs),
-                        "flipped_fit_s": series(1.2, args.epochs), "flipped_first_epoch_s": 3.0, "loss": 0.5,
-                        "predict_1_s": series(0.01, args.calls), "predict_256_s": series(0.05, args.calls),
-                        "call_1_s": series(0.001, args.calls)} for model in module["MODELS"]}
+    class Stub:
+        def __init__(self, stack, args, work):
+            self.stack, self.result = stack, None
+            self.rng = np.random.default_rng(len(stack))
 
-    monkeypatch.setitem(module, "run_stack", stub)
+        def timer(self, remote, name=None):
+            if self.stack == "Keras 2 (tf_keras)":
+                raise ChildError("the Keras 2 (tf_keras) process exited with 1: Traceback (most recent call last): | "
+                                 "ImportError: tf_keras is broken in this test")
+            clock = [0.0]
+
+            def work():
+                clock[0] += (1.2 if remote.startswith("flipped") else 1.0) * (1 + 0.01 * self.rng.standard_normal())
+
+            timer = Timer(work, name=name or remote, clock=lambda: clock[0], sync_fn=lambda _: None)
+            timer.start(warmup=0)
+            return timer
+
+        def quit(self):
+            self.result = {m: {"jit_compile": "JAX" in self.stack, "first_epoch_s": 2.0, "loss": 0.5}
+                           for m in module["MODELS"]}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setitem(module, "start_stack", Stub)
     args = backends.parse(["--quick", "--rounds", "6", "--epochs", "1", "--calls", "2", "--train-size", "64",
                            "--out", str(tmp_path)])
     rec, found = backends.run(args)
     out = capsys.readouterr().out
     assert "Keras 2 (tf_keras): not measured: ImportError: tf_keras is broken in this test" in out
-    assert "pip install tf-keras==2.21.0" in out and found["stacks"] == ["Keras 3, TensorFlow", "Keras 3, JAX"]
+    assert "pip install tf-keras==2.21.0" in out and found.stacks == ["Keras 3, TensorFlow", "Keras 3, JAX"]
     fit = [r for r in rec.records if r["table"] == "fit throughput"]
     assert [r["row"] for r in fit] == [f"{m}, {s}" for m in ("cnn", "lstm") for s in ("Keras 3, TensorFlow", "Keras 3, JAX")]
     assert all(r.get("versus", "").endswith("Keras 3, TensorFlow") for r in fit if "JAX" in r["row"])
+    jit = [r for r in rec.records if r["table"].startswith("Keras 3 on TensorFlow")]
+    assert len(jit) == 4 and all(r["verdict"] == "slower" for r in jit if "verdict" in r)  # flipped is 1.2x the time
     conclusion = backends.conclude(args, rec, found)
     said = "\n".join([*conclusion.lines, conclusion.text])
     assert "Keras 2 (tf_keras): not measured (ImportError: tf_keras is broken in this test)" in said

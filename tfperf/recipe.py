@@ -8,6 +8,7 @@ import argparse
 import ast
 import dataclasses
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,23 @@ SHARED_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
 
 class RecipeError(Exception):
     """Input the recipe cannot run with, or something it needs that is missing: one line, exit 2."""
+
+
+def where_the_time_went(profile_dir: str | Path, *, since: float = 0.0, limit: int = 8) -> str:
+    """The top operations of each trace under `profile_dir` written after `since` (a time.time()), as
+    Markdown: XProf's framework_op_stats of the trace, the table TensorBoard's Profile tab opens with."""
+    from tfperf.measure.profiles import TraceError, op_times, ops_table, traces_by_run
+
+    parts = []
+    for run, files in traces_by_run(profile_dir).items():
+        if max(Path(f).stat().st_mtime for f in files) < since:
+            continue  # a trace of an earlier run in the same folder
+        try:
+            table = ops_table(op_times(files), limit=limit)
+        except (TraceError, ImportError) as exc:
+            table = f"(not converted: {exc})"
+        parts.append(f"## where the time went: {run} (trace in {Path(files[0]).parent})\n\n{table}")
+    return "\n\n".join(parts) or f"(no trace written under {profile_dir} by this run)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +121,7 @@ class Recipe:
         args = self.parse(argv)
         if self.task is not None and getattr(args, "role", None):
             return self.task(args)
+        started = time.time()
         try:
             rec, measured = self.run(args)
             rec.save(args.out)
@@ -115,6 +134,8 @@ class Recipe:
             return 1
         tables = dict.fromkeys(r["table"] for r in rec.records)
         print("\n\n".join(f"## {t}\n\n{markdown_table(rec.table(t))}" for t in tables) + "\n")
+        if args.profile:
+            print(where_the_time_went(args.profile, since=started) + "\n")
         for line in conclusion.lines:
             print(line)
         write_conclusion(args.out, self.name, conclusion.text)

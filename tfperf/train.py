@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import keras
@@ -61,13 +61,33 @@ def restore_newest(ckpt: tf.train.Checkpoint, candidates: list[str]) -> tuple[st
     return None, skipped
 
 
-def fit_epochs(model, x, y=None, *, keras_module=None, **fit_kwargs) -> tuple[Callable[[], Elapsed], list[float]]:
+class StepMarker(keras.callbacks.Callback):
+    """Marks each training batch of `fit` as a profiler step (`tf.profiler.experimental.Trace` with its step
+    number), which the profiler's input pipeline analysis needs: Keras 3 marks none. Each step spans the
+    batch's train function call, input included."""
+
+    def __init__(self):
+        super().__init__()
+        self._steps = 0  # numbered across epochs: the profiler merges steps that share a number
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step = tf.profiler.experimental.Trace("train", step_num=self._steps, _r=1)
+        self._step.__enter__()
+        self._steps += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step.__exit__(None, None, None)
+
+
+def fit_epochs(model, x, y=None, *, keras_module=None, callbacks: Sequence = (),
+               **fit_kwargs) -> tuple[Callable[[], Elapsed], list[float]]:
     """A function that trains `model` one more epoch per call, for a `bench.Timer`, and the losses it appends.
 
     Each call returns the epoch's own time as an Elapsed, read by a callback at the epoch's ends: the
     data adapter and callbacks each `fit` call sets up stay out of the clock. Keras reads the epoch's
     logs before its end, so the work is done when the clock stops. `keras_module` is the Keras the
-    model was built with (`tf_keras` for Keras 2; default Keras 3).
+    model was built with (`tf_keras` for Keras 2; default Keras 3). `callbacks` are added to each `fit`
+    (a `StepMarker` makes its steps visible to the profiler).
     """
     losses: list[float] = []
     started: list[float] = []
@@ -75,7 +95,7 @@ def fit_epochs(model, x, y=None, *, keras_module=None, **fit_kwargs) -> tuple[Ca
                                            on_epoch_end=lambda epoch, logs: started.append(time.perf_counter()))
 
     def epoch() -> Elapsed:
-        history = model.fit(x, y, epochs=1, verbose=0, callbacks=[clock], **fit_kwargs)
+        history = model.fit(x, y, epochs=1, verbose=0, callbacks=[clock, *callbacks], **fit_kwargs)
         losses.append(float(history.history["loss"][-1]))
         end, begin = started.pop(), started.pop()
         return Elapsed(end - begin)

@@ -81,8 +81,12 @@ def profiled(profile_dir: str | None, name: str) -> contextlib.AbstractContextMa
     # overwrite each other; TensorBoard shows each folder as a run.
     import tensorflow as tf
 
-    run = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "run"
-    return tf.profiler.experimental.Profile(str(Path(profile_dir) / run))
+    return tf.profiler.experimental.Profile(str(Path(profile_dir) / run_name(name)))
+
+
+def run_name(name: str) -> str:
+    """The folder a trace named `name` is written to (TensorBoard shows it as a run)."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "run"
 
 
 _OVERHEAD: dict[tuple[bool, int], float] = {}
@@ -217,12 +221,22 @@ class Timer:
         self.profile(profile_dir, steps=profile_steps)
         return self._measurement(samples, rounds=1)
 
-    def profile(self, profile_dir: str | None, *, steps: int = 10) -> None:
-        """A TensorBoard trace of `steps` more samples in profile_dir/<name>; nothing when profile_dir is None."""
+    def profile(self, profile_dir: str | Path | None, *, steps: int = 10, mark_steps: bool = False) -> Path | None:
+        """A TensorBoard trace of `steps` more samples in profile_dir/<name>, which it returns; nothing when
+        profile_dir is None. `mark_steps` marks each sample as a profiler step (`Trace("train", step_num=i)`),
+        which the profiler's step-time and input-pipeline analyses need."""
         if profile_dir is None:
-            return
-        with profiled(profile_dir, self.name):
-            self.take(steps)
+            return None
+        import tensorflow as tf
+
+        with profiled(str(profile_dir), self.name):
+            if self.first_call_s is None:
+                self.start()
+            for i in range(steps):
+                step = tf.profiler.experimental.Trace("train", step_num=i, _r=1) if mark_steps else None
+                with step or contextlib.nullcontext():
+                    self._sample(self.block_size)
+        return Path(profile_dir) / run_name(self.name)
 
     def _measurement(self, samples: Sequence[float], *, rounds: int) -> Measurement:
         return Measurement(name=self.name, samples_s=tuple(float(s) for s in samples), block_size=int(self.block_size),

@@ -166,6 +166,7 @@ def bar_chart(records: Sequence[Record], path: Path | str, *, title: str | None 
     import matplotlib.pyplot as plt
 
     key = records[0]["primary"]
+    records = [r for r in records if r["metrics"].get(key) is not None]  # a row that could not measure it
     names = [r["row"] for r in records]
     values = [float(r["metrics"][key]) for r in records]
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(records) + 1.4))

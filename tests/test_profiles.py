@@ -1,0 +1,94 @@
+"""Profiler traces read through XProf: a small real trace converts to op times that are XProf's own
+framework_op_stats, the profiler calls a loop that sleeps in its input pipeline input-bound and the
+same pipeline cached and prefetched not, and the recipes' --profile prints the top operations."""
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfperf.measure import Timer
+from tfperf.measure.profiles import (TraceError, by_type, input_analysis, op_times, ops_table, peak_memory, tool,
+                                     trace_files, traces_by_run)
+from tfperf.recipe import where_the_time_went
+
+
+@pytest.fixture(scope="module")
+def matmul_trace(tmp_path_factory):
+    """A trace of 5 calls of a tf.function: two matmuls and a softmax on a 256x256 matrix."""
+    root = tmp_path_factory.mktemp("traces")
+    x = tf.random.normal([256, 256], seed=0)
+    w = tf.random.normal([256, 256], seed=1)
+    layer = tf.function(lambda: tf.nn.softmax(tf.matmul(tf.nn.relu(tf.matmul(x, w)), w)))
+    timer = Timer(layer, name="two matmuls")
+    timer.start(warmup=1)
+    return root, timer.profile(root, steps=5)
+
+
+def test_a_small_trace_converts_to_xprofs_own_op_stats(matmul_trace):
+    root, where = matmul_trace
+    assert where.parent == root and where.name == "two-matmuls"
+    paths = trace_files(where)
+    ops = op_times(paths)
+    # The ranking is XProf's framework_op_stats, idle time left out, read here without our parser.
+    table = tool(paths, "framework_op_stats")[0]
+    ids = [c["id"] for c in table["cols"]]
+    raw = sorted(([cell["v"] for cell in row["c"]] for row in table["rows"]),
+                 key=lambda r: -r[ids.index("total_self_time")])
+    raw = [r for r in raw if r[ids.index("type")] != "IDLE"]
+    assert [(o.type, o.name) for o in ops] == [(r[ids.index("type")], r[ids.index("operation")]) for r in raw]
+    assert np.isclose(sum(o.share for o in ops), 1.0)
+    matmuls = [o for o in ops if "MatMul" in o.type]
+    assert len(matmuls) == 2 and all(o.occurrences >= 5 for o in matmuls)  # each at least once per call
+    top_type, seconds, share = by_type(ops)[0]
+    assert "MatMul" in top_type and share > 0.5 and seconds > 0
+    assert ops_table(ops, limit=2).count("\n") == 3  # a header, a rule, two rows
+    assert any(b > 256 * 256 * 4 for b in peak_memory(paths).values())  # at least one 256x256 float32 result
+    assert traces_by_run(root) == {"two-matmuls": paths}
+    with pytest.raises(TraceError, match="no profiler trace"):
+        trace_files(root / "nothing-here")
+
+
+def test_the_recipes_profile_flag_prints_the_top_operations_of_its_own_traces(matmul_trace):
+    root, where = matmul_trace
+    text = where_the_time_went(root)
+    assert "## where the time went: two-matmuls" in text and "| MatMul" in text.replace("_Mkl", "").replace(
+        "Fused", "")
+    assert "no trace written" in where_the_time_went(root, since=time.time() + 60)  # older traces are not this run's
+
+
+def loop_trace(root, dataset, name):
+    """A profiled training-like loop over `dataset`: each step reads a batch and computes for a few ms."""
+    w = tf.Variable(tf.random.normal([64, 64], seed=0))
+    work = tf.random.normal([384, 384], seed=1)
+
+    @tf.function
+    def step(x):
+        y = work
+        for _ in range(4):  # about a GFLOP: the step, not the read of a prefetched batch, takes the time
+            y = tf.matmul(y, work) * 1e-3
+        w.assign_sub(1e-6 * tf.matmul(x, tf.matmul(x, w), transpose_a=True) + tf.reduce_mean(y) * 0)
+
+    it = iter(dataset)
+    timer = Timer(lambda: step(next(it)), name=name)
+    timer.start(warmup=1)
+    return input_analysis(trace_files(timer.profile(root, steps=8, mark_steps=True)))
+
+
+def test_the_profilers_input_verdict_both_ways(tmp_path):
+    def load(x):  # stands in for a read that waits: 20 ms a batch, much longer than the step
+        time.sleep(0.02)
+        return x
+
+    batches = tf.data.Dataset.from_tensor_slices(np.ones((4, 32, 64), np.float32))
+    slow = batches.map(lambda x: tf.ensure_shape(tf.py_function(load, [x], tf.float32), [32, 64])).repeat()
+    fast = batches.map(lambda x: tf.ensure_shape(tf.py_function(load, [x], tf.float32), [32, 64])).cache() \
+        .repeat().prefetch(tf.data.AUTOTUNE)
+    for _ in fast.take(4):  # the cache's first pass
+        pass
+    waiting = loop_trace(tmp_path, slow, "slow")
+    assert waiting.input_bound and waiting.input_share > 0.5 and "input-bound" in waiting.conclusion
+    assert waiting.steps >= 6 and waiting.slowest_stage
+    fed = loop_trace(tmp_path, fast, "fast")
+    assert not fed.input_bound and fed.input_share < 0.2

@@ -52,6 +52,59 @@ FACTORIES = textwrap.dedent("""
 """)
 
 
+PIPELINES = textwrap.dedent("""
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def model():
+        inputs = keras.Input((8,), name="features")
+        return keras.Model(inputs, keras.layers.Dense(4)(keras.layers.Dense(16, activation="relu")(inputs)))
+
+    def _examples():
+        rng = np.random.default_rng(0)
+        return tf.data.Dataset.from_tensor_slices((rng.random((64, 8), dtype=np.float32), np.arange(64) % 4))
+
+    def _read(x):  # stands in for reading and decoding files: it waits, 20 ms a batch
+        time.sleep(0.02)
+        return x
+
+    def _load(x, y):
+        return tf.ensure_shape(tf.py_function(_read, [x], tf.float32), [None, 8]), y
+
+    def slow():
+        return _examples().batch(16).map(_load)
+
+    def fast():
+        return _examples().batch(16).map(_load).cache().prefetch(tf.data.AUTOTUNE)
+
+    def unbatched():
+        return _examples()
+
+    def features_only():
+        return _examples().map(lambda x, y: x).batch(16)
+
+    def wrong_width():
+        return tf.data.Dataset.from_tensor_slices((np.zeros((32, 5), np.float32), np.zeros(32, np.int64))).batch(8)
+
+    def a_list():
+        return [1, 2, 3]
+""")
+
+
+@pytest.fixture
+def pipelines(tmp_path, monkeypatch):
+    """A module with a small model and tf.data pipelines for it, importable as `pipelines_<test>`."""
+    name = f"pipelines_{abs(hash(str(tmp_path)))}"
+    (tmp_path / f"{name}.py").write_text(PIPELINES)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
 @pytest.fixture
 def factories(tmp_path, monkeypatch):
     """A module of model factories in the working folder, importable as `factories_<test>`."""
@@ -331,8 +384,24 @@ def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, cap
                       cwd=tmp_path)
     assert "Doctor took" in proc.stdout and "goal for --quick" in proc.stdout
     assert "doctor [" in proc.stderr and "threads at batch 8" in proc.stderr  # the progress bar
-    assert sorted(p.name for p in out.iterdir()) == ["doctor.conclusion.md", "doctor.jsonl", "figures", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["doctor.conclusion.md", "doctor.jsonl", "figures", "report.md",
+                                                     "traces"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "small.keras"]
+    # The top-operations table it printed is XProf's own framework_op_stats of the trace it left in --out.
+    from tfperf.measure.profiles import tool, trace_files
+
+    lines = proc.stdout.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("**tf.function at batch 8**")))
+    printed = [row.split(" | ")[:2] for row in lines[start + 4:] if row.startswith("| ")]
+    printed = printed[:next((i for i, r in enumerate(printed) if r[0] == "| op type"), len(printed))]
+    trace = next(line for line in lines[start:] if line.startswith("Trace: `")).split("`")[1]
+    assert trace.startswith(str(out / "traces"))
+    table = tool(trace_files(trace), "framework_op_stats")[0]
+    ids = [c["id"] for c in table["cols"]]
+    raw = sorted((dict(zip(ids, (c["v"] for c in row["c"]))) for row in table["rows"]),
+                 key=lambda r: -r["total_self_time"])
+    raw = [[f"| {r['type']}", r["operation"]] for r in raw if r["type"] != "IDLE"]
+    assert printed and printed == raw[:len(printed)]
     records = read_records(out / "doctor.jsonl")
     threads = [r for r in records if r["table"] == "threads at batch 8"]
     assert threads[0]["row"] == "default threads" and len(threads) >= 2
@@ -342,3 +411,82 @@ def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, cap
     assert main(["compare", str(out / "doctor.jsonl"), str(out / "doctor.jsonl")]) == 0
     assert "regressed" in capsys.readouterr().out
     assert json.loads((out / "doctor.jsonl").read_text().splitlines()[0])["args"]["model"].endswith("small.keras")
+
+
+def test_on_your_pipeline_the_doctor_says_whether_training_waits_for_data(pipelines, tmp_path):
+    from tfperf.doctor.pipeline import VARIANTS_TABLE, load_data
+    from tfperf.doctor.training import training_loss
+
+    subject = load_subject(f"{pipelines}:model")
+    loss = training_loss("sparse_categorical_crossentropy", True)
+    base = dict(TINY, batch_sizes=(1,), exported=False, train=True, loss="sparse_categorical_crossentropy",
+                from_logits=True)
+    slow = doctor.diagnose(subject, doctor.Options(**base, data=load_data(f"{pipelines}:slow", subject, loss, 64)),
+                           tmp_path / "slow")
+    check = slow.input_check
+    assert check.timing_verdict == "input-bound" and check.share > 0.5 and check.ms_per_batch
+    assert check.profiler is not None and check.profiler.input_bound and "input-bound" in check.profiler.conclusion
+    assert "The two agree" in check.describe()
+    # A measured input change is advised, ranked with the rest; the model-side training rows wait.
+    advised = [a for a, _ in slow.advice if a.section == VARIANTS_TABLE]
+    assert advised and advised[0].row == "+ cache, prefetch" and "cache()" in advised[0].code
+    assert "training" in slow.skipped and "input pipeline" in slow.skipped["training"]
+    summary = doctor.summary(slow)
+    assert summary.index("waits for data") < summary.index("Advice") and "## Where the time goes" in summary
+    traced = [p for p in slow.profiles if p.input is not None]
+    assert traced and traced[0].input.input_share == check.profiler.input_share
+
+    fast = doctor.diagnose(subject, doctor.Options(**base, data=load_data(f"{pipelines}:fast", subject, loss, 64)),
+                           tmp_path / "fast")
+    assert not fast.input_check.input_bound and fast.input_check.timing_verdict != "input-bound"
+    assert not [a for a, _ in fast.advice if a.section == VARIANTS_TABLE] and "input pipeline variants" in fast.skipped
+    records = check_structure(fast, tmp_path / "out", ["input pipeline: is training waiting for data?", "training"])
+    assert {"plain fit (batch 16)", "steps_per_execution=16"} <= {r["row"] for r in records if r["table"] == "training"}
+
+
+def test_bad_data_is_one_line_with_exit_2(pipelines, capsys):
+    train = [f"{pipelines}:model", "--quick", "--train", "--loss", "sparse_categorical_crossentropy"]
+    one_line_error(capsys, [*train, "--data", "no_such_module_here:load"], "cannot import")
+    one_line_error(capsys, [*train, "--data", f"{pipelines}:a_list"], "not a tf.data.Dataset")
+    one_line_error(capsys, [*train, "--data", f"{pipelines}:unbatched"], "batch them")
+    one_line_error(capsys, [*train, "--data", f"{pipelines}:features_only"], "(inputs, targets)")
+    one_line_error(capsys, [*train, "--data", f"{pipelines}:wrong_width"], "does not take the first batch")
+    one_line_error(capsys, [f"{pipelines}:model", "--data", f"{pipelines}:fast"], "add --train")
+    with pytest.raises(SystemExit) as refused:  # argparse refuses it, in one line
+        main(["doctor", *train, "--memory-budget", "lots"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "is not a size" in err and len(err.strip().splitlines()) == 1
+
+
+def check_fit(fit, budget):
+    """A BatchFit found by trying: the largest batch fits the budget, a batch within `resolution` above it
+    does not, and every try is listed in the order it was made."""
+    from tfperf.doctor.profile import FITS, UNSEEN
+
+    peaks = {b: (p, why) for b, p, why in fit.tries}
+    assert fit.largest and peaks[fit.largest][1] in (FITS, UNSEEN)
+    assert all(p is None or p <= budget for p, why in peaks.values() if why == FITS)
+    over = [b for b, (p, why) in peaks.items() if why not in (FITS, UNSEEN)]
+    assert over and min(b for b in over if b > fit.largest) - fit.largest <= fit.resolution
+    assert [b for b, _, _ in fit.tries][:3] == [1, 2, 4]  # doubling first, then bisecting
+    text = fit.describe()
+    assert f"**{fit.largest}**" in text and "Found by trying" in text
+
+
+def test_the_memory_budget_finds_the_largest_batch_by_trying(tmp_path):
+    from tfperf.doctor.memory import memory_budget
+
+    budget = 40 * 2**20
+    train = doctor.Options(memory_budget=budget, train=True, loss="sparse_categorical_crossentropy",
+                           from_logits=True)
+    _, _, fit = memory_budget(load_subject("cnn"), train, lambda step: None, tmp_path / "cnn")
+    check_fit(fit, budget)
+    assert fit.what.startswith("a training step") and fit.place == "host"
+    keras.utils.set_random_seed(0)
+    keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10).save(
+        tmp_path / "mobilenet.keras")
+    budget = 6 * 2**20
+    _, _, fit = memory_budget(load_subject(str(tmp_path / "mobilenet.keras")), doctor.Options(memory_budget=budget),
+                              lambda step: None, tmp_path / "mobilenet")
+    check_fit(fit, budget)
+    assert fit.what.startswith("an inference call")

@@ -216,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tfperf` console script."""
+    # TensorFlow's and XProf's info logs would bury the progress lines; read when TensorFlow loads.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

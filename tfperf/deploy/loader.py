@@ -213,18 +213,20 @@ def cookbook_subject(name: str, *, weights: str | None = None, input_shape: tupl
                 restore_weights(model, weights)
             except FileNotFoundError as exc:
                 raise ModelError(str(exc)) from None
-    subject = keras_subject(model, name, {}, factory=None)
     shape = tuple(int(d) for d in model.input_shape[1:])
+    classes = int(model.output_shape[-1])
+    # get_net builds under the dtype policy in force, with float32 logits: the factory for `fresh`.
+    subject = keras_subject(model, name, {}, factory=lambda: get_net(name, input_shape=shape, num_classes=classes),
+                            builds_under_policy=True)
     return dataclasses.replace(subject, inputs=(InputSpec(COOKBOOK_INPUT, "float32", shape),),
                                structure=COOKBOOK_INPUT, head=classifier_head, classifier="probabilities")
 
 
-def _load_factory(source: str):
-    import keras
-
+def import_callable(source: str, what: str = "factory"):
+    """The function `module:function` names, imported from the working folder or installed packages."""
     module_name, _, attr = source.partition(":")
     if not module_name or not attr:
-        raise ModelError(f"{source!r}: give module:factory, e.g. mypackage.models:build")
+        raise ModelError(f"{source!r}: give module:{what}, e.g. mypackage.models:build")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a module beside the user, as `python -m` would find it
     try:
@@ -232,9 +234,16 @@ def _load_factory(source: str):
     except ImportError as exc:
         raise ModelError(f"cannot import {module_name!r} for {source}: {first_line(exc)} (run from the folder "
                          f"that holds it, or install it)") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
+    function = getattr(module, attr, None)
+    if not callable(function):
         raise ModelError(f"{module_name} has no function {attr!r} (for {source})")
+    return function
+
+
+def _load_factory(source: str):
+    import keras
+
+    factory = import_callable(source)
 
     def build():
         try:

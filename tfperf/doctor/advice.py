@@ -26,6 +26,11 @@ class Diagnosis:
     facts: dict[str, Any]
     elapsed_s: float = 0.0
     took_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per experiment, in order
+    profiles: list[Any] = dataclasses.field(default_factory=list)  # profile.Profiled, one per variant traced
+    peaks: dict[str, Any] = dataclasses.field(default_factory=dict)  # each variant's peak bytes by allocator
+    profile_s: float = 0.0  # what the profile pass took, within the experiments' times
+    input_check: Any = None  # pipeline.InputCheck, with --data
+    batch_fit: Any = None  # profile.BatchFit, with --memory-budget
 
     @property
     def wins(self) -> list[Finding]:
@@ -83,6 +88,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
     else:
         lines += [f"FLOPs per example not computed (TensorFlow's profiler could not count this model's graph); "
                   f"matmul rate measured now: {f['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s.", ""]
+    if d.input_check is not None:
+        lines += [d.input_check.describe(), ""]
     advice = d.advice
     if advice:
         lines += ["Advice, largest measured gain first (each a 95% interval from interleaved rounds that clears "
@@ -94,6 +101,23 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines += ["", "Pitfalls, measured on your model (what calling a tf.function of it one way or another costs; "
                       "your model's own call does not fall into them, so they are not ranked as advice):", ""]
         lines += [_item(k, a, also) for k, (a, also) in enumerate(d.pitfalls, start=1)]
+    if d.profiles:
+        lines += ["", "## Where the time goes", "",
+                  "From the profile pass: traces of variants measured above, taken after their timed rounds and "
+                  "read with XProf (top operations by self time, from its framework_op_stats).", ""]
+        for found in d.profiles:
+            lines += [found.describe(), ""]
+    if d.peaks:
+        from tfperf.doctor.profile import host_and_device, megabytes
+
+        lines += ["Peak memory of TensorFlow's allocators during one traced call of each variant (LiteRT and ONNX "
+                  "Runtime allocate outside TensorFlow's view):", ""]
+        for label, peaks in d.peaks.items():
+            host, device = host_and_device(peaks)
+            lines.append(f"- {label}: {megabytes(host)}" + (f" host, {megabytes(device)} GPU" if device else ""))
+        lines.append("")
+    if d.batch_fit is not None:
+        lines += [d.batch_fit.describe(), ""]
     lines += ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")
@@ -105,6 +129,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         took += f" (goal for --quick: under {goal_s:.0f} s: {'met' if d.elapsed_s <= goal_s else 'NOT met'})"
     if d.took_s:
         took += ": " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in d.took_s.items())
+    if d.profiles or d.peaks:
+        took += f"; the profile pass within them {d.profile_s:.1f} s ({d.profile_s / d.elapsed_s:.0%} of the run)"
     lines += ["", took + "."]
     return "\n".join(lines)
 

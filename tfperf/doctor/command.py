@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -25,6 +26,24 @@ def batch_sizes(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
+def memory_size(text: str) -> int:
+    """A --memory-budget: 512MB, 2GB, or bytes."""
+    from tfperf.doctor.profile import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def available_memory() -> int | None:
+    """The host memory available now, in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def add_command(sub) -> None:
     """Add `doctor` to the `tfperf` subcommands."""
     p = sub.add_parser("doctor", help="run the cookbook's experiments on your own model: advice ranked by measured gain",
@@ -41,6 +60,14 @@ def add_command(sub) -> None:
     p.add_argument("--train", action="store_true", help="also run the training experiments (needs --loss)")
     p.add_argument("--loss", help="Keras loss name for --train, e.g. sparse_categorical_crossentropy")
     p.add_argument("--from-logits", action="store_true", help="the model outputs logits (for the --loss)")
+    p.add_argument("--data", metavar="MODULE:FUNCTION",
+                   help="train on your own input pipeline: a function returning a tf.data.Dataset of (inputs, "
+                        "targets) batches; doctor then says whether training waits for data and measures fixes")
+    p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
+                   help="find the largest batch whose inference call (with --train: training step) stays within "
+                        "SIZE of memory (e.g. 2GB), by trying batch sizes")
+    p.add_argument("--no-profile", action="store_true",
+                   help="skip the profile pass (traces of the measured variants, read with XProf, in OUT/traces)")
     p.add_argument("--batch-sizes", type=batch_sizes, help="batch sizes to sweep (default 1,32,256; --quick 1,64)")
     p.add_argument("--quick", action="store_true", help=f"fewer rounds and sizes: a small model in under "
                                                         f"{QUICK_GOAL_S // 60} minutes on 2 cores")
@@ -81,6 +108,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from tfperf.deploy.inputs import check_runs, make_inputs, read_sample
     from tfperf.deploy.loader import load_subject, parse_input_shapes
     from tfperf.doctor.threads import serve_thread_timers
+    from tfperf.doctor.pipeline import load_data
     from tfperf.doctor.training import training_loss
 
     try:
@@ -91,6 +119,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise UserError("--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)")
         if args.loss and not args.train:
             raise UserError("--loss is for the training experiments: add --train")
+        if args.data and not args.train:
+            raise UserError("--data is what the training experiments train on: add --train --loss LOSS")
+        free = available_memory()
+        if args.memory_budget and free and args.memory_budget > free:
+            raise UserError(f"--memory-budget {args.memory_budget / 2**30:.1f} GB is more than the "
+                            f"{free / 2**30:.1f} GB of memory available now: give at most that")
         shapes = parse_input_shapes(args.input_shape or [])
         sample = read_sample(args.sample) if args.sample else None
         subject = load_subject(args.model, input_shapes=shapes, trust=args.trust, signature=args.signature)
@@ -104,10 +138,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             loss=args.loss, from_logits=args.from_logits, train_examples=512 if args.quick else 2048,
             threads=not args.no_threads, quick=args.quick,
             budget_s=args.budget or (QUICK_GOAL_S - 30 if args.quick else None), seed=args.seed, sample=sample,
-            sample_path=args.sample, trust=args.trust, input_shapes=shapes)
+            sample_path=args.sample, trust=args.trust, input_shapes=shapes, profile=not args.no_profile,
+            memory_budget=args.memory_budget)
         # What can be refused is refused before anything is measured or written.
         if args.train:
-            training_loss(args.loss, args.from_logits)
+            loss = training_loss(args.loss, args.from_logits)
+            if args.data:
+                options.data = load_data(args.data, subject, loss, options.train_examples)
         check_runs(subject, make_inputs(subject, 2, seed=args.seed, sample=sample))
         created = not out.exists()
         workdir = out / ".work"  # conversions happen here: nothing is written outside --out
@@ -115,7 +152,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         try:
             plan = doctor.plan(subject, options)
             print(f"doctor: {subject.source}: {len(plan)} steps: {', '.join(plan)}", file=sys.stderr)
-            diagnosis = doctor.diagnose(subject, options, workdir, progress=progress_bar(len(plan)))
+            diagnosis = doctor.diagnose(subject, options, workdir, traces=out / "traces",
+                                        progress=progress_bar(len(plan)))
             report = doctor.write_report(diagnosis, out, goal_s=QUICK_GOAL_S if args.quick else None)
         except BaseException:
             if created:  # a run that failed leaves nothing behind
@@ -127,4 +165,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     print(doctor.summary(diagnosis, goal_s=QUICK_GOAL_S if args.quick else None))
     print(f"\nreport: {report}\nrecords: {out / (doctor.RECIPE + '.jsonl')} (compare two runs with tfperf compare)")
+    if diagnosis.profiles:
+        print(f"traces: {out / 'traces'} (tensorboard --logdir {out / 'traces'}, or XProf)")
     return 0

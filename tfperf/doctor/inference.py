@@ -85,8 +85,10 @@ def mfu(examples_per_s: float, facts: Mapping[str, Any], *, passes: float = 1.0)
 
 
 def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
-              facts: Mapping[str, Any]) -> tuple[list[Finding], dict]:
-    """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size."""
+              facts: Mapping[str, Any], profiler=None) -> tuple[list[Finding], dict]:
+    """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size; `profiler` (a
+    ProfilePass) then traces tf.function at the smallest and largest batch, and the peak memory of each
+    TensorFlow row at the largest."""
     import tensorflow as tf
 
     from tfperf.measure import Timer, versus
@@ -158,6 +160,15 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             agrees = diffs[row] <= FLOAT_TOLERANCE
             note = "" if agrees else f"outputs differ from the model's by up to {diffs[row]:.2g} of their scale"
             findings.append(Finding(table, row, baseline, c, code, cost, agrees, note))
+        if profiler is not None and batch in (batches[0], batches[-1]):  # after the race: never a sample
+            by_name = {t.name: t for t in timers}
+            flops = facts.get("flops_per_example")
+            if "tf.function" in by_name:
+                profiler.trace(by_name["tf.function"], f"tf.function at batch {batch}", f"inference-batch-{batch}",
+                               call_s=raced["tf.function"].median_s, flops_per_call=flops * batch if flops else None)
+            if batch == batches[-1]:  # memory: the TensorFlow rows (other runtimes allocate outside its view)
+                for row in [r for r in by_name if r not in runtimes and r != "tf.function"]:
+                    profiler.peak(by_name[row], f"{row} at batch {batch}", f"inference-batch-{batch}")
         # XLA: the question users ask is whether to turn it on for a function they already trace.
         if "tf.function" in raced.measurements and "tf.function, jit_compile=True" in raced.measurements:
             _, _, code, cost = calls["tf.function, jit_compile=True"]

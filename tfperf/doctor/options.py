@@ -57,5 +57,8 @@ class Options:
     sample_path: str | None = None  # where `sample` came from, for the thread-sweep processes
     trust: bool = False
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    profile: bool = True  # the profile pass: traces of measured variants, read through XProf
+    data: Any = None  # pipeline.UserData: the user's tf.data pipeline to train on (--data)
+    memory_budget: int | None = None  # bytes: find the largest batch within them (--memory-budget)
 
 

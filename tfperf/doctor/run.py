@@ -6,10 +6,12 @@ inputs respect what it declares: dtypes, integer tokens within the embeddings' v
 where an embedding masks zeros, several inputs in lists or dicts. Then, each through tfperf.bench
 (interleaved rounds, verdicts from confidence intervals): inference (predict(), model(x),
 tf.function, XLA, LiteRT, ONNX Runtime) at batch 1 and over a batch sweep with outputs checked
-against the model's; retracing; TensorFlow's thread pools, in processes of their own; and, given a
-loss, training (steps_per_execution, jit_compile, mixed precision, batch sizes). `advise` turns the
-gains whose interval clears the bar into advice ranked by the measured ratio; the rest is listed as
-"no measurable gain" and not recommended.
+against the model's; retracing; TensorFlow's thread pools, in processes of their own; given a loss,
+training (steps_per_execution, jit_compile, mixed precision, batch sizes), on the user's own pipeline
+with --data (then: is it input-bound, and what fixes it); the largest batch within a memory budget.
+A profile pass traces the measured variants after their races (`profile`). `advise` turns the gains
+whose interval clears the bar into advice ranked by the measured ratio; the rest is listed as "no
+measurable gain" and not recommended.
 """
 
 import time
@@ -19,7 +21,10 @@ from pathlib import Path
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.advice import Diagnosis
 from tfperf.doctor.inference import inference, model_facts
+from tfperf.doctor.memory import memory_budget
 from tfperf.doctor.options import RECIPE, Finding, Options
+from tfperf.doctor.pipeline import input_pipeline
+from tfperf.doctor.profile import ProfilePass
 from tfperf.doctor.retracing import retracing
 from tfperf.doctor.threads import thread_batches, threads
 from tfperf.doctor.training import training
@@ -31,32 +36,56 @@ def plan(subject: Subject, options: Options) -> list[str]:
     steps = ["the model", *[f"inference at batch {b}" for b in batches]]
     if options.threads:
         steps += [f"threads at batch {b}" for b in thread_batches(subject, options)]
+    if options.data is not None:
+        steps.append("input pipeline")
     if options.train:
         steps.append("training")
+    if options.memory_budget:
+        steps.append("memory budget")
     return [*steps, "retracing"]
 
 
-def diagnose(subject: Subject, options: Options, workdir: Path, *,
+def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path | None = None,
              progress: Callable[[str], None] = lambda step: None) -> Diagnosis:
     """Every experiment in turn, each skipped (and said so) once the budget is spent; the pitfalls
-    (retracing) last, as what matters least to the model as it is used."""
+    (retracing) last, as what matters least to the model as it is used. The profile pass writes its
+    traces under `traces` (default: workdir/traces)."""
     from tfperf.records.records import Recorder
 
     started = time.perf_counter()
     args = {"model": subject.source, "batch_sizes": list(options.batch_sizes), "rounds": options.rounds,
-            "train": options.train, "loss": options.loss, "seed": options.seed}
+            "train": options.train, "loss": options.loss, "seed": options.seed,
+            "data": options.data.source if options.data is not None else None,
+            "memory_budget": options.memory_budget}
     rec = Recorder(RECIPE, args)
     progress("the model")
     facts = model_facts(subject, quick=options.quick, sample=options.sample)
     took = {"the model": time.perf_counter() - started}
     findings: list[Finding] = []
     skipped: dict[str, str] = {}
+    traces = traces or workdir / "traces"
+    profiler = ProfilePass(traces, rec, facts) if options.profile else None
+    found: dict[str, object] = {}  # what a section finds beside its findings (an InputCheck, a BatchFit)
+
+    def keep(name: str, result: tuple) -> tuple[list[Finding], dict]:
+        found[name] = result[2]
+        return result[0], result[1]
+
     sections: list[tuple[str, Callable[[], tuple[list[Finding], dict]]]] = [
-        ("inference", lambda: inference(subject, rec, options, workdir, progress, facts))]
+        ("inference", lambda: inference(subject, rec, options, workdir, progress, facts, profiler))]
     if options.threads:
         sections.append(("threads", lambda: threads(subject, rec, options, progress)))
+    if options.data is not None:  # first: while training waits for data, a faster step gains nothing
+        sections.append(("input pipeline", lambda: keep("input pipeline", input_pipeline(
+            subject, rec, options, progress, profiler, facts))))
     if options.train:
-        sections.append(("training", lambda: training(subject, rec, options, progress, facts)))
+        sections.append(("training", lambda: training(subject, rec, options, progress, facts, profiler)
+                         if not getattr(found.get("input pipeline"), "input_bound", False) else
+                         ([], {"training": "not run: training waits for its data, so a faster step would wait "
+                                           "longer; fix the input pipeline first, then run the doctor again"})))
+    if options.memory_budget:
+        sections.append(("memory budget", lambda: keep("memory budget", memory_budget(
+            subject, options, progress, traces / "memory-budget"))))
     sections.append(("retracing", lambda: (progress("retracing"), retracing(subject, rec, options))[1]))
     for name, run in sections:
         spent = time.perf_counter() - started
@@ -64,10 +93,15 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *,
             skipped[name] = f"not run: the --budget of {options.budget_s:.0f} s was spent ({spent:.0f} s)"
             continue
         began = time.perf_counter()
-        found, left_out = run()
+        section_findings, left_out = run()
         took[name] = time.perf_counter() - began
-        findings += found
+        findings += section_findings
         skipped.update(left_out)
-    return Diagnosis(subject, rec, findings, skipped, facts, time.perf_counter() - started, took)
+    if profiler is not None:
+        skipped.update(profiler.failed)
+    return Diagnosis(subject, rec, findings, skipped, facts, time.perf_counter() - started, took,
+                     profiles=profiler.found if profiler else [], peaks=profiler.peaks if profiler else {},
+                     profile_s=profiler.took_s if profiler else 0.0, input_check=found.get("input pipeline"),
+                     batch_fit=found.get("memory budget"))
 
 

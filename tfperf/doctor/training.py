@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from tfperf.deploy.errors import first_line
-from tfperf.deploy.inputs import check_runs, make_inputs
+from tfperf.deploy.inputs import make_inputs
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.inference import mfu
 from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
@@ -54,32 +54,30 @@ def training_loss(name: str | None, from_logits: bool) -> Callable:
     return on_logits
 
 
-def training(subject: Subject, rec, options: Options, progress,
-             facts: Mapping[str, Any] | None = None) -> tuple[list[Finding], dict]:
+def training(subject: Subject, rec, options: Options, progress, facts: Mapping[str, Any] | None = None,
+             profiler=None) -> tuple[list[Finding], dict]:
     """Plain fit against steps_per_execution, jit_compile, mixed precision and larger batches, epoch for
-    epoch from the same weights; final losses checked finite and in agreement."""
+    epoch from the same weights, on synthetic arrays or the user's pipeline (`options.data`); final losses
+    checked finite and in agreement. `profiler` (a ProfilePass) then traces plain fit's epoch and the peak
+    memory of each."""
     import keras
     import tensorflow as tf
 
     from tfperf.measure import Timer
     from tfperf.records.records import race_table
-    from tfperf.train import fit_epochs
+    from tfperf.train import StepMarker, fit_epochs
 
     if subject.fresh is None:
         raise DoctorError("training experiments need the Keras model: give a .keras file or module:factory, "
                           "not a SavedModel")
     progress("training")
-    examples = options.train_examples
-    flat = make_inputs(subject, examples, seed=options.seed, sample=options.sample)
-    x = subject.pack(flat)
-    rng = np.random.default_rng(options.seed + 1)
-    outputs = check_runs(subject, make_inputs(subject, 2, seed=options.seed, sample=options.sample))
-    if options.sample is not None and "y" in options.sample:
-        y_sample = options.sample["y"]
-        y = y_sample[np.resize(np.arange(len(y_sample)), examples)]
+    data = options.data
+    if data is not None:  # the user's pipeline: its batches, its batch size
+        examples, x, y = data.examples, data.dataset, None
     else:
-        labels = training_labels(subject, options.loss, list(outputs.values()), examples, rng)
-        y = labels[0] if len(labels) == 1 else labels
+        examples = options.train_examples
+        x = subject.pack(make_inputs(subject, examples, seed=options.seed, sample=options.sample))
+        y = synthetic_targets(subject, options, examples)
     loss_fn = training_loss(options.loss, options.from_logits)
     plain_batch = 32  # Keras' default batch size: what model.fit(x, y) uses
     gpu = bool(tf.config.list_physical_devices("GPU"))
@@ -92,21 +90,30 @@ def training(subject: Subject, rec, options: Options, progress,
                 "model.compile(..., jit_compile=True)", "an XLA compile before the first epoch (first call below)"),
                (mixed, mixed, {}, plain_batch, f"keras.mixed_precision.set_global_policy({mixed!r})  # before building",
                 "lower-precision activations: check accuracy; keep the last layer float32")]
-    configs += [(f"batch {b}", None, {}, b, f"model.fit(x, y, batch_size={b})",
-                 "fewer optimizer steps per epoch: retune the learning rate; more activation memory")
-                for b in sorted(set(options.batch_sizes)) if b > plain_batch and b <= examples]
-    trainers, skipped = [], {}
+    skipped = {}
+    if data is None:
+        configs += [(f"batch {b}", None, {}, b, f"model.fit(x, y, batch_size={b})",
+                     "fewer optimizer steps per epoch: retune the learning rate; more activation memory")
+                    for b in sorted(set(options.batch_sizes)) if b > plain_batch and b <= examples]
+    else:
+        configs[0] = (f"plain fit (batch {data.batch})", *configs[0][1:3], data.batch, "", "")
+        skipped["training: batch sizes"] = f"set by {data.source} (batch {data.batch}): batch it otherwise to compare"
+    trainers = []
     for row, policy, compile_options, batch, code, cost in configs:
         try:
             model = subject.fresh(policy)
             model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss_fn, **compile_options)
-            epoch, losses = fit_epochs(model, x, y, batch_size=batch, shuffle=False)
+            epoch, losses = fit_epochs(model, x, y, callbacks=[StepMarker()], shuffle=False,
+                                       **({} if data is not None else {"batch_size": batch}))
             timer = Timer(epoch, name=row, items_per_call=examples)
             timer.start(warmup=0)
         except DoctorError:
             raise
         except Exception as exc:
             if row.startswith("plain"):
+                if data is not None:
+                    raise DoctorError(f"the model does not train on {data.source} with --loss {options.loss}: "
+                                      f"{type(exc).__name__}: {first_line(exc)}") from None
                 raise DoctorError(f"the model does not train with --loss {options.loss} on doctor's synthetic "
                                   f"targets ({type(exc).__name__}: {first_line(exc)}): pass targets as 'y' in "
                                   f"--sample FILE.npz") from None
@@ -138,6 +145,29 @@ def training(subject: Subject, rec, options: Options, progress,
         note = "" if agrees else (f"final loss {loss:.4g} against {plain_loss:.4g}: not finite" if not
                                   math.isfinite(loss) else f"final loss {loss:.4g} against plain fit's {plain_loss:.4g}")
         findings.append(Finding("training", row, plain, raced.comparisons[row], code, cost, agrees, note))
+    if profiler is not None:  # after the race: the traced epochs are never samples
+        flops = facts.get("flops_per_example") if facts else None
+        if data is None:  # on the user's pipeline, plain fit was traced by the input pipeline check
+            profiler.trace(trainers[0][1], f"training: {plain}", "training", call_s=raced[plain].median_s, calls=1,
+                           steps_per_call=math.ceil(examples / plain_batch),
+                           flops_per_call=3 * flops * examples if flops else None)
+        for row, timer, _, _, _ in trainers[1:]:
+            profiler.peak(timer, f"training: {row}", "training")
     return findings, skipped
+
+
+def synthetic_targets(subject: Subject, options: Options, examples: int):
+    """Targets for `examples` synthetic rows: the sample's 'y' repeated, or labels the loss accepts."""
+    if options.sample is not None and "y" in options.sample:
+        y_sample = options.sample["y"]
+        return y_sample[np.resize(np.arange(len(y_sample)), examples)]
+    import tensorflow as tf
+
+    # The Keras model's own outputs (not the subject's, which may add named heads such as probabilities).
+    outputs = subject.model(subject.pack(make_inputs(subject, 2, seed=options.seed, sample=options.sample)),
+                            training=False)
+    labels = training_labels(subject, options.loss, [np.asarray(o) for o in tf.nest.flatten(outputs)], examples,
+                             np.random.default_rng(options.seed + 1))
+    return labels[0] if len(labels) == 1 else tf.nest.pack_sequence_as(outputs, labels)
 
 

@@ -2,7 +2,8 @@
 
 A training step waits for its batch. If loading a batch takes longer than the step, the accelerator
 idles whatever its speed; overlapping (prefetch), parallel loading (map with num_parallel_calls) and
-caching remove the wait.
+caching remove the wait. TensorFlow's profiler, read through XProf, must call the same pipelines
+input-bound as the recipe's own timeline does.
 
 Run:   python recipes/input_pipeline.py --quick        (about a minute on 2 CPU cores)
 Needs: TensorFlow 2.21 and Keras 3; synthetic data, offline.
@@ -23,6 +24,7 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf.measure import Timer, versus
+from tfperf.measure.profiles import INPUT_BOUND_SHARE, input_analysis, trace_files
 from tfperf.models import get_net
 from tfperf.recipe import Conclusion, Recipe
 from tfperf.records.report import timeline_chart
@@ -68,6 +70,8 @@ EVENTS: list[tuple[str, float, float]] = []  # (thread, start, end) of every loa
 class Found:
     figure: str  # the timeline chart
     load_s: float  # what loading one batch cost
+    variants: tuple[str, ...]  # the pipelines measured
+    traces: str  # where the profiler's traces are
 
 
 def add_flags(p) -> None:
@@ -105,6 +109,7 @@ def measure(args, rec) -> Found:
     # One variant after another, not interleaved: a prefetching pipeline keeps loading while it is not
     # read, so after another variant's turn its buffer would be full and its first steps free.
     timelines, measured = {}, {}
+    traces = args.profile or os.path.join(args.out, "traces")  # the profiler's traces: kept for TensorBoard
     for row, ds in variants.items():
         it = iter(ds)
         if row.startswith("cache"):
@@ -127,15 +132,18 @@ def measure(args, rec) -> Found:
         t_origin = time.perf_counter()
         m = measured[row] = timer.measure(args.steps, warmup=0)
         waits = np.array([t1 - t0 for t0, t1 in consumer[:m.n]])
-        rec.add(TABLE, row, {
-            "ms_per_step": m.median_s * 1e3, "waiting_for_input_ms": float(np.median(waits)) * 1e3,
-            "input_bound_share": float(waits.sum() / sum(m.samples_s)), "samples_per_s": m.items_per_s},
-            primary="ms_per_step", lower_is_better=True, measurement=m,
-            comparison=versus(measured["naive: map, no overlap"], m) if row != "naive: map, no overlap" else None)
         # The timeline: each step from its request for a batch to the next request (the last one is left out).
         timelines[row] = (t_origin, [(t0, t1, t2) for (t0, t1), (t2, _) in zip(consumer, consumer[1:m.n])],
                           list(EVENTS))
-        timer.profile(args.profile)  # a separate pass, after the recorded one
+        # The profiler's view of the same loop, in a separate pass: each step marked, read by XProf.
+        trace = timer.profile(traces, steps=10, mark_steps=True)
+        profiler = input_analysis(trace_files(trace))
+        rec.add(TABLE, row, {
+            "ms_per_step": m.median_s * 1e3, "waiting_for_input_ms": float(np.median(waits)) * 1e3,
+            "input_bound_share": float(waits.sum() / sum(m.samples_s)),
+            "profiler_input_share": profiler.input_share if profiler else None, "samples_per_s": m.items_per_s},
+            primary="ms_per_step", lower_is_better=True, measurement=m,
+            comparison=versus(measured["naive: map, no overlap"], m) if row != "naive: map, no overlap" else None)
     rec.add(TABLE, "model alone (data in memory)", {
         "ms_per_step": step.median_s * 1e3, "waiting_for_input_ms": 0.0, "input_bound_share": 0.0,
         "samples_per_s": step.items_per_s}, primary="ms_per_step", lower_is_better=True, measurement=step)
@@ -157,7 +165,7 @@ def measure(args, rec) -> Found:
                             colors={"waiting for input": "#C44E52", "training step": "#4C72B0",
                                     "loading a batch": "#55A868"})
 
-    return Found(str(figure), load_s)
+    return Found(str(figure), load_s, tuple(variants), traces)
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -165,6 +173,19 @@ def conclude(args, rec, found: Found) -> Conclusion:
     naive, tuned, alone = m["naive: map, no overlap"], m["parallel map + prefetch"], m["model alone (data in memory)"]
     gain = next(r for r in rec.table(TABLE) if r["row"] == "parallel map + prefetch")
     load_s = found.load_s
+    # The recipe's own timing and the profiler's step breakdown must call the same variants input-bound.
+    verdicts, disagree = [], []
+    for row in found.variants:
+        own, prof = m[row]["input_bound_share"], m[row].get("profiler_input_share")
+        if prof is None:
+            disagree.append(f"{row}: the profiler found no marked step")
+            continue
+        ours, theirs = own >= INPUT_BOUND_SHARE, prof >= INPUT_BOUND_SHARE
+        verdicts.append(f"{row}: waiting {own:.0%} by the timeline, {prof:.0%} by the profiler: "
+                        f"{'input-bound' if theirs else 'not input-bound'}"
+                        + ("" if ours == theirs else " by the profiler only" if theirs else " by the timeline only"))
+        if ours != theirs:
+            disagree.append(row)
     return Conclusion((
         f"With loading at {load_s * 1e3:.0f} ms per batch and a {alone['ms_per_step']:.0f} ms model step, the naive "
         f"pipeline took {naive['ms_per_step']:.0f} ms per step and spent {naive['input_bound_share']:.0%} of its "
@@ -176,7 +197,11 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"{tuned['input_bound_share']:.0%} waiting), against {alone['ms_per_step']:.0f} ms for the model alone; "
         f"the cache's second pass took {m['cache (second pass)']['ms_per_step']:.0f} ms. Loads that wait (I/O) "
         f"overlap freely; loads that compute (decoding, augmentation) compete with the model for the same "
-        f"cores, which is when moving them off the training host or caching them pays most."), [f"timeline: {found.figure}"])
+        f"cores, which is when moving them off the training host or caching them pays most. TensorFlow's profiler, "
+        f"reading a trace of ten more steps of each, calls the same variants input-bound (from "
+        f"{INPUT_BOUND_SHARE:.0%} of the step waiting, its 'HIGHLY input-bound'): "
+        f"{'; '.join(verdicts)}."), [f"timeline: {found.figure}", f"traces: {found.traces}"],
+        failure=f"the profiler and the timeline disagree on {', '.join(disagree)}" if disagree else "")
 
 
 RECIPE = Recipe(name="input_pipeline", doc=__doc__, order=40, measure=measure, conclude=conclude, add_flags=add_flags,

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf.measure import Timer, interleave, peak_matmul_flops_per_s, versus
 from tfperf.data import load_arrays, to_dataset
-from tfperf.devices import compute_devices, usable_cores
+from tfperf.devices import device_plan, usable_cores
 from tfperf.models import flops, get_net
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 from tfperf.measure.stats import FASTER, SLOWER, Comparison
@@ -63,6 +63,8 @@ class Found:
     model_gflop: float  # training GFLOP per example
     peak: float  # matmul GFLOP/s on the first device
     speed: Comparison | None  # all devices against one
+    device_note: str  # what the devices are (gpus.DevicePlan.note)
+    logical_gpus: bool  # GPUs split into logical ones: they share one GPU's compute
 
 
 def add_flags(p) -> None:
@@ -81,9 +83,11 @@ def measure(args, rec) -> Found:
     if args.epochs < 2:
         raise RecipeError(f"--epochs {args.epochs}: at least 2 are needed, the first compiles and is timed apart")
     try:
-        devices = compute_devices(args.devices)
+        plan = device_plan(args.devices)
     except ValueError as exc:
         raise RecipeError(exc) from None
+    devices = list(plan.names)
+    print(f"devices: {plan.note}", flush=True)
     data = load_arrays(args.dataset, seed=args.seed)
     n_train = min(args.train_size, len(data.x_train))
     n_test = min(len(data.x_test), max(n_train // 4, 256))
@@ -119,7 +123,7 @@ def measure(args, rec) -> Found:
     with tf.device(devices[0]):
         peak = peak_matmul_flops_per_s() / 1e9
     speed = versus(timed[0], timed[-1]) if len(timed) > 1 else None
-    return Found(devices, n_train, model_gflop, peak, speed)
+    return Found(devices, n_train, model_gflop, peak, speed, plan.note, plan.kind == "logical-gpu")
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -134,7 +138,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
           f"measured now")
 
     on_cpu = devices[0].startswith("/CPU")
-    if not on_cpu:
+    if found.logical_gpus:
+        why = f"The devices here are {found.device_note}."
+    elif not on_cpu:
         why = "Each device is a GPU with its own compute: the speedup is what is left after the all-reduce."
     elif speed is None:
         why = "With one device there is nothing to compare: pass --devices 2 or more."

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf.measure import Timer, interleave, versus
 from tfperf.data import load_arrays, to_dataset
-from tfperf.devices import compute_devices, usable_cores
+from tfperf.devices import device_plan, usable_cores
 from tfperf.models import get_net
 from tfperf.measure.stats import Comparison
 from tfperf.recipe import Conclusion, Recipe, RecipeError
@@ -112,6 +112,7 @@ class Found:
     replica_diff: float  # and between the replicas
     batches: int  # agreement steps taken
     comparison: Comparison | None  # all devices against one
+    device_note: str  # what the devices are (gpus.DevicePlan.note)
 
 
 def add_flags(p) -> None:
@@ -125,9 +126,11 @@ def add_flags(p) -> None:
 def measure(args, rec) -> Found:
     # Setup: devices first, before any op fixes them -------------------------------------------
     try:
-        devices = compute_devices(args.devices)
+        plan = device_plan(args.devices)
     except ValueError as exc:
         raise RecipeError(exc) from None
+    devices = list(plan.names)
+    print(f"devices: {plan.note}", flush=True)
     data = load_arrays(args.dataset, seed=args.seed)
     if args.batch_size % args.devices:
         raise RecipeError(f"--batch-size {args.batch_size} does not split evenly over {args.devices} devices: "
@@ -185,7 +188,7 @@ def measure(args, rec) -> Found:
             "final_loss": losses[-1], "test_accuracy": accuracy(model, replicas[0], data.x_test, data.y_test)},
             primary="s_per_epoch", lower_is_better=True, measurement=m, comparison=comparison if n > 1 else None)
         print(f"{n} device(s): {args.epochs} epochs, loss {losses[-1]:.4f}", flush=True)
-    return Found(devices, weight_diff, replica_diff, len(batches), comparison)
+    return Found(devices, weight_diff, replica_diff, len(batches), comparison, plan.note)
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -197,7 +200,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
 
     cpu_note = (f"Here the {args.devices} devices are logical devices carved out of {usable_cores()} CPU cores: "
                 f"they share the same cores and memory, so splitting the batch adds copies and a reduction "
-                f"without adding compute. " if found.devices[0].startswith("/CPU") else "")
+                f"without adding compute. " if found.devices[0].startswith("/CPU") else
+                f"Here the devices are {found.device_note}. " if "logical GPUs" in found.device_note else "")
     text = (
         f"Splitting each batch of {args.batch_size} over {args.devices} devices trained the same model as one "
         f"device: after {found.batches} steps the weights differ by at most {weight_diff:.2g} (float32 rounding "

@@ -29,6 +29,7 @@ from tfperf.measure import (Measurement, Timer, TimerCluster, TimerServer, inter
 from tfperf.cluster import ClusterError, local_cluster, tf_config
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
+from tfperf.gpus import child_gpu_env, host_gpu_count, worker_gpus
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 from tfperf.measure.stats import FASTER, SLOWER
 
@@ -136,9 +137,11 @@ def start_workers(n: int, args, tmp: Path) -> TimerCluster:
     cmd = [sys.executable, __file__, "--role", "worker", "--weights-dir", tmp, "--batch-size", args.batch_size,
            "--warmup", args.warmup, "--seed", args.seed, "--lr", args.lr,
            "--sizes", *args.sizes, *(["--profile", Path(args.profile).resolve()] if args.profile else [])]
+    # One GPU (or a share of them) per worker: each replica takes its slice of the global batch.
+    gpus = host_gpu_count()
     return TimerCluster([TimerServer(cmd, timeout=args.timeout, name=f"worker {i} of {n}", env={
-        **os.environ, "TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}", "TF_CPP_MIN_LOG_LEVEL": "2"})
-        for i in range(n)])
+        **os.environ, "TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}", "TF_CPP_MIN_LOG_LEVEL": "2",
+        **child_gpu_env(worker_gpus(i, n, gpus))}) for i in range(n)])
 
 
 def add_flags(p) -> None:

@@ -28,6 +28,7 @@ from tfperf.measure import Measurement, Timer, TimerServer, interleave, serve_ti
 from tfperf.cluster import ClusterError, LocalCluster, local_cluster
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
+from tfperf.gpus import child_gpu_env, host_gpu_count, worker_gpus
 from tfperf.recipe import Conclusion, Recipe
 from tfperf.measure.stats import FASTER, SLOWER, Comparison
 
@@ -143,15 +144,18 @@ def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> Timer
     cluster = local_cluster({"chief": 1, "worker": workers, "ps": 1})
     base = [sys.executable, __file__, "--cluster", json.dumps(cluster), "--workers", workers]
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": "{}"}
+    gpus = host_gpu_count()
     for job in ("ps", "worker"):
         for i in range(len(cluster[job])):
+            # Parameter servers hold variables on the host: no GPU; each worker its own.
+            visible = worker_gpus(i, workers, gpus) if job == "worker" else []
             servers.start(f"{job}{i}-of-{workers}-workers", [*base, "--role", "server", "--job", job, "--index", i],
-                          env)
+                          {**env, **child_gpu_env(visible)})
     return TimerServer([*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,
                          "--batch-size", args.batch_size, "--lr", args.lr, "--seed", args.seed,
                          "--sizes", *args.sizes,
                          *(["--profile", Path(args.profile).resolve()] if args.profile else [])],
-                        env={**os.environ, **env}, timeout=args.timeout,
+                        env={**os.environ, **env, **child_gpu_env([])}, timeout=args.timeout,
                         name=f"the coordinator of {workers} worker(s)")
 
 

@@ -164,7 +164,12 @@ def cmd_env(args: argparse.Namespace) -> int:
 
     from tfperf.records.environment import environment
 
-    print(json.dumps(environment(), indent=2))
+    found = environment()
+    print(json.dumps(found, indent=2))
+    problem = found.get("gpu", {}).get("problem")
+    if problem:  # GPUs the driver sees and TensorFlow does not: every recipe would quietly run on the CPU
+        print(f"tfperf env: error: {problem}", file=sys.stderr)
+        return 2
     return 0
 
 

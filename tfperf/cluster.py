@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tfperf.measure.processes import ChildError
+from tfperf.measure.processes import ChildError, child_env
 
 class ClusterError(ChildError):
     """A task of a local cluster failed or did not finish in time; the message names it and its log."""
@@ -52,7 +52,7 @@ class LocalCluster:
         log = self.log_dir / f"{name}.log"
         with open(log, "w") as f:
             proc = subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env={**os.environ, **env})
+                                    stdin=subprocess.DEVNULL, env=child_env({**os.environ, **env}))
         self.tasks.append((name, proc, log))
         return proc
 

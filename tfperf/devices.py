@@ -1,4 +1,5 @@
-"""Devices for multi-device recipes: the GPUs when there are some, else logical CPU devices."""
+"""Devices for multi-device recipes: the GPUs when there are enough, logical GPUs split from fewer, else
+logical CPU devices (`gpus.plan_devices` decides; this applies it to TensorFlow)."""
 
 from __future__ import annotations
 
@@ -6,31 +7,37 @@ import os
 
 import tensorflow as tf
 
+from tfperf.gpus import DevicePlan, driver_gpus, plan_devices, tensorflow_gpus
+
 
 def usable_cores() -> int:
     """CPU cores this process may run on (the affinity mask, not the machine's total)."""
     return len(os.sched_getaffinity(0))
 
 
-def compute_devices(count: int) -> list[str]:
-    """`count` device names to spread work over: real GPUs if present, else `count` logical CPUs.
+def device_plan(count: int) -> DevicePlan:
+    """`count` devices to spread work over, configured in TensorFlow (see `gpus.plan_devices`).
 
     Must run before any op: TensorFlow fixes its devices when it first initialises them.
     """
-    if count < 1:
-        raise ValueError(f"need at least one device, got {count}")
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        if len(gpus) < count:
-            raise ValueError(f"asked for {count} devices but this machine has {len(gpus)} GPU(s): use --devices "
-                             f"{len(gpus)} or fewer")
-        return [f"/GPU:{i}" for i in range(count)]
-    cpu = tf.config.list_physical_devices("CPU")[0]
+    plan = plan_devices(count, tensorflow_gpus(driver_gpus()) if gpus else [])
     try:
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+        if plan.kind == "cpu":
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+        elif plan.kind == "logical-gpu":
+            for gpu in gpus:
+                tf.config.set_logical_device_configuration(
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=plan.memory_limit_mb)] * plan.per_gpu)
     except RuntimeError:
-        # Already initialised: fine if it already has enough logical CPUs (a second call in one process).
-        if len(tf.config.list_logical_devices("CPU")) < count:
+        # Already initialised: fine if it already has enough logical devices (a second call in one process).
+        if len(tf.config.list_logical_devices("CPU" if plan.kind == "cpu" else "GPU")) < count:
             raise RuntimeError("TensorFlow's devices were initialised before compute_devices() was called: "
                                "call it first thing, before any op runs") from None
-    return [f"/CPU:{i}" for i in range(count)]
+    return plan
+
+
+def compute_devices(count: int) -> list[str]:
+    """The names of `count` devices to spread work over (see `device_plan`)."""
+    return list(device_plan(count).names)

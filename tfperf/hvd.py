@@ -18,6 +18,7 @@ import psutil
 import tensorflow as tf
 
 from tfperf.devices import usable_cores
+from tfperf.gpus import ranks_per_gpu_warning
 
 
 def tf_variables(variables: Iterable) -> list[tf.Variable]:
@@ -124,7 +125,8 @@ def pin_to_local_gpu() -> str:
         gpu = gpus[hvd.local_rank() % len(gpus)]
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
-        return f"GPU {gpu.name}"
+        crowded = ranks_per_gpu_warning(hvd.local_size(), len(gpus))
+        return f"GPU {gpu.name}" + (f" (warning: {crowded})" if crowded else "")
     # Ranks on one host share its cores: without a cap each rank starts a pool as large as the machine and
     # they thrash each other.
     threads = max(1, usable_cores() // hvd.local_size())

@@ -28,6 +28,15 @@ class RecipeError(Exception):
     """Input the recipe cannot run with, or something it needs that is missing: one line, exit 2."""
 
 
+def gpu_problem() -> str | None:
+    """GPUs that the NVIDIA driver sees and TensorFlow does not (nothing is asked of TensorFlow on a host
+    without nvidia-smi): a recipe would quietly measure the CPU."""
+    from tfperf.gpus import driver_gpus, missing_gpus, tensorflow_gpus
+
+    driver = driver_gpus()
+    return missing_gpus(driver, tensorflow_gpus(driver)) if driver else None
+
+
 def where_the_time_went(profile_dir: str | Path, *, since: float = 0.0, limit: int = 8) -> str:
     """The top operations of each trace under `profile_dir` written after `since` (a time.time()), as
     Markdown: XProf's framework_op_stats of the trace, the table TensorBoard's Profile tab opens with."""
@@ -122,6 +131,10 @@ class Recipe:
         if self.task is not None and getattr(args, "role", None):
             return self.task(args)
         started = time.time()
+        problem = gpu_problem()
+        if problem:
+            print(f"{self.name}: error: {problem}", file=sys.stderr)
+            return 2
         try:
             rec, measured = self.run(args)
             rec.save(args.out)

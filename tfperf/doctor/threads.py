@@ -8,6 +8,7 @@ import sys
 from tfperf.deploy.inputs import make_inputs, read_sample, to_tensors
 from tfperf.deploy.loader import Subject, load_subject, parse_input_shapes
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
+from tfperf.gpus import child_gpu_env
 
 
 def thread_configs(cores: int) -> list[tuple[str, int | None, int | None]]:
@@ -46,7 +47,8 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
                 argv += ["--signature", subject.signature]
             if intra is not None:
                 argv += ["--intra", str(intra), "--inter", str(inter)]
-            processes.append(TimerServer(argv, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}))
+            # Thread pools are the CPU's: the sweep runs without GPUs, beside the GPU the parent holds.
+            processes.append(TimerServer(argv, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **child_gpu_env([])}))
         findings = []
         for batch in batches:
             progress(f"threads at batch {batch}")

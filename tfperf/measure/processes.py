@@ -12,13 +12,14 @@ model, TensorFlow's logs) is never mistaken for an answer. NumPy only: no Tensor
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,20 @@ def last_reply(output: str, who: str = "the child process") -> Any:
     return found[-1]
 
 
+def child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """A child's environment (default: this process's) with GPU memory growth unless it says otherwise: a
+    TensorFlow process maps nearly all memory of every GPU it sees, and the next one would starve."""
+    merged = dict(os.environ if env is None else env)
+    merged.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    return merged
+
+
 def run_child(argv: Sequence[object], *, env: dict[str, str] | None = None, who: str = "the child process",
               timeout: float | None = None) -> Any:
     """Run a child process to its end and return the last value it printed with `reply`; ChildError
     with its exit code and last stderr lines when it fails or answers nothing."""
     done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env=env, timeout=timeout)
+                          env=child_env(env), timeout=timeout)
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         raise ChildError(f"{who} exited with {done.returncode}: {tail or 'no output'}")
@@ -117,7 +126,7 @@ class TimerServer:
         # stderr to a file: a pipe nobody reads while the process logs would fill and stall it.
         self.errors = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.errors, text=True, env=env)
+                                     stderr=self.errors, text=True, env=child_env(env))
         # Answers are read by a thread, so that waiting for one can give up at a deadline, or when
         # another process it depends on (a worker of the same cluster) has failed.
         self._answers: queue.Queue = queue.Queue()

@@ -84,6 +84,17 @@ def relevant_variables() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
 
+def horovod_operations() -> dict[str, bool] | None:
+    """The collective backends the loaded Horovod was built with (NCCL for GPU all-reduce, Gloo, MPI), or
+    None when this process has not loaded it."""
+    import sys
+
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None:
+        return None
+    return {"nccl": bool(hvd.nccl_built()), "gloo": bool(hvd.gloo_built()), "mpi": bool(hvd.mpi_built())}
+
+
 def package_version(name: str) -> str | None:
     """An installed package's version, read from its metadata (nothing is imported), or None."""
     from importlib.metadata import PackageNotFoundError, version
@@ -119,11 +130,16 @@ def environment() -> dict[str, Any]:
         "variables": relevant_variables(),
     }
     if "tensorflow" in sys.modules:
+        from tfperf import gpus
+
         tf = sys.modules["tensorflow"]
+        driver = gpus.driver_gpus()
         found.update({
             "tensorflow": tf.__version__,
             "gpus": [tf.config.experimental.get_device_details(g).get("device_name", g.name)
                      for g in tf.config.list_physical_devices("GPU")],
+            "gpu": gpus.diagnosis(driver, gpus.tensorflow_gpus(driver), horovod_ops=horovod_operations(),
+                                  memory_growth=os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH") == "true"),
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
             "xla_auto_jit": tf.config.optimizer.get_jit() or None,

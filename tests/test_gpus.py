@@ -1,0 +1,119 @@
+"""GPU decisions on fake device lists (no GPU here): 0, 1, 2 and 8 GPUs, compute capability 6.1 to 9.0, a
+driver whose GPUs TensorFlow does not register. `pytest -k gpu` selects them."""
+
+import subprocess
+
+import pytest
+
+from tfperf import gpus
+from tfperf.gpus import Gpu, child_gpu_env, missing_gpus, mixed_policy, plan_devices, tf32_default, worker_gpus
+
+A100 = Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40960)
+V100 = Gpu("Tesla V100-SXM2-16GB", (7, 0), 16160)
+P4 = Gpu("Tesla P4", (6, 1), 7680)
+H100 = Gpu("NVIDIA H100 80GB HBM3", (9, 0), 81559)
+
+
+@pytest.mark.parametrize("count, have, kind, per_gpu", [
+    (2, [], "cpu", 1), (2, [A100], "logical-gpu", 2), (2, [A100, A100], "gpu", 1), (2, [A100] * 8, "gpu", 1),
+    (4, [V100, V100], "logical-gpu", 2), (1, [A100], "gpu", 1), (3, [A100, A100], "logical-gpu", 2)])
+def test_gpu_device_plans_on_fake_hosts(count, have, kind, per_gpu):
+    plan = plan_devices(count, have)
+    assert plan.kind == kind and plan.per_gpu == per_gpu and len(plan.names) == count and plan.note
+    assert all(n.startswith("/GPU:" if have else "/CPU:") for n in plan.names)
+    if kind == "logical-gpu":  # a one-GPU host runs the multi-device recipes on logical GPUs instead of failing
+        assert plan.memory_limit_mb * per_gpu <= min(g.memory_mb for g in have) and "not scaling" in plan.note
+
+
+def test_gpu_logical_split_without_known_memory_uses_the_guides_limit():
+    assert plan_devices(2, [Gpu("GPU", (8, 0), None)]).memory_limit_mb == gpus.DEFAULT_LOGICAL_MB
+    with pytest.raises(ValueError, match="at least one device"):
+        plan_devices(0, [A100])
+
+
+def test_gpu_driver_without_tensorflow_gpus_is_one_line():
+    problem = missing_gpus([A100, A100], [])
+    assert "nvidia-smi sees 2 GPU(s)" in problem and "tensorflow[and-cuda]" in problem and "\n" not in problem
+    assert missing_gpus([A100], [A100]) is None and missing_gpus(None, []) is None and missing_gpus([], []) is None
+
+
+@pytest.mark.parametrize("have, policy, tf32", [
+    ([P4], None, False), ([V100], "mixed_float16", False), ([A100], "mixed_bfloat16", True),
+    ([H100], "mixed_bfloat16", True), ([A100, V100], "mixed_float16", True), ([], None, False)])
+def test_gpu_mixed_policy_and_tf32_follow_compute_capability(have, policy, tf32):
+    assert mixed_policy(have) == policy and tf32_default(have) == tf32
+
+
+def test_gpu_children_see_their_gpus_with_memory_growth():
+    assert child_gpu_env([]) == {"CUDA_VISIBLE_DEVICES": "", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    assert child_gpu_env([1, 2])["CUDA_VISIBLE_DEVICES"] == "1,2"
+    assert [worker_gpus(i, 2, 8) for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # a share each
+    assert [worker_gpus(i, 4, 2) for i in range(4)] == [[0], [1], [0], [1]]  # round-robin
+    assert [worker_gpus(i, 2, 2) for i in range(2)] == [[0], [1]] and worker_gpus(0, 2, 0) == []
+    from tfperf.measure.processes import child_env
+
+    assert child_env({"PATH": "/bin"})["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert child_env({"TF_FORCE_GPU_ALLOW_GROWTH": "false"})["TF_FORCE_GPU_ALLOW_GROWTH"] == "false"
+
+
+def test_gpu_ranks_beyond_gpus_warn():
+    assert "4 ranks on this host share 2 GPU(s)" in gpus.ranks_per_gpu_warning(4, 2)
+    assert gpus.ranks_per_gpu_warning(2, 2) is None and gpus.ranks_per_gpu_warning(4, 0) is None
+
+
+def test_gpu_nvidia_smi_answers_are_parsed_and_its_absence_is_none(monkeypatch):
+    text = "NVIDIA A100-SXM4-40GB, 40960, 8.0\nTesla P4, 7680, 6.1\n"
+    assert gpus.parse_nvidia_smi(text) == [A100, P4]
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    fake = lambda argv, **kw: subprocess.CompletedProcess(argv, 0, stdout=text, stderr="")  # noqa: E731
+    assert gpus.driver_gpus(run=fake) == [A100, P4]
+    failed = lambda argv, **kw: subprocess.CompletedProcess(argv, 9, stdout="", stderr="no devices")  # noqa: E731
+    assert gpus.driver_gpus(run=failed) == []
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: None)
+    assert gpus.driver_gpus() is None  # no driver: a CPU host, nothing to diagnose
+
+
+def test_gpu_diagnosis_is_in_the_environment_records_carry(monkeypatch):
+    import tensorflow  # noqa: F401  (environment() reads TensorFlow's devices only once it is loaded)
+
+    from tfperf.records.environment import environment
+
+    found = environment()["gpu"]
+    assert set(found) >= {"driver_gpus", "tensorflow_gpus", "compute_capability", "tf32_by_default",
+                          "memory_growth", "horovod_gpu_operations", "problem"}
+    d = gpus.diagnosis([A100], [], memory_growth=True)
+    assert d["problem"] and d["tensorflow_gpus"] == [] and d["driver_gpus"] == [A100.name]
+
+
+def test_gpu_one_gpu_host_splits_it_into_logical_gpus_instead_of_failing(monkeypatch):
+    import tensorflow as tf
+
+    from tfperf import devices
+
+    fake = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    listed = tf.config.list_physical_devices
+    made = []
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: [fake] if kind == "GPU" else listed(kind))
+    monkeypatch.setattr(tf.config, "set_logical_device_configuration", lambda dev, cfg: made.append((dev, cfg)))
+    monkeypatch.setattr(devices, "driver_gpus", lambda: [A100])
+    monkeypatch.setattr(devices, "tensorflow_gpus", lambda driver: driver)
+    plan = devices.device_plan(2)  # what auto_parallelism, mirrored_resnet and multi_device_scratch call
+    assert plan.kind == "logical-gpu" and list(plan.names) == ["/GPU:0", "/GPU:1"]
+    (device, configs), = made
+    assert device is fake and len(configs) == 2 and configs[0].memory_limit == plan.memory_limit_mb
+
+
+def test_gpu_doctor_mixed_model_keeps_its_outputs_float32(tmp_path):
+    import keras
+    import numpy as np
+
+    from tfperf.deploy.loader import load_subject
+
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    keras.Model(inputs, keras.layers.Dense(3, activation="softmax", name="scores")(hidden)).save(tmp_path / "m.keras")
+    mixed = load_subject(str(tmp_path / "m.keras")).fresh("mixed_float16")
+    assert mixed.get_layer("hidden").dtype_policy.name == "mixed_float16"
+    assert mixed.get_layer("scores").dtype_policy.name == "float32"
+    assert mixed(np.ones((2, 6), np.float32)).dtype == "float32"

@@ -1,0 +1,182 @@
+"""GPU decisions, each a function of what the machine reports (the GPUs TensorFlow lists, what the NVIDIA
+driver sees, their compute capability and memory), so that each is tested on fake device lists: no GPU
+is available where tfperf is developed (`pytest -k gpu`). Reading the machine is kept apart, in the
+few functions that call TensorFlow or nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+
+# What TensorFlow's GPU guide gives a logical GPU when it splits one; used when the memory is unknown.
+DEFAULT_LOGICAL_MB = 1024
+LOGICAL_SHARE = 0.9  # of a GPU's memory handed to its logical GPUs: the rest is CUDA's own and cuDNN's
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """One GPU as the driver or TensorFlow reports it."""
+
+    name: str
+    compute_capability: tuple[int, int] | None = None
+    memory_mb: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePlan:
+    """The devices a multi-device recipe spreads its work over, and how they were made."""
+
+    kind: str  # "gpu": physical GPUs; "logical-gpu": GPUs split into logical ones; "cpu": logical CPUs
+    names: tuple[str, ...]
+    per_gpu: int = 1  # logical devices made from each physical GPU
+    memory_limit_mb: int | None = None  # of each logical GPU
+    note: str = ""
+
+
+def plan_devices(count: int, gpus: Sequence[Gpu]) -> DevicePlan:
+    """`count` devices: the GPUs when there are enough; fewer GPUs are each split into logical GPUs (sharing
+    their compute, which shows the code path, not scaling); no GPU: `count` logical CPUs."""
+    if count < 1:
+        raise ValueError(f"need at least one device, got {count}")
+    names = tuple(f"/{'GPU' if gpus else 'CPU'}:{i}" for i in range(count))
+    if not gpus:
+        return DevicePlan("cpu", names, note=f"{count} logical CPU device(s) sharing the host's cores")
+    if len(gpus) >= count:
+        return DevicePlan("gpu", names, note=f"{count} of the {len(gpus)} GPU(s)")
+    per_gpu = math.ceil(count / len(gpus))
+    memory = [g.memory_mb for g in gpus]
+    limit = (int(min(memory) * LOGICAL_SHARE / per_gpu) if all(memory) else DEFAULT_LOGICAL_MB)
+    return DevicePlan("logical-gpu", names, per_gpu, limit,
+                      note=f"{count} logical GPUs split from {len(gpus)} GPU(s), {per_gpu} on each with {limit:,} MB: "
+                           f"logical GPUs on one GPU share its compute, so this shows the code path, not scaling")
+
+
+def missing_gpus(driver: Sequence[Gpu] | None, tensorflow: Sequence[Gpu]) -> str | None:
+    """The one-line diagnosis when the NVIDIA driver sees GPUs that TensorFlow does not register (None when
+    they agree, or when there is no driver): every op would quietly run on the CPU."""
+    if not driver or tensorflow:
+        return None
+    names = ", ".join(sorted({g.name for g in driver}))
+    return (f"nvidia-smi sees {len(driver)} GPU(s) ({names}) but TensorFlow registers none, so everything would "
+            f"run on the CPU: install TensorFlow with its CUDA libraries, pip install 'tensorflow[and-cuda]==2.21.*' "
+            f"(make install does this where nvidia-smi is found), then check `tfperf env`")
+
+
+def mixed_policy(gpus: Sequence[Gpu]) -> str | None:
+    """The Keras mixed policy the GPUs' tensor cores run: mixed_bfloat16 from compute capability 8.0 (no loss
+    scaling needed), mixed_float16 from 7.0, None below (no tensor cores: mixed precision gains nothing)."""
+    caps = [g.compute_capability for g in gpus]
+    if not caps or any(c is None for c in caps):
+        return None
+    lowest = min(caps)
+    if lowest >= (8, 0):
+        return "mixed_bfloat16"
+    return "mixed_float16" if lowest >= (7, 0) else None
+
+
+def tf32_default(gpus: Sequence[Gpu]) -> bool:
+    """Whether TensorFlow runs float32 matmuls and convolutions on TF32 tensor cores by default: on Ampere
+    (compute capability 8.0) and newer."""
+    return any(g.compute_capability is not None and g.compute_capability >= (8, 0) for g in gpus)
+
+
+def child_gpu_env(gpu_indices: Sequence[int] | None) -> dict[str, str]:
+    """Environment for a TensorFlow process started beside others: the GPUs it may see (none: an empty
+    CUDA_VISIBLE_DEVICES, for parameter servers and CPU-only sweeps) and memory growth, so that it does
+    not map nearly all memory of every GPU and starve the next process."""
+    visible = "" if not gpu_indices else ",".join(str(i) for i in gpu_indices)
+    return {"CUDA_VISIBLE_DEVICES": visible, "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+
+
+def worker_gpus(worker: int, workers: int, gpu_count: int) -> list[int]:
+    """The GPUs of one of `workers` processes on a host with `gpu_count`: a share each (one GPU per worker
+    when there are as many), round-robin when workers outnumber GPUs; none when there is no GPU."""
+    if gpu_count == 0:
+        return []
+    if workers >= gpu_count:
+        return [worker % gpu_count]
+    share = gpu_count // workers
+    return list(range(worker * share, (worker + 1) * share))
+
+
+def ranks_per_gpu_warning(local_size: int, gpu_count: int) -> str | None:
+    """A warning when more Horovod ranks than GPUs share a host: ranks then share a GPU's memory and compute."""
+    if gpu_count and local_size > gpu_count:
+        return (f"{local_size} ranks on this host share {gpu_count} GPU(s): each GPU serves several ranks, which "
+                f"share its memory and compute; start at most {gpu_count} ranks per host (horovodrun -H host:{gpu_count})")
+    return None
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """GPUs from `nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader,nounits`."""
+    found = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 2:
+            continue
+        name, memory = parts[0], parts[1]
+        cap = None
+        if len(parts) > 2 and "." in parts[2]:
+            major, minor = parts[2].split(".", 1)
+            cap = (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+        found.append(Gpu(name, cap, int(float(memory)) if memory.replace(".", "").isdigit() else None))
+    return found
+
+
+def driver_gpus(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[Gpu] | None:
+    """The GPUs the NVIDIA driver sees, by nvidia-smi; None when there is no nvidia-smi (no NVIDIA driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = run(["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
+                   capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_nvidia_smi(done.stdout) if done.returncode == 0 else []
+
+
+def host_gpu_count() -> int:
+    """The GPUs the driver sees on this host (0 without one), read without initialising TensorFlow."""
+    return len(driver_gpus() or [])
+
+
+def tensorflow_gpus(driver: Sequence[Gpu] | None = None) -> list[Gpu]:
+    """The GPUs TensorFlow registers, with compute capability; memory from the driver's list when given."""
+    import tensorflow as tf
+
+    found = []
+    for i, device in enumerate(tf.config.list_physical_devices("GPU")):
+        details = tf.config.experimental.get_device_details(device)
+        cap = details.get("compute_capability")
+        memory = driver[i].memory_mb if driver and i < len(driver) else None
+        found.append(Gpu(details.get("device_name", device.name), tuple(cap) if cap else None, memory))
+    return found
+
+
+def mixed_policy_here() -> str | None:
+    """The mixed policy for this machine: the GPUs' (see `mixed_policy`), or mixed_bfloat16 on a CPU."""
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        return "mixed_bfloat16"
+    return mixed_policy(tensorflow_gpus())
+
+
+def diagnosis(driver: Sequence[Gpu] | None, tensorflow: Sequence[Gpu], *, horovod_ops: Mapping[str, bool] | None = None,
+              memory_growth: bool | None = None) -> dict:
+    """What `tfperf env` prints and records carry about GPUs."""
+    return {
+        "driver_gpus": None if driver is None else [g.name for g in driver],
+        "tensorflow_gpus": [g.name for g in tensorflow],
+        "compute_capability": [".".join(map(str, g.compute_capability)) if g.compute_capability else None
+                               for g in tensorflow],
+        "tf32_by_default": tf32_default(tensorflow),
+        "mixed_policy": mixed_policy(tensorflow),
+        "memory_growth": memory_growth,
+        "horovod_gpu_operations": dict(horovod_ops) if horovod_ops is not None else None,
+        "problem": missing_gpus(driver, tensorflow),
+    }

@@ -24,6 +24,7 @@ from tfperf.measure import rounds
 from tfperf.measure import Timer, peak_matmul_flops_per_s, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.models import flops, get_net
+from tfperf.gpus import mixed_policy_here
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.recipe import Conclusion, Recipe
 from tfperf.measure.stats import FASTER, Comparison
@@ -160,7 +161,8 @@ def measure(args, rec) -> Found:
     data = load_arrays(args.dataset, seed=args.seed)
     data = dataclasses.replace(data, x_train=data.x_train[:args.train_size], y_train=data.y_train[:args.train_size])
     gpu = bool(tf.config.list_physical_devices("GPU"))
-    mixed = "mixed_float16" if gpu else "mixed_bfloat16"  # float16 needs tensor cores; CPUs have bf16 at best
+    # float16 tensor cores from compute capability 7.0, bfloat16 from 8.0; CPUs have bf16 at best.
+    mixed = mixed_policy_here() or "mixed_float16"  # below 7.0 the rung shows what emulation costs
     peak = peak_matmul_flops_per_s()
     train_flops = 3 * flops(get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes))
     examples = len(data.x_train)

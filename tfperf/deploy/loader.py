@@ -314,11 +314,15 @@ def keras_subject(model, source: str, given: Mapping[str, tuple[int, ...]] | Non
                 copy = factory()
         else:
             # Mixed precision: rebuild every layer under the policy; the same weights, cast where used.
-            # Layers that take no dtype policy (the ops a functional model records) are copied as they are.
+            # Layers that take no dtype policy (the ops a functional model records) are copied as they are,
+            # and the layers that give the model's outputs stay float32, as Keras' mixed precision guide says.
+            outputs = {t._keras_history[0].name for t in getattr(model, "outputs", None) or []
+                       if hasattr(t, "_keras_history")}
+
             def under_policy(layer):
                 config = layer.get_config()
                 if not isinstance(layer, keras.layers.InputLayer) and layer.weights:
-                    config["dtype"] = policy
+                    config["dtype"] = "float32" if layer.name in outputs else policy
                 return layer.__class__.from_config(config)
 
             with dtype_policy(policy):

@@ -10,6 +10,7 @@ import numpy as np
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import make_inputs
+from tfperf.gpus import mixed_policy_here
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.inference import mfu
 from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
@@ -61,7 +62,6 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
     checked finite and in agreement. `profiler` (a ProfilePass) then traces plain fit's epoch and the peak
     memory of each."""
     import keras
-    import tensorflow as tf
 
     from tfperf.measure import Timer
     from tfperf.records.records import race_table
@@ -80,8 +80,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
         y = synthetic_targets(subject, options, examples)
     loss_fn = training_loss(options.loss, options.from_logits)
     plain_batch = 32  # Keras' default batch size: what model.fit(x, y) uses
-    gpu = bool(tf.config.list_physical_devices("GPU"))
-    mixed = "mixed_float16" if gpu else "mixed_bfloat16"
+    mixed = mixed_policy_here()  # float16 from compute capability 7.0, bfloat16 from 8.0 and on CPUs
     configs = [("plain fit (batch 32)", None, {}, plain_batch, "", ""),
                ("steps_per_execution=16", None, {"steps_per_execution": 16}, plain_batch,
                 "model.compile(..., steps_per_execution=16)",
@@ -89,8 +88,9 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
                ("jit_compile=True", None, {"jit_compile": True}, plain_batch,
                 "model.compile(..., jit_compile=True)", "an XLA compile before the first epoch (first call below)"),
                (mixed, mixed, {}, plain_batch, f"keras.mixed_precision.set_global_policy({mixed!r})  # before building",
-                "lower-precision activations: check accuracy; keep the last layer float32")]
-    skipped = {}
+                "lower-precision activations: check accuracy; keep the last layer float32")][:4 if mixed else 3]
+    skipped = {} if mixed else {"training: mixed precision": "these GPUs have no tensor cores (compute capability "
+                                                                  "below 7.0): lower precision would gain nothing"}
     if data is None:
         configs += [(f"batch {b}", None, {}, b, f"model.fit(x, y, batch_size={b})",
                      "fewer optimizer steps per epoch: retune the learning rate; more activation memory")

@@ -15,6 +15,9 @@ $(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt
+	# A GPU host: TensorFlow with its CUDA libraries, or it registers no GPU and runs on the CPU.
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(BIN)/python -m pip install -q "tensorflow[and-cuda]==$$(sed -n 's/^tensorflow==\([^ ]*\).*/\1/p' requirements.txt)"; fi
 	$(BIN)/python -m pip install -q --no-deps -e .
 	bash scripts/install_horovod.sh $(BIN)/python
 	touch $@

@@ -19,14 +19,25 @@ say() { echo "install_horovod: $*"; }
 TF_VERSION=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) || {
   say "TensorFlow is not importable by $PY: install requirements.txt first"; exit 1; }
 PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-KEY="horovod-$HVD_VERSION-tf$TF_VERSION-$PY_TAG"
+# On a GPU host (an NVIDIA driver and the CUDA compiler), all-reduce must go through NCCL on the GPUs:
+# without it every gradient crosses host memory through Gloo, correct and slow enough to mislead.
+NCCL=""
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  if command -v nvcc >/dev/null; then
+    NCCL=$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null) || NCCL="system"
+  else
+    say "nvidia-smi sees GPUs but there is no nvcc (CUDA toolkit): building without NCCL, all-reduce on the host"
+  fi
+fi
+KEY="horovod-$HVD_VERSION-tf$TF_VERSION-$PY_TAG${NCCL:+-nccl}"
 WHEEL_DIR="$CACHE/$KEY"
 
 verify() {
   # The build must have TensorFlow and at least the Gloo controller, or distributed recipes cannot run.
   local report
   report=$(PATH="$BIN:$PATH" "$BIN/horovodrun" --check-build 2>/dev/null) || return 1
-  grep -q '\[X\] TensorFlow' <<<"$report" && grep -q '\[X\] Gloo' <<<"$report"
+  grep -q '\[X\] TensorFlow' <<<"$report" && grep -q '\[X\] Gloo' <<<"$report" || return 1
+  [ -z "$NCCL" ] || grep -q '\[X\] NCCL' <<<"$report"
 }
 
 if "$PY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HVD_VERSION')" 2>/dev/null \
@@ -59,6 +70,11 @@ if ! compgen -G "$WHEEL_DIR/horovod-*.whl" >/dev/null; then
     say "the include fix did not apply: the sdist changed; see DEVELOPERS.md"; exit 1; }
   flags=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
   if command -v mpicc >/dev/null; then flags+=(HOROVOD_WITH_MPI=1); else flags+=(HOROVOD_WITHOUT_MPI=1); fi
+  if [ -n "$NCCL" ]; then
+    flags+=(HOROVOD_GPU_OPERATIONS=NCCL)
+    # tensorflow[and-cuda] brings NCCL as the nvidia-nccl wheel; otherwise the system's.
+    [ "$NCCL" = system ] || flags+=(HOROVOD_NCCL_HOME="$NCCL")
+  fi
   say "building with ${flags[*]}"
   # --no-build-isolation: the extension must compile against the TensorFlow installed here.
   env "${flags[@]}" MAKEFLAGS="-j$(nproc)" PATH="$BIN:$PATH" \
@@ -73,5 +89,5 @@ fi
 
 "$PY" -m pip install -q --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
 "$PY" -m pip install -q cloudpickle psutil pyyaml packaging  # horovod's own runtime requirements
-verify || { say "horovodrun --check-build does not list TensorFlow and Gloo"; exit 1; }
-say "horovod $HVD_VERSION installed (TensorFlow $TF_VERSION, Gloo)"
+verify || { say "horovodrun --check-build does not list TensorFlow and Gloo${NCCL:+ and NCCL}"; exit 1; }
+say "horovod $HVD_VERSION installed (TensorFlow $TF_VERSION, Gloo${NCCL:+, NCCL})"

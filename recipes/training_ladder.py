@@ -67,7 +67,8 @@ class Trainer:
             model = self.model
 
             # A custom loop: the whole epoch is one graph call, no Python between steps
-            @tf.function(jit_compile=cfg.jit is True)
+            # "auto" resolved as Keras resolves it for fit (XLA on GPUs): the loop keeps what fit would do.
+            @tf.function(jit_compile=cfg.jit is True or (cfg.jit == "auto" and bool(model.jit_compile)))
             def train_epoch(ds):
                 total, count = tf.constant(0.0), tf.constant(0.0)
                 for x, y in ds:
@@ -99,7 +100,9 @@ class Trainer:
 
     @property
     def xla(self) -> bool:
-        return self.cfg.jit is True if self.cfg.custom_loop else bool(self.model.jit_compile)
+        if self.cfg.custom_loop:
+            return self.cfg.jit is True or (self.cfg.jit == "auto" and bool(self.model.jit_compile))
+        return bool(self.model.jit_compile)
 
 
 # Measuring --------------------------------------------------------------------------------------------
@@ -138,6 +141,7 @@ class Found:
     plain_mfu: float
     mixed: str  # the mixed policy this hardware gets
     gpu: bool
+    xla_row: str = "jit_compile=True"  # the XLA rung: jit_compile=False where Keras' "auto" already means XLA
 
 
 def unsettled(c) -> bool:
@@ -164,11 +168,17 @@ def measure(args, rec) -> Found:
     # float16 tensor cores from compute capability 7.0, bfloat16 from 8.0; CPUs have bf16 at best.
     mixed = mixed_policy_here() or "mixed_float16"  # below 7.0 the rung shows what emulation costs
     peak = peak_matmul_flops_per_s()
-    train_flops = 3 * flops(get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes))
+    net = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    train_flops = 3 * flops(net)
+    # Keras' default jit_compile="auto" means XLA on GPUs, not on CPU-only hosts: asked of Keras itself (an
+    # uncompiled model's jit_compile), so that the XLA rung compares XLA with its absence, either way.
+    auto_xla = bool(net.jit_compile)
+    xla_row, xla_setting = ("jit_compile=False", False) if auto_xla else ("jit_compile=True", True)
     examples = len(data.x_train)
     print(f"{args.model} on {args.dataset}: {examples} training examples, {args.rounds} timed epochs per "
           f"configuration and comparison; {train_flops / 1e6:.1f} MFLOP per training example; matmul peak "
-          f"{peak / 1e9:.0f} GFLOP/s; {hardware_summary()}", flush=True)
+          f"{peak / 1e9:.0f} GFLOP/s; {hardware_summary()}; Keras' jit_compile='auto' (plain fit's) resolves to "
+          f"{auto_xla} here", flush=True)
 
     def race(a: tuple[str, Config], b: tuple[str, Config]):
         """Train both from the same initial weights, an epoch of each in turn: their Measurements, the
@@ -201,7 +211,7 @@ def measure(args, rec) -> Found:
         return metrics
 
     # The ladder: each rung changes one thing in the best configuration so far ---------------------
-    rungs = [("jit_compile=True", lambda c: dataclasses.replace(c, jit=True)),  # XLA: fuse the step's ops
+    rungs = [(xla_row, lambda c: dataclasses.replace(c, jit=xla_setting)),  # XLA: fuse the step's ops
              ("steps_per_execution=16", lambda c: dataclasses.replace(c, steps_per_execution=16)),
              *[(f"batch {b}", lambda c, b=b: dataclasses.replace(c, batch=b)) for b in sorted(set(args.batches))],
              ("tf.data input (cache, prefetch)", lambda c: dataclasses.replace(c, pipeline="tf.data")),
@@ -247,7 +257,7 @@ def measure(args, rec) -> Found:
     else:
         headline, top, plain_mfu = None, plain, plain["mfu"]
 
-    return Found(kept, verdicts, untried, headline, top, plain_mfu, mixed, gpu)
+    return Found(kept, verdicts, untried, headline, top, plain_mfu, mixed, gpu, xla_row)
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -267,12 +277,16 @@ def conclude(args, rec, found: Found) -> Conclusion:
                  f"this close to the {MIN_GAIN:.0%} bar needs more rounds (--rounds) to settle." if near else "")
     untried = (f" Not tried: {', '.join(found.untried)}, since a smaller batch already did not pay."
                if found.untried else "")
-    xla, _, _ = verdicts["jit_compile=True"]
-    xla_note = f"XLA against plain fit: {xla.describe()}" + (
+    xla, _, _ = verdicts[found.xla_row]
+    if found.xla_row == "jit_compile=False":  # plain fit was XLA already (Keras' "auto" on a GPU)
+        xla_note = (f"Plain fit already compiled with XLA (Keras' jit_compile='auto' on a GPU); without it: "
+                    f"{xla.describe()}.")
+    else:
+        xla_note = f"XLA against plain fit: {xla.describe()}" + (
         ": on a CPU, XLA calls its own (Eigen) convolutions instead of the oneDNN kernels TensorFlow's ops use, "
-        "so a convnet can lose more than fusion gains." if xla.verdict == "slower" and not gpu else
-        ": fusing the step's element-wise ops saved memory passes and dispatches." if xla.verdict == FASTER else
-        ".")
+            "so a convnet can lose more than fusion gains." if xla.verdict == "slower" and not gpu else
+            ": fusing the step's element-wise ops saved memory passes and dispatches." if xla.verdict == FASTER else
+            ".")
     return Conclusion((
         f"The best configuration kept {', '.join(kept[1:]) or 'nothing beyond plain fit'}: {summary} "
         f"({top['samples_per_s']:,.0f} samples/s), at {top['mfu']:.1%} MFU. "

@@ -117,3 +117,26 @@ def test_gpu_doctor_mixed_model_keeps_its_outputs_float32(tmp_path):
     assert mixed.get_layer("hidden").dtype_policy.name == "mixed_float16"
     assert mixed.get_layer("scores").dtype_policy.name == "float32"
     assert mixed(np.ones((2, 6), np.float32)).dtype == "float32"
+
+
+def test_gpu_keras_auto_jit_means_xla_with_a_gpu_and_the_custom_loop_keeps_it(monkeypatch):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfperf.data import Arrays
+    from tfperf.models import get_net
+    from test_recipes import load_recipe
+
+    trainer = load_recipe("training_ladder").measure.__globals__
+    data = Arrays("zeros", np.zeros((8, 28, 28, 1), np.float32), np.zeros(8, np.int32),
+                  np.zeros((4, 28, 28, 1), np.float32), np.zeros(4, np.int32), 10)
+    assert not get_net("mlp").jit_compile  # a CPU-only host: Keras' "auto" is no XLA
+    assert not trainer["Trainer"](trainer["Config"](custom_loop=True), "mlp", data, 1e-3, 0).xla
+    listed = tf.config.list_physical_devices
+    fake = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: [*listed(kind), fake] if kind in (None, "GPU") else listed(kind))
+    keras.utils.set_random_seed(0)
+    assert get_net("mlp").jit_compile  # with a GPU listed, Keras resolves "auto" to XLA: the ladder asks it
+    assert trainer["Trainer"](trainer["Config"](custom_loop=True), "mlp", data, 1e-3, 0).xla

@@ -140,3 +140,18 @@ def test_gpu_keras_auto_jit_means_xla_with_a_gpu_and_the_custom_loop_keeps_it(mo
     keras.utils.set_random_seed(0)
     assert get_net("mlp").jit_compile  # with a GPU listed, Keras resolves "auto" to XLA: the ladder asks it
     assert trainer["Trainer"](trainer["Config"](custom_loop=True), "mlp", data, 1e-3, 0).xla
+
+
+def test_gpu_agreement_checks_run_in_exact_float32_and_restore_tf32():
+    import tensorflow as tf
+
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    try:
+        with gpus.exact_float32():
+            assert not tf.config.experimental.tensor_float_32_execution_enabled()
+        assert tf.config.experimental.tensor_float_32_execution_enabled()  # as it was
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)
+    d = gpus.diagnosis(None, [A100], tf32_enabled=True)
+    assert d["tf32_by_default"] and d["tf32_enabled"] and d["mixed_policy"] == "mixed_bfloat16"

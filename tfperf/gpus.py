@@ -6,11 +6,12 @@ few functions that call TensorFlow or nvidia-smi.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 # What TensorFlow's GPU guide gives a logical GPU when it splits one; used when the memory is unknown.
 DEFAULT_LOGICAL_MB = 1024
@@ -82,6 +83,21 @@ def tf32_default(gpus: Sequence[Gpu]) -> bool:
     """Whether TensorFlow runs float32 matmuls and convolutions on TF32 tensor cores by default: on Ampere
     (compute capability 8.0) and newer."""
     return any(g.compute_capability is not None and g.compute_capability >= (8, 0) for g in gpus)
+
+
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """TensorFlow's float32 matmuls and convolutions in float32 inside the block, TF32 as it was after it:
+    agreement checks hold exports to 1e-4 of the model, and TF32 (10 bits of mantissa, on by default on
+    Ampere and newer) alone differs by more. Changes nothing on CPUs, which have no TF32."""
+    import tensorflow as tf
+
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)
 
 
 def child_gpu_env(gpu_indices: Sequence[int] | None) -> dict[str, str]:
@@ -167,7 +183,7 @@ def mixed_policy_here() -> str | None:
 
 
 def diagnosis(driver: Sequence[Gpu] | None, tensorflow: Sequence[Gpu], *, horovod_ops: Mapping[str, bool] | None = None,
-              memory_growth: bool | None = None) -> dict:
+              memory_growth: bool | None = None, tf32_enabled: bool | None = None) -> dict:
     """What `tfperf env` prints and records carry about GPUs."""
     return {
         "driver_gpus": None if driver is None else [g.name for g in driver],
@@ -175,6 +191,7 @@ def diagnosis(driver: Sequence[Gpu] | None, tensorflow: Sequence[Gpu], *, horovo
         "compute_capability": [".".join(map(str, g.compute_capability)) if g.compute_capability else None
                                for g in tensorflow],
         "tf32_by_default": tf32_default(tensorflow),
+        "tf32_enabled": tf32_enabled,
         "mixed_policy": mixed_policy(tensorflow),
         "memory_growth": memory_growth,
         "horovod_gpu_operations": dict(horovod_ops) if horovod_ops is not None else None,

@@ -23,6 +23,7 @@ from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, SIGNATURE, Runner, 
                                    check_options, format_of, versions)
 from tfperf.deploy.errors import ExportError, ModelError, first_line
 from tfperf.deploy.inputs import fit_inputs
+from tfperf.gpus import exact_float32
 
 METADATA_FILE = "tfperf.json"
 
@@ -185,7 +186,8 @@ def export(servable: Servable, root: Path | str = "saved_models", *, name: str, 
             "tfperf": __version__, "tensorflow": tf.__version__, **written, **dict(metadata or {}),
         }
         if check is not None and runner is not None:
-            meta["agreement"] = compare_with_model(runner, check, quantized=quantize != "none")
+            with exact_float32():
+                meta["agreement"] = compare_with_model(runner, check, quantized=quantize != "none")
         elif check is not None:
             meta["agreement"] = {"not_checked": f"the installed LiteRT interpreter cannot run Flex ops "
                                                 f"{', '.join(written['flex_ops'])}"}
@@ -259,7 +261,8 @@ def export_subject(subject, root: Path | str = "saved_models", *, name: str | No
         inputs, source = {n: a[:CHECK_ROWS] for n, a in sample_inputs(subject, sample).items()}, "the sample"
     else:
         inputs, source = make_inputs(subject, CHECK_ROWS, seed=seed), "synthetic inputs"
-    reference = check_runs(subject, inputs)
+    with exact_float32():  # the reference is float32 itself, not TF32 (Ampere GPUs' default)
+        reference = check_runs(subject, inputs)
     representative, calibrated_on = None, None
     if quantize == "int8":
         if calibration is not None:

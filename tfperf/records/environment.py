@@ -139,7 +139,8 @@ def environment() -> dict[str, Any]:
             "gpus": [tf.config.experimental.get_device_details(g).get("device_name", g.name)
                      for g in tf.config.list_physical_devices("GPU")],
             "gpu": gpus.diagnosis(driver, gpus.tensorflow_gpus(driver), horovod_ops=horovod_operations(),
-                                  memory_growth=os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH") == "true"),
+                                  memory_growth=os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH") == "true",
+                                  tf32_enabled=bool(tf.config.experimental.tensor_float_32_execution_enabled())),
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
             "xla_auto_jit": tf.config.optimizer.get_jit() or None,

@@ -86,6 +86,7 @@ class Found:
     stacks: list[str]  # the stacks measured
     baseline: str
     missing: dict[str, str]  # stacks that could not be imported, and why
+    device: dict[str, str] = dataclasses.field(default_factory=dict)  # stack -> where its ops ran (cpu, gpu)
 
 
 def sequence_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +127,7 @@ def serve_stack(stack: str, work: Path, calls: int, seed: int) -> None:
         fit = Timer(epoch, name=f"fit {name}", items_per_call=len(x))
         fit.start(warmup=0)  # the first epoch traces and compiles: timed apart
         timers.append(fit)
-        found = {"jit_compile": jit, "first_epoch_s": fit.first_call_s}
+        found = {"jit_compile": jit, "first_epoch_s": fit.first_call_s, "device": backend_device(k)}
         if stack == "Keras 3, TensorFlow":  # jit_compile: the default against the other setting
             other = compiled(jit_compile=not jit)
             other_epoch, _ = fit_epochs(other, x, y, keras_module=k, batch_size=BATCH, shuffle=False)
@@ -144,6 +145,18 @@ def serve_stack(stack: str, work: Path, calls: int, seed: int) -> None:
     serve_timers(timers, warmup=0)
     print(reply({name: {**found, "loss": float(model.evaluate(x_test, y_test, batch_size=256, verbose=0))}
                  for name, (model, x_test, y_test, found) in models.items()}), flush=True)
+
+
+def backend_device(k) -> str:
+    """Where this Keras' backend runs its ops by default: "gpu" or "cpu" (a comparison across devices is not
+    a comparison of backends)."""
+    if getattr(k, "backend", None) is not None and hasattr(k.backend, "backend") and k.backend.backend() == "jax":
+        import jax
+
+        return jax.default_backend()
+    import tensorflow as tf
+
+    return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
 
 
 def add_flags(p) -> None:
@@ -252,9 +265,11 @@ def measure(args, rec) -> Found:
         for stack in stacks:
             r = results[stack][model]
             found.loss[model, stack], found.jit[model, stack] = r["loss"], r["jit_compile"]
+            found.device[stack] = r.get("device", "cpu")
             rec.add(FIRST, f"{model}, {stack}", {"seconds": r["first_epoch_s"]}, primary="seconds",
                     lower_is_better=True, versus_first=False)
-            rec.add(LOSS, f"{model}, {stack}", {"test_loss": r["loss"], "jit_compile": r["jit_compile"]},
+            rec.add(LOSS, f"{model}, {stack}", {"test_loss": r["loss"], "jit_compile": r["jit_compile"],
+                                                "device": r.get("device", "cpu")},
                     primary="test_loss", lower_is_better=True, versus_first=False)
         if JIT in {key[0] for key in found.compare if key[1:] == (model,)}:
             default_jit = found.jit[model, "Keras 3, TensorFlow"]
@@ -321,6 +336,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
     text = " ".join(texts) + (
         " On every stack predict() builds a data pipeline and a step function around each call: for single "
         "requests call the model, or export it (serving_runtimes.py measures the runtimes).")
+    if len(set(found.device.values())) > 1:  # e.g. JAX installed for the CPU beside TensorFlow on a GPU
+        text += (" The stacks ran on different devices (" + ", ".join(f"{s}: {d}" for s, d in found.device.items())
+                 + "): these rows compare devices as much as backends.")
     if missing:
         text += " Not measured: " + "; ".join(f"{s} ({why}; install it with `{INSTALL[s]}`)"
                                              for s, why in missing.items()) + "."

@@ -155,3 +155,13 @@ def test_gpu_agreement_checks_run_in_exact_float32_and_restore_tf32():
         tf.config.experimental.enable_tensor_float_32_execution(before)
     d = gpus.diagnosis(None, [A100], tf32_enabled=True)
     assert d["tf32_by_default"] and d["tf32_enabled"] and d["mixed_policy"] == "mixed_bfloat16"
+
+
+def test_gpu_rows_name_their_device_here_the_cpu():
+    import keras
+
+    from tfperf.doctor.inference import tensorflow_device
+    from test_recipes import load_recipe
+
+    assert tensorflow_device() == "CPU"
+    assert load_recipe("keras_backends").measure.__globals__["backend_device"](keras) == "cpu"

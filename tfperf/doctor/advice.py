@@ -78,7 +78,9 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
     lines = [f"Model `{d.subject.source}` ({f['kind']}): "
              + (f"{f['parameters']:,} parameters, " if f.get("parameters") else "")
              + (f"{f['weight_bytes'] / 1e6:.2f} MB of weights; " if f.get("weight_bytes") else "")
-             + f"inputs {'; '.join(f['inputs'])}; outputs {'; '.join(f['outputs'])}.",
+             + f"inputs {'; '.join(f['inputs'])}; outputs {'; '.join(f['outputs'])}. TensorFlow's rows ran on "
+             + f"{f.get('device', 'CPU')}" + ("; LiteRT and ONNX Runtime on the CPU: their rows compare devices as "
+                                              "much as runtimes." if f.get("device", "CPU") != "CPU" else "."),
              ""]
     if f.get("flops_per_example"):
         lines += [f"Forward pass: {f['flops_per_example'] / 1e6:.3g} MFLOP per example (counted by TensorFlow's "

@@ -71,10 +71,20 @@ def model_facts(subject: Subject, *, quick: bool, sample: Mapping[str, np.ndarra
              "inputs": [str(i) for i in subject.inputs],
              "outputs": [f"{name}: {o.dtype.name}[batch, {', '.join(map(str, o.shape[1:]))}]".replace(", ]", "]")
                          for name, o in outputs.items()],
-             "flops_per_example": per_example, "matmul_flops_per_s": rate}
+             "flops_per_example": per_example, "matmul_flops_per_s": rate, "device": tensorflow_device()}
     if per_example:
         facts["compute_limit_examples_per_s"] = rate / per_example
     return facts
+
+
+def tensorflow_device() -> str:
+    """Where TensorFlow's rows run: its first GPU (by name) or the CPU. LiteRT and ONNX Runtime run on the CPU."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "CPU"
+    return f"GPU:0 ({tf.config.experimental.get_device_details(gpus[0]).get('device_name', 'GPU')})"
 
 
 def mfu(examples_per_s: float, facts: Mapping[str, Any], *, passes: float = 1.0) -> float | None:

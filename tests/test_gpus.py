@@ -165,3 +165,25 @@ def test_gpu_rows_name_their_device_here_the_cpu():
 
     assert tensorflow_device() == "CPU"
     assert load_recipe("keras_backends").measure.__globals__["backend_device"](keras) == "cpu"
+
+
+def test_gpu_rates_are_timed_in_blocks_of_calls(monkeypatch):
+    import tensorflow as tf
+
+    from tfperf.measure import timer
+
+    assert gpus.rate_block_size(True) == "auto" and gpus.rate_block_size(False) == 1
+    made = []
+    real = timer.Timer
+
+    def recording(*args, **kwargs):
+        made.append(kwargs.get("block_size", 1))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timer, "Timer", recording)
+    assert timer.matmul_flops_per_s(64, steps=5) > 0 and made == [1]  # a CPU: one call per sample, as before
+    listed = tf.config.list_physical_devices
+    fake = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: [*listed(kind), fake] if kind in (None, "GPU") else listed(kind))
+    assert timer.matmul_flops_per_s(64, steps=5) > 0 and made == [1, "auto"]

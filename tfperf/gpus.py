@@ -56,6 +56,13 @@ def plan_devices(count: int, gpus: Sequence[Gpu]) -> DevicePlan:
                            f"logical GPUs on one GPU share its compute, so this shows the code path, not scaling")
 
 
+def rate_block_size(gpu: bool) -> int | str:
+    """How to time a kernel for its rate: on a GPU, blocks of calls per clock read ("auto": as many as take
+    100x the sync cost), or a microsecond matmul measures dispatch and sync, not the GPU; on a CPU one call
+    per sample, as before."""
+    return "auto" if gpu else 1
+
+
 def missing_gpus(driver: Sequence[Gpu] | None, tensorflow: Sequence[Gpu]) -> str | None:
     """The one-line diagnosis when the NVIDIA driver sees GPUs that TensorFlow does not register (None when
     they agree, or when there is no driver): every op would quietly run on the CPU."""

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tfperf.measure.measurement import Clock, Elapsed, Measurement
+from tfperf.gpus import rate_block_size
 
 
 def _loaded_tf():
@@ -267,7 +268,9 @@ def matmul_flops_per_s(n: int = 1024, *, dtype: Any = "float32", steps: int | No
     a = tf.cast(tf.random.normal([n, n], dtype=tf.float32, seed=1), dtype)
     b = tf.cast(tf.random.normal([n, n], dtype=tf.float32, seed=2), dtype)
     matmul = tf.function(tf.linalg.matmul)
-    m = Timer(lambda: matmul(a, b), name=f"matmul{n}").measure(steps, warmup=2, min_time_s=0.1, min_samples=5)
+    block = rate_block_size(bool(tf.config.list_physical_devices("GPU")))
+    m = Timer(lambda: matmul(a, b), name=f"matmul{n}", block_size=block).measure(steps, warmup=2, min_time_s=0.1,
+                                                                                 min_samples=5)
     return 2.0 * n**3 / m.median_s
 
 

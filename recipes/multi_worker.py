@@ -141,7 +141,7 @@ def start_workers(n: int, args, tmp: Path) -> TimerCluster:
     gpus = host_gpu_count()
     return TimerCluster([TimerServer(cmd, timeout=args.timeout, name=f"worker {i} of {n}", env={
         **os.environ, "TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}", "TF_CPP_MIN_LOG_LEVEL": "2",
-        **child_gpu_env(worker_gpus(i, n, gpus))}) for i in range(n)])
+        **child_gpu_env(worker_gpus(i, gpus))}) for i in range(n)])
 
 
 def add_flags(p) -> None:

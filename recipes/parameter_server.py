@@ -148,7 +148,7 @@ def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> Timer
     for job in ("ps", "worker"):
         for i in range(len(cluster[job])):
             # Parameter servers hold variables on the host: no GPU; each worker its own.
-            visible = worker_gpus(i, workers, gpus) if job == "worker" else []
+            visible = worker_gpus(i, gpus) if job == "worker" else []
             servers.start(f"{job}{i}-of-{workers}-workers", [*base, "--role", "server", "--job", job, "--index", i],
                           {**env, **child_gpu_env(visible)})
     return TimerServer([*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,

@@ -47,9 +47,9 @@ def test_gpu_mixed_policy_and_tf32_follow_compute_capability(have, policy, tf32)
 def test_gpu_children_see_their_gpus_with_memory_growth():
     assert child_gpu_env([]) == {"CUDA_VISIBLE_DEVICES": "", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
     assert child_gpu_env([1, 2])["CUDA_VISIBLE_DEVICES"] == "1,2"
-    assert [worker_gpus(i, 2, 8) for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # a share each
-    assert [worker_gpus(i, 4, 2) for i in range(4)] == [[0], [1], [0], [1]]  # round-robin
-    assert [worker_gpus(i, 2, 2) for i in range(2)] == [[0], [1]] and worker_gpus(0, 2, 0) == []
+    assert [worker_gpus(i, 8) for i in range(2)] == [[0], [1]]  # one replica per worker
+    assert [worker_gpus(i, 2) for i in range(4)] == [[0], [1], [0], [1]]  # round-robin
+    assert worker_gpus(0, 0) == []
     from tfperf.measure.processes import child_env
 
     assert child_env({"PATH": "/bin"})["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"

@@ -115,15 +115,11 @@ def child_gpu_env(gpu_indices: Sequence[int] | None) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": visible, "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
 
 
-def worker_gpus(worker: int, workers: int, gpu_count: int) -> list[int]:
-    """The GPUs of one of `workers` processes on a host with `gpu_count`: a share each (one GPU per worker
-    when there are as many), round-robin when workers outnumber GPUs; none when there is no GPU."""
-    if gpu_count == 0:
-        return []
-    if workers >= gpu_count:
-        return [worker % gpu_count]
-    share = gpu_count // workers
-    return list(range(worker * share, (worker + 1) * share))
+def worker_gpus(worker: int, gpu_count: int) -> list[int]:
+    """The GPU of worker process `worker` on a host with `gpu_count`: one each, round-robin when workers
+    outnumber GPUs; none without a GPU. One replica per worker, so that the workers' batches are the
+    slices of one global batch the recipes compute (a worker with several GPUs would split its own)."""
+    return [worker % gpu_count] if gpu_count else []
 
 
 def ranks_per_gpu_warning(local_size: int, gpu_count: int) -> str | None:

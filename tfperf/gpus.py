@@ -126,7 +126,8 @@ def ranks_per_gpu_warning(local_size: int, gpu_count: int) -> str | None:
     """A warning when more Horovod ranks than GPUs share a host: ranks then share a GPU's memory and compute."""
     if gpu_count and local_size > gpu_count:
         return (f"{local_size} ranks on this host share {gpu_count} GPU(s): each GPU serves several ranks, which "
-                f"share its memory and compute; start at most {gpu_count} ranks per host (horovodrun -H host:{gpu_count})")
+                f"share its memory and compute; start at most {gpu_count} ranks per host "
+                f"(horovodrun -H host:{gpu_count})")
     return None
 
 

@@ -204,8 +204,8 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
     timers = [Timer(yours, name=YOURS, items_per_call=data.examples),
               Timer(alone, name=STEP_ALONE, items_per_call=data.examples),
               Timer(iterate, name=PIPELINE_ALONE, items_per_call=data.examples)]
-    race = dict(rounds=options.rounds, samples=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
-                warmup=0, seed=options.seed)
+    race = dict(rounds=options.rounds, samples=options.rounds, threshold=MIN_GAIN,
+                max_extensions=options.max_extensions, warmup=0, seed=options.seed)
     raced = race_table(rec, CHECK_TABLE, timers, metrics=lambda m, _: {
         "samples_per_s": m.items_per_s, "ms_per_batch": m.median_s / data.steps * 1e3}, primary="samples_per_s",
         lower_is_better=False, against={STEP_ALONE: YOURS, PIPELINE_ALONE: YOURS}, **race)

@@ -83,7 +83,8 @@ class Profiled:
                          f"executor)" + (", which larger batches or fewer, larger calls amortize"
                                          if self.overhead_share >= 0.3 else ""))
         if self.flops_per_s:
-            words.append(f"; {self.flops_per_s / 1e9:.3g} GFLOP/s achieved, {self.flops_per_s / self.matmul_flops_per_s:.0%} "
+            share = self.flops_per_s / self.matmul_flops_per_s
+            words.append(f"; {self.flops_per_s / 1e9:.3g} GFLOP/s achieved, {share:.0%} "
                          f"of the {self.matmul_flops_per_s / 1e9:.0f} GFLOP/s matmul rate measured now")
         host, device = host_and_device(self.peak_bytes)
         words.append(f"; peak memory of TensorFlow's allocators {megabytes(host)} on the host"

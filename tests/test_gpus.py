@@ -187,3 +187,32 @@ def test_gpu_rates_are_timed_in_blocks_of_calls(monkeypatch):
     monkeypatch.setattr(tf.config, "list_physical_devices",
                         lambda kind=None: [*listed(kind), fake] if kind in (None, "GPU") else listed(kind))
     assert timer.matmul_flops_per_s(64, steps=5) > 0 and made == [1, "auto"]
+
+
+def test_gpu_env_prints_the_diagnosis_and_stops_when_tensorflow_misses_the_drivers_gpus(monkeypatch, capsys):
+    import json
+
+    from tfperf.cli import main
+
+    assert main(["env"]) == 0
+    found = json.loads(capsys.readouterr().out)["gpu"]
+    assert found["problem"] is None and found["tensorflow_gpus"] == []
+    assert found["horovod_gpu_operations"]["gloo"]  # the Horovod build make install made: Gloo, no NCCL on a CPU host
+    monkeypatch.setattr(gpus, "driver_gpus", lambda: [A100])  # a driver that sees an A100 TensorFlow does not
+    assert main(["env"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tfperf env: error: nvidia-smi sees 1 GPU(s)")
+
+
+def test_gpu_recipes_stop_in_one_line_when_tensorflow_misses_the_drivers_gpus(monkeypatch, capsys, tmp_path):
+    from tfperf.recipe import Conclusion, Recipe
+
+    ran = []
+    recipe = Recipe(name="stub", doc="A stub.", order=1, measure=lambda args, rec: ran.append(1),
+                    conclude=lambda args, rec, found: Conclusion("done"))
+    monkeypatch.setattr(gpus, "driver_gpus", lambda: [A100, A100])
+    assert recipe.main(["--out", str(tmp_path)]) == 2 and not ran
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stub: error: nvidia-smi sees 2 GPU(s)")
+    monkeypatch.setattr(gpus, "driver_gpus", lambda: None)  # a CPU host: the recipe runs as before
+    assert recipe.main(["--out", str(tmp_path)]) == 0 and ran

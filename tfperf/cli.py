@@ -162,6 +162,11 @@ def cmd_env(args: argparse.Namespace) -> int:
     import keras  # noqa: F401  (loaded, so that its runtime settings are read too)
     import tensorflow  # noqa: F401
 
+    try:  # loaded, so that its build (NCCL, Gloo, MPI) is read too
+        import horovod.tensorflow  # noqa: F401
+    except ImportError:
+        pass
+
     from tfperf.records.environment import environment
 
     found = environment()

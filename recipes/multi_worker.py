@@ -43,8 +43,6 @@ from tfperf.measure.stats import FASTER, SLOWER
 # drift, tens of percent within a minute, falls on both and the speedup is judged round by round.
 
 
-
-
 def worker(args) -> None:
     """One worker's part: runs in each process that TF_CONFIG describes."""
     import keras

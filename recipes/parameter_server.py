@@ -42,8 +42,6 @@ from tfperf.measure.stats import FASTER, SLOWER, Comparison
 # clusters stay up and run their timed blocks of steps in turns, so the speedup is judged round by round.
 
 
-
-
 def server(args) -> None:
     """A ps or worker task: a TensorFlow server that runs what the coordinator sends it, until killed."""
     import tensorflow as tf

@@ -213,7 +213,7 @@ def test_mirrored_resnet_runs_on_one_and_two_devices(tmp_path):
 @pytest.mark.slow
 def test_scaling_model_predicts_and_measures(tmp_path):
     out = run([sys.executable, recipe("scaling_model"), "--quick", "--reps", "3", "--ranks", "1", "2",
-               "--pairs", "1", "--out", tmp_path]).stdout
+               "--pairs", "1", "--blocks", "3", "--warmup", "1", "--out", tmp_path]).stdout
     assert "largest prediction error" in out and "ring fit" in out and "np=1 (t1 alone): error" in out
     records = read_records(tmp_path / "scaling_model.jsonl")
     predicted = {r["row"]: r["metrics"] for r in records if r["table"].startswith("predicted")}

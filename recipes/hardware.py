@@ -4,7 +4,8 @@ The seed's hardware section recites numbers; this recipe measures this machine's
 recipe's results can be read against them.
 
 Run:   python recipes/hardware.py --quick        (about a minute on 2 CPU cores)
-Needs: TensorFlow 2.21 and NumPy; a GPU adds host-to-device bandwidth when present.
+Needs: TensorFlow 2.21 and NumPy. On a GPU host it measures the host (its ops pinned to /CPU:0): the
+GPU's own rows (device bandwidth, copies, tensor-core FLOP/s) are not measured yet.
 """
 
 import os
@@ -111,6 +112,13 @@ def add_flags(p) -> None:
 
 
 def measure(args, rec) -> Found:
+    # The host's roofs: on a GPU host TensorFlow would place these ops on the GPU and mix its FLOP/s with the
+    # host's bandwidth, so everything here runs on the CPU.
+    with tf.device("/CPU:0"):
+        return measure_host(args, rec)
+
+
+def measure_host(args, rec) -> Found:
     caches = cache_sizes()
 
     # Memory bandwidth: stream a large array that no cache can hold -------------------------------

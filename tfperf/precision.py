@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import keras
-import tensorflow as tf
+
+from tfperf.gpus import tensorflow_gpus
 
 
 def cpu_flags() -> set[str]:
@@ -43,19 +44,9 @@ def cpu_int8_support() -> str:
     return "no int8 dot-product instructions"
 
 
-def gpu_compute_capabilities() -> list[tuple[int, int]]:
-    """Compute capability of each visible GPU; float16 tensor cores need 7.0 or more."""
-    caps = []
-    for gpu in tf.config.list_physical_devices("GPU"):
-        cap = tf.config.experimental.get_device_details(gpu).get("compute_capability")
-        if cap:
-            caps.append(tuple(cap))
-    return caps
-
-
 def hardware_summary() -> str:
     """One line: what float16 and bfloat16 run on here."""
-    caps = gpu_compute_capabilities()
+    caps = [g.compute_capability for g in tensorflow_gpus() if g.compute_capability]
     if caps:
         fp16 = ", ".join(f"GPU {i}: compute capability {a}.{b} ({'has' if a >= 7 else 'no'} float16 tensor cores)"
                          for i, (a, b) in enumerate(caps))

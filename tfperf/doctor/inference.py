@@ -79,12 +79,10 @@ def model_facts(subject: Subject, *, quick: bool, sample: Mapping[str, np.ndarra
 
 def tensorflow_device() -> str:
     """Where TensorFlow's rows run: its first GPU (by name) or the CPU. LiteRT and ONNX Runtime run on the CPU."""
-    import tensorflow as tf
+    from tfperf.gpus import tensorflow_gpus
 
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return "CPU"
-    return f"GPU:0 ({tf.config.experimental.get_device_details(gpus[0]).get('device_name', 'GPU')})"
+    gpus = tensorflow_gpus()
+    return f"GPU:0 ({gpus[0].name})" if gpus else "CPU"
 
 
 def mfu(examples_per_s: float, facts: Mapping[str, Any], *, passes: float = 1.0) -> float | None:

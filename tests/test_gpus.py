@@ -216,3 +216,22 @@ def test_gpu_recipes_stop_in_one_line_when_tensorflow_misses_the_drivers_gpus(mo
     assert len(err) == 1 and err[0].startswith("stub: error: nvidia-smi sees 2 GPU(s)")
     monkeypatch.setattr(gpus, "driver_gpus", lambda: None)  # a CPU host: the recipe runs as before
     assert recipe.main(["--out", str(tmp_path)]) == 0 and ran
+
+
+def test_gpu_tf32_rows_run_with_tf32_off_and_tensorflow_rows_get_a_tolerance_that_says_why():
+    import tensorflow as tf
+
+    assert gpus.tf32_in_effect(True, [A100]) and gpus.tf32_in_effect(True, [H100])
+    assert not gpus.tf32_in_effect(True, [V100]) and not gpus.tf32_in_effect(False, [A100])
+    assert not gpus.tf32_in_effect(True, [])
+    assert gpus.float32_tolerance(1e-4, False) == (1e-4, "")
+    loose, why = gpus.float32_tolerance(1e-4, True)
+    assert loose == gpus.TF32_TOLERANCE and "TF32" in why and "0.0001" in why
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    try:
+        read = gpus.in_exact_float32(lambda: tf.config.experimental.tensor_float_32_execution_enabled())
+        assert read() is False and tf.config.experimental.tensor_float_32_execution_enabled()
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)
+    assert gpus.device_memory("/CPU:0") is None and not gpus.tf32_here()  # this CPU host

@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 # What TensorFlow's GPU guide gives a logical GPU when it splits one; used when the memory is unknown.
 DEFAULT_LOGICAL_MB = 1024
 LOGICAL_SHARE = 0.9  # of a GPU's memory handed to its logical GPUs: the rest is CUDA's own and cuDNN's
+# TF32 rounds a matmul's inputs to 10 bits of mantissa (a relative error of 2**-11, about 5e-4, each); summed
+# in float32 through a network's layers, outputs drift by about 1e-3 of their scale. Ten times that is a bug.
+TF32_TOLERANCE = 1e-2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +95,22 @@ def tf32_default(gpus: Sequence[Gpu]) -> bool:
     return any(g.compute_capability is not None and g.compute_capability >= (8, 0) for g in gpus)
 
 
+def tf32_in_effect(enabled: bool, gpus: Sequence[Gpu]) -> bool:
+    """Whether float32 matmuls run on TF32 tensor cores: TensorFlow's setting is on (its default) and a GPU
+    has them."""
+    return enabled and tf32_default(gpus)
+
+
+def float32_tolerance(exact: float, tf32: bool) -> tuple[float, str]:
+    """How closely a TensorFlow float32 row must answer as a float32 reference does, and why: `exact` (the
+    exports' bar) unless TF32 is in effect, which alone differs by more (TF32_TOLERANCE)."""
+    if tf32:
+        return TF32_TOLERANCE, (f"TF32 is on (TensorFlow's default on this GPU): its float32 matmuls keep 10 bits "
+                                f"of mantissa, so its rows are held to {TF32_TOLERANCE:g} of the outputs' scale, "
+                                f"exports to {exact:g}")
+    return exact, ""
+
+
 @contextlib.contextmanager
 def exact_float32() -> Iterator[None]:
     """TensorFlow's float32 matmuls and convolutions in float32 inside the block, TF32 as it was after it:
@@ -105,6 +124,16 @@ def exact_float32() -> Iterator[None]:
         yield
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(before)
+
+
+def in_exact_float32(fn: Callable[..., object]) -> Callable[..., object]:
+    """`fn`, each call made with TF32 off (see `exact_float32`): a float32 row as float32 really computes."""
+
+    def call(*args, **kwargs):
+        with exact_float32():
+            return fn(*args, **kwargs)
+
+    return call
 
 
 def child_gpu_env(gpu_indices: Sequence[int] | None) -> dict[str, str]:
@@ -175,6 +204,36 @@ def tensorflow_gpus(driver: Sequence[Gpu] | None = None) -> list[Gpu]:
         memory = driver[i].memory_mb if driver and i < len(driver) else None
         found.append(Gpu(details.get("device_name", device.name), tuple(cap) if cap else None, memory))
     return found
+
+
+def tf32_here() -> bool:
+    """Whether TF32 is in effect in this process (see `tf32_in_effect`)."""
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        return False
+    return tf32_in_effect(tf.config.experimental.tensor_float_32_execution_enabled(), tensorflow_gpus())
+
+
+def device_memory(device: str) -> dict[str, int] | None:
+    """The bytes TensorFlow's allocator holds on a GPU now and at its peak since the last reset, e.g.
+    {"current": ..., "peak": ...}; None for CPUs, whose allocator TensorFlow does not count."""
+    import tensorflow as tf
+
+    if "GPU" not in device.upper():
+        return None
+    try:
+        return {k: int(v) for k, v in tf.config.experimental.get_memory_info(device.lstrip("/")).items()}
+    except (ValueError, tf.errors.InvalidArgumentError):
+        return None
+
+
+def reset_peak_memory(device: str) -> None:
+    """Start a GPU's peak count (see `device_memory`) from what it holds now; nothing on CPUs."""
+    import tensorflow as tf
+
+    if "GPU" in device.upper():
+        tf.config.experimental.reset_memory_stats(device.lstrip("/"))
 
 
 def mixed_policy_here() -> str | None:

@@ -18,6 +18,7 @@ from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
+from tfperf.gpus import exact_float32, float32_tolerance, tensorflow_gpus, tf32_here
 
 RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
 
@@ -79,8 +80,6 @@ def model_facts(subject: Subject, *, quick: bool, sample: Mapping[str, np.ndarra
 
 def tensorflow_device() -> str:
     """Where TensorFlow's rows run: its first GPU (by name) or the CPU. LiteRT and ONNX Runtime run on the CPU."""
-    from tfperf.gpus import tensorflow_gpus
-
     gpus = tensorflow_gpus()
     return f"GPU:0 ({gpus[0].name})" if gpus else "CPU"
 
@@ -104,6 +103,13 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
 
     findings, skipped = [], {}
     runtimes, commands = {}, {}
+    # TensorFlow's own rows run with TF32 where it is on (Ampere and newer GPUs): they are held to what TF32
+    # allows, the exports (float32 on the CPU) to FLOAT_TOLERANCE; the reference is exact float32.
+    tensorflow_bar, why = float32_tolerance(FLOAT_TOLERANCE, tf32_here())
+
+    def tolerance(row: str) -> float:
+        return FLOAT_TOLERANCE if row in runtimes else tensorflow_bar
+
     if options.exported:
         runtimes, failed, commands = exported_runtimes(subject, options, workdir)
         skipped.update(failed)
@@ -117,7 +123,8 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
         progress(f"inference at batch {batch}")
         flat = make_inputs(subject, batch, seed=options.seed, sample=options.sample)
         tensors = subject.pack(to_tensors(flat))
-        reference = check_runs(subject, flat)
+        with exact_float32():  # the reference is float32 itself, not TF32 (Ampere GPUs' default)
+            reference = check_runs(subject, flat)
         # Each row: the call, whether it answers in the model's structure (named by the subject's head) or
         # by name already (an exported runtime), the code that applies it, and what it costs.
         calls: dict[str, tuple[Callable[[], Any], bool, str, str]] = {}
@@ -158,15 +165,17 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             rec, table, timers,
             metrics=lambda m, _: {"ms_per_call": m.median_s * 1e3, "p99_ms": m.p99_s * 1e3,
                                   "rows_per_s": m.items_per_s, "first_call_s": m.first_call_s, "batch": batch,
-                                  "max_relative_diff": diffs[m.name], "mfu": mfu(m.items_per_s, facts)},
+                                  "max_relative_diff": diffs[m.name], "tolerance": tolerance(m.name),
+                                  "mfu": mfu(m.items_per_s, facts)},
             primary="ms_per_call" if batch == 1 else "rows_per_s", lower_is_better=batch == 1,
             rounds=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
             min_time_s=options.min_time_s, seed=options.seed, warmup=0)
         baseline = next(iter(calls))
         for row, c in raced.comparisons.items():
             _, _, code, cost = calls[row]
-            agrees = diffs[row] <= FLOAT_TOLERANCE
-            note = "" if agrees else f"outputs differ from the model's by up to {diffs[row]:.2g} of their scale"
+            agrees = diffs[row] <= tolerance(row)
+            note = "" if agrees else (f"outputs differ from the model's by up to {diffs[row]:.2g} of their scale"
+                                      + (f" ({why})" if why and row not in runtimes else ""))
             findings.append(Finding(table, row, baseline, c, code, cost, agrees, note))
         if profiler is not None and batch in (batches[0], batches[-1]):  # after the race: never a sample
             by_name = {t.name: t for t in timers}
@@ -183,5 +192,5 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             findings.append(Finding(f"XLA at batch {batch}", "jit_compile=True", "tf.function",
                                     versus(raced["tf.function"], raced["tf.function, jit_compile=True"],
                                            threshold=MIN_GAIN), code, cost,
-                                    diffs["tf.function, jit_compile=True"] <= FLOAT_TOLERANCE))
+                                    diffs["tf.function, jit_compile=True"] <= tolerance("tf.function")))
     return findings, skipped

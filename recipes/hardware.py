@@ -4,8 +4,8 @@ The seed's hardware section recites numbers; this recipe measures this machine's
 recipe's results can be read against them.
 
 Run:   python recipes/hardware.py --quick        (about a minute on 2 CPU cores)
-Needs: TensorFlow 2.21 and NumPy. On a GPU host it measures the host (its ops pinned to /CPU:0): the
-GPU's own rows (device bandwidth, copies, tensor-core FLOP/s) are not measured yet.
+Needs: TensorFlow 2.21 and NumPy. On a GPU host the host's roofs are measured on /CPU:0, and the first
+GPU's in tables of their own: its memory bandwidth, host<->device copies, matmul FLOP/s per dtype.
 """
 
 import os
@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfperf import flags
+from tfperf.gpus import Gpu, in_exact_float32, rate_block_size, tensorflow_gpus, tf32_in_effect
 from tfperf.measure import Timer, interleave, versus
 from tfperf.measure.timer import matmul_flops_per_s
 from tfperf.catalog import MODEL_NAMES
@@ -39,11 +40,16 @@ from tfperf.measure.stats import NO_DIFFERENCE, Comparison
 # FLOP/s per dtype and size (the per-call clock checked against matmuls chained inside one call, and
 # compared with NumPy's own BLAS in the same interleaved rounds), the cost of dispatching
 # one op, and places the cookbook's models on the roofline. A last table puts this machine's rows next
-# to the classic "latency numbers every programmer should know".
+# to the classic "latency numbers every programmer should know". On a GPU host, the GPU's own roofs
+# follow: its memory, the copies between host and GPU memory that every input batch makes, and its
+# matmul rate per dtype, naming the units (CUDA cores, tensor cores) each dtype runs on there.
 
 MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY = (
     "memory bandwidth", "working-set sweep: latency of a dependent load", "matmul FLOP/s by dtype and size",
     "dispatch overhead per call", "roofline: the cookbook's models (forward, batch 64)", "latency numbers")
+GPU_MEMORY, GPU_COPIES, GPU_FLOPS = ("GPU memory bandwidth", "copies between host and GPU memory",
+                                     "GPU matmul FLOP/s by dtype and size")
+GPU_SIZES = (1024, 4096, 8192)  # tensor cores need large matmuls to fill a GPU's many multiprocessors
 AGREEMENT = 0.30  # the per-call clock fails its check when its CI against a chained run lies beyond this
 CHAIN = 10  # matmuls chained inside one graph call for the clock check
 # Latency numbers every programmer should know (Dean and Norvig), as the seed quotes them, in seconds.
@@ -65,6 +71,7 @@ class Found:
     peak: float  # FLOP/s
     at_level: dict  # the working-set sweep's latency per cache level
     dispatch: dict  # seconds to dispatch one op, per kind of call
+    gpu: dict | None = None  # the first GPU's roofs (see measure_gpu), None without a GPU
 
 
 def best_of(fn, reps: int) -> float:
@@ -111,11 +118,80 @@ def add_flags(p) -> None:
     p.add_argument("--stream-mb", type=flags.positive_int, help="array size of the streaming benchmarks (MB)")
 
 
+def tensor_cores(dtype: str, capability: tuple[int, int] | None, tf32: bool) -> str:
+    """The units a matmul in `dtype` runs on, on a GPU of this compute capability: float16 tensor cores
+    from 7.0 (Volta), bfloat16 and TF32 ones from 8.0 (Ampere), CUDA cores otherwise."""
+    cap = capability or (0, 0)
+    if dtype == "float16" and cap >= (7, 0) or dtype == "bfloat16" and cap >= (8, 0):
+        return "tensor cores"
+    if dtype == "float32" and tf32 and cap >= (8, 0):
+        return "tensor cores (TF32)"
+    return "CUDA cores"
+
+
 def measure(args, rec) -> Found:
     # The host's roofs: on a GPU host TensorFlow would place these ops on the GPU and mix its FLOP/s with the
     # host's bandwidth, so everything here runs on the CPU.
     with tf.device("/CPU:0"):
-        return measure_host(args, rec)
+        found = measure_host(args, rec)
+    gpus = tensorflow_gpus()
+    return dataclasses.replace(found, gpu=measure_gpu(args, rec, "/GPU:0", gpus[0])) if gpus else found
+
+
+def measure_gpu(args, rec, device: str, gpu: Gpu) -> dict:
+    """The GPU's roofs: memory bandwidth, copies to and from the host, matmul FLOP/s per dtype. Each is timed
+    in blocks of calls with one sync (rate_block_size): one sync per call would time the sync."""
+    n = args.stream_mb * 2**20 // 4
+    block = rate_block_size("GPU" in device.upper())
+    with tf.device("/CPU:0"):
+        host = tf.ones([n])
+    with tf.device(device):
+        x = tf.ones([n])
+        total, copy = tf.function(tf.reduce_sum), tf.function(lambda x: tf.raw_ops.DeepCopy(x=x))
+
+    def timed(fn, name: str) -> float:
+        with tf.device(device):
+            return Timer(fn, name=name, block_size=block).measure(args.steps, warmup=args.warmup).min_s
+
+    found = {"name": gpu.name, "device": device,
+             "read_gb_per_s": 4 * n / timed(lambda: total(x), "GPU reduce_sum") / 1e9,
+             "copy_gb_per_s": 2 * 4 * n / timed(lambda: copy(x), "GPU DeepCopy") / 1e9}
+    rec.add(GPU_MEMORY, f"reduce_sum on {device} (read)", {"gb_per_s": found["read_gb_per_s"], "mb": args.stream_mb},
+            primary="gb_per_s", lower_is_better=False)
+    rec.add(GPU_MEMORY, f"copy on {device} (read + write)", {"gb_per_s": found["copy_gb_per_s"], "mb": args.stream_mb},
+            primary="gb_per_s", lower_is_better=False)
+
+    # Host <-> GPU: an op placed on the other side copies its input there (tf.identity itself copies nothing).
+    def to_device():
+        with tf.device(device):
+            return tf.identity(host)
+
+    def to_host():
+        with tf.device("/CPU:0"):
+            return tf.identity(x)
+
+    found["to_device_gb_per_s"] = 4 * n / timed(to_device, "host to GPU") / 1e9
+    found["to_host_gb_per_s"] = 4 * n / timed(to_host, "GPU to host") / 1e9
+    for row, key in (("host to GPU", "to_device_gb_per_s"), ("GPU to host", "to_host_gb_per_s")):
+        rec.add(GPU_COPIES, row, {"gb_per_s": found[key], "mb": args.stream_mb,
+                                  "vs_device_copy": found[key] / found["copy_gb_per_s"]},
+                primary="gb_per_s", lower_is_better=False)
+
+    # Matmul FLOP/s per dtype; float32 with TF32 on (TensorFlow's default from 8.0) and off.
+    tf32 = tf32_in_effect(tf.config.experimental.tensor_float_32_execution_enabled(), [gpu])
+    rows = [("float32", "float32", False), *([("float32, TF32 off", "float32", True)] if tf32 else []),
+            ("float16", "float16", False), ("bfloat16", "bfloat16", False)]
+    found["gflops"] = {}
+    for row, dtype, exact in rows:
+        rate = in_exact_float32(matmul_flops_per_s) if exact else matmul_flops_per_s
+        units = tensor_cores(dtype, gpu.compute_capability, tf32 and not exact)
+        for size in GPU_SIZES[:2] if args.quick else GPU_SIZES:
+            with tf.device(device):
+                gflops = rate(size, dtype=dtype, steps=args.steps) / 1e9
+            found["gflops"][row] = max(found["gflops"].get(row, 0.0), gflops)
+            rec.add(GPU_FLOPS, f"{row} {size}", {"gflops": gflops, "units": units}, primary="gflops",
+                    lower_is_better=False, versus_first=False)
+    return found
 
 
 def measure_host(args, rec) -> Found:
@@ -280,8 +356,26 @@ def conclude(args, rec, found: Found) -> Conclusion:
         + ", ".join(f"{name} {m['flops_per_byte']:.0f} FLOP/B ({m['bound']}-bound, {m['share_of_roof']:.0%} of "
                     f"its roof)" for name, m in r.items())
         + ". A model far below its roof is limited by something else: dispatch, small kernels, or the "
-        "memory traffic of element-wise layers that the FLOP count ignores."), lines,
+        "memory traffic of element-wise layers that the FLOP count ignores." + gpu_text(found.gpu, bandwidth)),
+        lines,
         "" if agree else "the per-call clock disagrees with chained matmuls read back")
+
+
+def gpu_text(gpu: dict | None, host_bandwidth: float) -> str:
+    """The conclusion's sentences on the GPU's roofs, empty without a GPU."""
+    if gpu is None:
+        return ""
+    rates = gpu["gflops"]
+    f32 = rates.get("float32, TF32 off", rates["float32"])
+    return (f" On {gpu['device']} ({gpu['name']}), memory reads stream at {gpu['read_gb_per_s']:.0f} GB/s "
+            f"({gpu['read_gb_per_s'] * 1e9 / host_bandwidth:.1f}x the host's) and copies at {gpu['copy_gb_per_s']:.0f} "
+            f"GB/s, while copies from the host run at {gpu['to_device_gb_per_s']:.1f} GB/s and back at "
+            f"{gpu['to_host_gb_per_s']:.1f} GB/s ({gpu['to_device_gb_per_s'] / gpu['copy_gb_per_s']:.2f}x the "
+            f"device's own copy)"
+            + (": input batches must reach the GPU ahead of the step that needs them (a tf.data pipeline ending "
+               "in prefetch, or prefetch_to_device)" if gpu["to_device_gb_per_s"] < gpu["copy_gb_per_s"] else "")
+            + ". Its matmuls reach "
+            + ", ".join(f"{r} {v / 1e3:.1f} TFLOP/s ({v / f32:.1f}x float32)" for r, v in rates.items()) + ".")
 
 
 def roofline_plot(points, peak: float, bandwidth: float, path: Path) -> Path:

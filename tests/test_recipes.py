@@ -338,22 +338,27 @@ def test_training_ladder_keeps_a_rung_only_when_its_interval_clears_the_bar(tmp_
 
 
 @pytest.mark.slow
-def test_mixed_precision_agrees_with_float32(tmp_path):
+def test_mixed_precision_agrees_with_float32_and_on_a_fake_tf32_gpu_runs_float32_both_ways(tmp_path, monkeypatch):
     mixed = load_recipe("mixed_precision")
+    assert list(mixed.measure.__globals__["policy_rows"](False)) == ["float32", "mixed_float16", "mixed_bfloat16"]
+    # An Ampere GPU's TF32 (faked: the rows' code runs on this CPU, where TF32 changes nothing).
+    monkeypatch.setitem(mixed.measure.__globals__, "tf32_here", lambda: True)
     args = mixed.parse([*TINY, "--train-steps", "20", "--out", str(tmp_path)])
     rec, found = mixed.run(args)
     conclusion = mixed.conclude(args, rec, found)
     assert "mixed_float16 ok, mixed_bfloat16 ok" in conclusion.lines[0] and not conclusion.failure
     m = {r["row"]: r["metrics"] for r in rec.records}
-    assert list(m) == ["float32", "mixed_float16", "mixed_bfloat16"]
-    assert [m[p]["compute_dtype"] for p in m] == ["float32", "float16", "bfloat16"]
+    assert list(m) == ["float32", "float32, TF32 off", "mixed_float16", "mixed_bfloat16"]
+    assert [m[p]["tf32"] for p in m] == [True, False, False, False] and "with TF32 off a step was" in conclusion.text
+    assert m["float32, TF32 off"]["final_loss"] == pytest.approx(m["float32"]["final_loss"], rel=1e-3)
+    assert [m[p]["compute_dtype"] for p in m] == ["float32", "float32", "float16", "bfloat16"]
     assert all(m[p]["variable_dtype"] == "float32" for p in m)  # mixed: variables stay float32
     assert m["mixed_float16"]["activation_mb"] == pytest.approx(m["float32"]["activation_mb"] / 2, rel=0.05)
     for p in m:
         assert m[p]["nan_losses"] == 0 and m[p]["agrees_with_float32"]
         assert abs(m[p]["final_loss"] - m["float32"]["final_loss"]) <= 0.1
-    # Both mixed policies are judged against float32 from the same interleaved rounds.
-    assert [r.get("versus") for r in rec.records] == [None, "float32", "float32"]
+    # Every row is judged against float32 from the same interleaved rounds.
+    assert [r.get("versus") for r in rec.records] == [None, "float32", "float32", "float32"]
     assert all(r["verdict"] in ("faster", "slower", "no measurable difference") for r in rec.records[1:])
 
 
@@ -411,18 +416,40 @@ def test_auto_parallelism_compares_together_with_the_sum(tmp_path):
 
 
 @pytest.mark.slow
-def test_hardware_measures_roofs_and_checks_numpy(tmp_path):
-    out = run([sys.executable, recipe("hardware"), "--quick", "--steps", "3", "--warmup", "0", "--stream-mb", "32",
-               "--out", tmp_path]).stdout
-    assert "GFLOP/s, NumPy" in out and "read back agree within 30%" in out
-    records = read_records(tmp_path / "hardware.jsonl")
+def test_hardware_measures_roofs_and_checks_numpy_and_on_a_fake_gpu_its_rows(tmp_path, monkeypatch):
+    from tfperf.gpus import Gpu
+
+    hardware = load_recipe("hardware")
+    found_here = hardware.measure.__globals__
+    units = found_here["tensor_cores"]
+    assert [units(d, (7, 0), False) for d in ("float32", "float16", "bfloat16")] == [
+        "CUDA cores", "tensor cores", "CUDA cores"]
+    assert [units(d, (8, 0), True) for d in ("float32", "float16", "bfloat16")] == [
+        "tensor cores (TF32)", "tensor cores", "tensor cores"]
+    assert units("float16", (6, 1), False) == "CUDA cores"
+    # An Ampere GPU listed (faked: its rows' code runs on this CPU, soft-placed), small matmuls.
+    monkeypatch.setitem(found_here, "tensorflow_gpus", lambda: [Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40960)])
+    monkeypatch.setitem(found_here, "GPU_SIZES", (64, 128))
+    args = hardware.parse(["--quick", "--steps", "3", "--warmup", "0", "--stream-mb", "32", "--out", str(tmp_path)])
+    rec, found = hardware.run(args)
+    conclusion = hardware.conclude(args, rec, found)
+    assert "read back agree within 30%" in conclusion.lines[0] and "GFLOP/s, NumPy" in conclusion.lines[0]
+    records = rec.records
     tables = {r["table"] for r in records}
-    assert len(tables) == 6
+    assert len(tables) == 9
     sweep = [r["metrics"]["ns_per_load"] for r in records if r["table"].startswith("working-set")]
     assert sweep[-1] > sweep[0]  # a 64 MiB table is slower to chase than a 16 KiB one: caches exist
     roofline = {r["row"]: r["metrics"] for r in records if r["table"].startswith("roofline")}
     assert set(roofline) == {"mlp", "cnn", "lenet", "resnet18"}
     assert all(m["flops_per_byte"] > 0 and m["achieved_gflops"] > 0 for m in roofline.values())
+    gpu_rates = {r["row"]: r["metrics"] for r in records if r["table"].startswith("GPU matmul")}
+    assert list(gpu_rates) == [f"{d} {n}" for d in ("float32", "float32, TF32 off", "float16", "bfloat16")
+                               for n in (64, 128)]
+    assert gpu_rates["float32 64"]["units"] == "tensor cores (TF32)"
+    assert gpu_rates["float32, TF32 off 64"]["units"] == "CUDA cores"
+    copies = {r["row"]: r["metrics"] for r in records if r["table"].startswith("copies between")}
+    assert set(copies) == {"host to GPU", "GPU to host"} and all(m["gb_per_s"] > 0 for m in copies.values())
+    assert found.gpu["read_gb_per_s"] > 0 and "On /GPU:0 (NVIDIA A100-SXM4-40GB)" in conclusion.text
     assert (tmp_path / "figures" / "hardware-roofline.png").exists()
 
 

@@ -4,7 +4,8 @@ With asynchronous eager execution, Python returns from an op as soon as it is qu
 later. That hides Python's overhead behind the computation, and it makes naive timing wrong.
 
 Run:   python recipes/async_execution.py --quick        (under a minute on 2 CPU cores)
-Needs: TensorFlow 2.21; a CPU is enough (on a GPU, kernels are asynchronous even in synchronous mode).
+Needs: TensorFlow 2.21; a CPU is enough. On a GPU, kernels are asynchronous even in synchronous mode, and the
+memory the queue holds is GPU memory: its rows read the GPU's allocator.
 """
 
 import os
@@ -22,6 +23,7 @@ import psutil
 import tensorflow as tf
 
 from tfperf import flags
+from tfperf.gpus import device_memory, reset_peak_memory
 from tfperf.measure import Elapsed, Timer, interleave, sync, versus
 from tfperf.measure.timer import synchronous_execution
 from tfperf.recipe import Conclusion, Recipe
@@ -75,8 +77,14 @@ def loop_timers(row: str, body, iters: int, synchronous: bool) -> tuple[Timer, T
             Timer(lambda: loop(body, iters, synchronous), name=row, items_per_call=iters))
 
 
-def peak_rss_growth(body, iters: int, sync_every_step: bool) -> float:
-    """MiB by which this process's resident memory peaks above its start while the loop runs."""
+def peak_memory_growth(body, iters: int, sync_every_step: bool, device: str) -> float:
+    """MiB by which memory peaks above its start while the loop runs: on a GPU its allocator's count (the
+    outputs live there), on a CPU this process's resident memory."""
+    if device_memory(device) is not None:
+        reset_peak_memory(device)
+        start = device_memory(device)["current"]
+        run_loop(body, iters, sync_every_step)
+        return (device_memory(device)["peak"] - start) / 2**20
     proc, peak, running = psutil.Process(), [0], True
     start = proc.memory_info().rss
 
@@ -87,14 +95,19 @@ def peak_rss_growth(body, iters: int, sync_every_step: bool) -> float:
 
     sampler = threading.Thread(target=sample)
     sampler.start()
+    run_loop(body, iters, sync_every_step)
+    running = False
+    sampler.join()
+    return peak[0] / 2**20
+
+
+def run_loop(body, iters: int, sync_every_step: bool) -> None:
+    """The loop whose memory is watched, waited for at its end."""
     for i in range(iters):
         y = body(i)
         if sync_every_step:
             sync(y)  # bound the queue: one minibatch in flight at a time
     sync(y)
-    running = False
-    sampler.join()
-    return peak[0] / 2**20
 
 
 # Measuring -------------------------------------------------------------------------------------------
@@ -109,6 +122,7 @@ class Found:
     optimistic: dict  # per row: how many times too fast a clock without a sync says the loop is
     ahead: float  # peak memory growth (MiB) with the queue free-running
     bounded: float  # and with a sync every minibatch
+    device: str  # where the chains ran, and whose memory was watched: "GPU:0" or "CPU:0"
 
 
 def add_flags(p) -> None:
@@ -123,6 +137,7 @@ def measure(args, rec) -> Found:
     x = tf.constant(a)
     chain = tf.function(lambda x: tf.matmul(tf.matmul(x, x), x) / n)  # a step of known work: 2 matmuls
     chain(x)
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
     # The process runs asynchronously; the synchronous rows switch back for their loop (the CPU default).
     rows = variants(a, x, chain)
@@ -155,14 +170,15 @@ def measure(args, rec) -> Found:
     # Memory: how far ahead the queue may run, and what bounds it ------------------------------------
     grows = lambda i: chain(x)  # each step's output is a fresh n x n buffer
     with synchronous_execution(False):
-        peak_rss_growth(grows, args.steps, sync_every_step=False)  # let the allocator reach its steady state
-        ahead = peak_rss_growth(grows, args.steps, sync_every_step=False)
-        bounded = peak_rss_growth(grows, args.steps, sync_every_step=True)
+        peak_memory_growth(grows, args.steps, False, device)  # let the allocator reach its steady state
+        ahead = peak_memory_growth(grows, args.steps, False, device)
+        bounded = peak_memory_growth(grows, args.steps, True, device)
+    metric = "peak_gpu_growth_mib" if device.startswith("GPU") else "peak_rss_growth_mib"
     for row, mib in (("async, free-running", ahead), ("async, sync every minibatch", bounded)):
-        rec.add(MEMORY, row, {"peak_rss_growth_mib": mib, "buffer_mib": n * n * 4 / 2**20},
-                primary="peak_rss_growth_mib", lower_is_better=True, versus_first=False)
+        rec.add(MEMORY, row, {metric: mib, "buffer_mib": n * n * 4 / 2**20, "device": device},
+                primary=metric, lower_is_better=True, versus_first=False)
 
-    return Found(optimistic, ahead, bounded)
+    return Found(optimistic, ahead, bounded, device)
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -175,13 +191,15 @@ def conclude(args, rec, found: Found) -> Conclusion:
             f"{m['tf.function, asynchronous']['metrics']['loop_returns_ms']:.1f} ms, with one {right_ms:.1f} ms: "
             f"{wrong.describe().replace('faster', 'too fast')}")
 
+    gpu = found.device.startswith("GPU")
+    watched = f"{found.device}'s allocator" if gpu else "the process's resident memory"
     buffer_mib = n * n * 4 / 2**20
     if ahead > bounded + 2 * buffer_mib:
-        memory = (f"Running ahead cost memory: peak growth {ahead:.0f} MiB free-running against {bounded:.0f} MiB "
+        memory = (f"Running ahead cost memory ({watched}): peak growth {ahead:.0f} MiB free-running against {bounded:.0f} MiB "
                   f"when syncing every minibatch ({buffer_mib:.0f} MiB per output), so bound the queue by reading "
                   f"the loss each step.")
     else:
-        memory = (f"Running ahead did not cost memory beyond allocator noise: peak growth {ahead:.0f} MiB "
+        memory = (f"Running ahead did not cost memory beyond allocator noise ({watched}): peak growth {ahead:.0f} MiB "
                   f"free-running against {bounded:.0f} MiB syncing every minibatch ({buffer_mib:.0f} MiB per "
                   f"output). TensorFlow's queue holds op handles and allocates each output when its op runs, and "
                   f"new inputs from the host wait for the queue (above), so the pile-up of inputs the seed warns "
@@ -192,7 +210,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
                   if row not in waits]
     queued = m["tf.function, asynchronous"]
     same_work = (f"The queued loop's results were ready no sooner than the synchronous loop's "
-                 f"({queued['verdict']} against it, {queued['ratio']:.2f}x): on a CPU the queue hides Python's "
+                 f"({queued['verdict']} against it, {queued['ratio']:.2f}x): on {found.device} the queue hides Python's "
                  f"dispatch, not the arithmetic." if queued.get("verdict") != FASTER else
                  f"Queued, the loop's results were ready {queued['ratio']:.2f}x as fast as in synchronous mode "
                  f"(95% CI {queued['ratio_ci95'][0]:.2f}-{queued['ratio_ci95'][1]:.2f}x): Python's dispatch of "
@@ -204,11 +222,17 @@ def conclude(args, rec, found: Found) -> Conclusion:
                  "In this run even host-made tensors and eager ops ran ahead of their results.")
     if runs_ahead:
         wait_text += f" {' and '.join(repr(r) for r in runs_ahead)} still ran ahead of their results."
+    synchronous = optimistic["tf.function, synchronous"]
+    took = (f"the loop of {args.steps} matmul chains took {m['NumPy matmul chain']['metrics']['results_ready_ms']:.0f} "
+            f"and {m['tf.function, synchronous']['metrics']['results_ready_ms']:.0f} ms; a clock without a sync read "
+            f"{synchronous.describe().replace('faster', 'too fast')} there")
+    opening = (f"NumPy and synchronous TensorFlow return only when the work is done ({took})."
+               if synchronous.verdict != FASTER else
+               f"NumPy returns only when the work is done; here synchronous TensorFlow did not ({took})"
+               + (f": on {found.device} kernels are queued even in synchronous mode, which only makes ops on the "
+                  f"CPU wait." if gpu else "."))
     return Conclusion((
-        f"NumPy and synchronous TensorFlow return only when the work is done (the loop of {args.steps} matmul "
-        f"chains took {m['NumPy matmul chain']['metrics']['results_ready_ms']:.0f} and "
-        f"{m['tf.function, synchronous']['metrics']['results_ready_ms']:.0f} ms; a clock without a sync read "
-        f"{optimistic['tf.function, synchronous'].describe().replace('faster', 'too fast')} there). Asynchronous, "
+        f"{opening} Asynchronous, "
         f"the loop returned after {queued['metrics']['loop_returns_ms']:.1f} ms while its results were ready after "
         f"{right_ms:.0f} ms: a clock stopped without a sync reads {wrong.describe().replace('faster', 'too fast')}, "
         f"which is why tfperf's Timer waits for the devices (never copying the result to the host) before it "

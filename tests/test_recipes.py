@@ -54,6 +54,17 @@ def test_hybridize_measures_its_ladder_in_process(hybridize_run):
     assert any("x a NumPy copy" in line for line in conclusion.lines)
 
 
+def test_hybridize_on_a_gpu_reads_the_chain_against_a_copy_in_gpu_memory():
+    import numpy as np
+    import tensorflow as tf
+
+    copy_yardstick = load_recipe("hybridize").measure.__globals__["copy_yardstick"]
+    c = tf.random.normal([64])
+    assert copy_yardstick(c, gpu=False)[0] == "NumPy copy (the bandwidth yardstick)"  # a CPU host, as before
+    name, copy = copy_yardstick(c, gpu=True)  # runs on this CPU: the GPU's kernel is the same op
+    assert name == "copy in GPU memory (the bandwidth yardstick)" and np.array_equal(copy().numpy(), c.numpy())
+
+
 def test_compare_finds_no_change_in_a_run_against_itself_and_names_a_slowed_copy(hybridize_run, tmp_path, capsys):
     from tfperf.cli import main
     from tfperf.records.records import write_records
@@ -383,11 +394,25 @@ def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path):
 
 
 @pytest.mark.slow
-def test_async_execution_shows_the_queue_and_the_timing_trap(tmp_path):
-    out = run([sys.executable, recipe("async_execution"), "--quick", "--steps", "10", "--size", "400",
-               "--out", tmp_path]).stdout
-    assert "a clock read without a sync says" in out
-    records = read_records(tmp_path / "async_execution.jsonl")
+def test_async_execution_shows_the_queue_and_the_timing_trap_and_on_a_fake_gpu_reads_its_allocator(
+        tmp_path, monkeypatch):
+    import tensorflow as tf
+
+    async_execution = load_recipe("async_execution")
+    # A GPU listed (faked: the chains run on this CPU) whose allocator holds 3 MiB more at its peak.
+    fake = tf.config.LogicalDevice("/job:localhost/replica:0/task:0/device:GPU:0", "GPU")
+    listed = tf.config.list_logical_devices
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: [fake] if kind == "GPU" else listed(kind))
+    held = {"current": 1 << 20, "peak": 1 << 20}
+    found_here = async_execution.measure.__globals__
+    monkeypatch.setitem(found_here, "device_memory", lambda device: dict(held) if device == "GPU:0" else None)
+    monkeypatch.setitem(found_here, "reset_peak_memory", lambda device: held.update(peak=held["current"] + (3 << 20)))
+    args = async_execution.parse(["--quick", "--steps", "10", "--size", "400", "--out", str(tmp_path)])
+    rec, found = async_execution.run(args)
+    conclusion = async_execution.conclude(args, rec, found)
+    monkeypatch.undo()
+    assert "a clock read without a sync says" in conclusion.lines[0]
+    records = rec.records
     q = {r["row"]: r["metrics"] for r in records if r["table"].startswith("front end")}
     timed = [r for r in records if r["table"].startswith("front end")]
     assert all(len(r["samples_s"]) == 6 for r in timed)  # --quick: 6 interleaved rounds of one loop each
@@ -399,8 +424,10 @@ def test_async_execution_shows_the_queue_and_the_timing_trap(tmp_path):
     # returns before them (10 chains of two 400x400 matmuls take milliseconds; enqueuing takes less).
     assert q["NumPy matmul chain"]["front_end_ahead"] < 0.2 and q["tf.function, synchronous"]["front_end_ahead"] < 0.2
     assert q["tf.function, asynchronous"]["loop_returns_ms"] < q["tf.function, asynchronous"]["results_ready_ms"]
-    assert {r["row"] for r in records if r["table"].startswith("memory")} == {
-        "async, free-running", "async, sync every minibatch"}
+    memory = {r["row"]: r["metrics"] for r in records if r["table"].startswith("memory")}
+    assert set(memory) == {"async, free-running", "async, sync every minibatch"}
+    assert all(m["peak_gpu_growth_mib"] == 3 and m["device"] == "GPU:0" for m in memory.values())
+    assert "GPU:0's allocator" in conclusion.text
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from tfperf.measure import Timer, interleave, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import device_plan, usable_cores
 from tfperf.models import get_net
-from tfperf.measure.stats import Comparison
+from tfperf.measure.stats import FASTER, Comparison
 from tfperf.recipe import Conclusion, Recipe, RecipeError
 
 
@@ -198,10 +198,14 @@ def conclude(args, rec, found: Found) -> Conclusion:
     line = (f"{args.devices} devices vs 1: {speed}; same training as one device: {agrees} "
             f"(max weight difference {weight_diff:.2g}, tolerance {TOLERANCE:g})")
 
-    cpu_note = (f"Here the {args.devices} devices are logical devices carved out of {usable_cores()} CPU cores: "
-                f"they share the same cores and memory, so splitting the batch adds copies and a reduction "
-                f"without adding compute. " if found.devices[0].startswith("/CPU") else
-                f"Here the devices are {found.device_note}. " if "logical GPUs" in found.device_note else "")
+    cpu_note = f"Here the devices are {found.device_note}. " if "logical GPUs" in found.device_note else ""
+    if found.devices[0].startswith("/CPU"):
+        cpu_note = (f"Here the {args.devices} devices are logical devices carved out of {usable_cores()} CPU cores: "
+                    f"they share the same cores and memory, so splitting the batch adds copies and a reduction "
+                    f"without adding compute")
+        cpu_note += (": that it was faster anyway says one device's ops left cores idle at this batch size, which "
+                     "replicas running side by side filled. "
+                     if comparison is not None and comparison.verdict == FASTER else ". ")
     text = (
         f"Splitting each batch of {args.batch_size} over {args.devices} devices trained the same model as one "
         f"device: after {found.batches} steps the weights differ by at most {weight_diff:.2g} (float32 rounding "

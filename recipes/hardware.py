@@ -181,13 +181,17 @@ def measure_gpu(args, rec, device: str, gpu: Gpu) -> dict:
     tf32 = tf32_in_effect(tf.config.experimental.tensor_float_32_execution_enabled(), [gpu])
     rows = [("float32", "float32", False), *([("float32, TF32 off", "float32", True)] if tf32 else []),
             ("float16", "float16", False), ("bfloat16", "bfloat16", False)]
-    found["gflops"] = {}
+    found["gflops"], found["not_run"] = {}, {}
     for row, dtype, exact in rows:
         rate = in_exact_float32(matmul_flops_per_s) if exact else matmul_flops_per_s
         units = tensor_cores(dtype, gpu.compute_capability, tf32 and not exact)
         for size in GPU_SIZES[:2] if args.quick else GPU_SIZES:
-            with tf.device(device):
-                gflops = rate(size, dtype=dtype, steps=args.steps) / 1e9
+            try:
+                with tf.device(device):
+                    gflops = rate(size, dtype=dtype, steps=args.steps) / 1e9
+            except tf.errors.OpError as exc:  # a dtype this GPU's libraries do not multiply: said, not fatal
+                found["not_run"][row] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+                break
             found["gflops"][row] = max(found["gflops"].get(row, 0.0), gflops)
             rec.add(GPU_FLOPS, f"{row} {size}", {"gflops": gflops, "units": units}, primary="gflops",
                     lower_is_better=False, versus_first=False)
@@ -375,7 +379,8 @@ def gpu_text(gpu: dict | None, host_bandwidth: float) -> str:
             + (": input batches must reach the GPU ahead of the step that needs them (a tf.data pipeline ending "
                "in prefetch, or prefetch_to_device)" if gpu["to_device_gb_per_s"] < gpu["copy_gb_per_s"] else "")
             + ". Its matmuls reach "
-            + ", ".join(f"{r} {v / 1e3:.1f} TFLOP/s ({v / f32:.1f}x float32)" for r, v in rates.items()) + ".")
+            + ", ".join(f"{r} {v / 1e3:.1f} TFLOP/s ({v / f32:.1f}x float32)" for r, v in rates.items()) + "."
+            + "".join(f" {r} matmuls did not run here ({why})." for r, why in gpu["not_run"].items()))
 
 
 def roofline_plot(points, peak: float, bandwidth: float, path: Path) -> Path:

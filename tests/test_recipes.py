@@ -444,6 +444,8 @@ def test_auto_parallelism_compares_together_with_the_sum(tmp_path):
 
 @pytest.mark.slow
 def test_hardware_measures_roofs_and_checks_numpy_and_on_a_fake_gpu_its_rows(tmp_path, monkeypatch):
+    import tensorflow as tf
+
     from tfperf.gpus import Gpu
 
     hardware = load_recipe("hardware")
@@ -457,6 +459,14 @@ def test_hardware_measures_roofs_and_checks_numpy_and_on_a_fake_gpu_its_rows(tmp
     # An Ampere GPU listed (faked: its rows' code runs on this CPU, soft-placed), small matmuls.
     monkeypatch.setitem(found_here, "tensorflow_gpus", lambda: [Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40960)])
     monkeypatch.setitem(found_here, "GPU_SIZES", (64, 128))
+    rate = found_here["matmul_flops_per_s"]
+
+    def no_bfloat16(n, *, dtype, steps):  # a GPU whose libraries lack a dtype's matmul (its rows name dtypes)
+        if isinstance(dtype, str) and dtype == "bfloat16":
+            raise tf.errors.NotFoundError(None, None, "no bfloat16 MatMul kernel for this GPU")
+        return rate(n, dtype=dtype, steps=steps)
+
+    monkeypatch.setitem(found_here, "matmul_flops_per_s", no_bfloat16)
     args = hardware.parse(["--quick", "--steps", "3", "--warmup", "0", "--stream-mb", "32", "--out", str(tmp_path)])
     rec, found = hardware.run(args)
     conclusion = hardware.conclude(args, rec, found)
@@ -470,8 +480,8 @@ def test_hardware_measures_roofs_and_checks_numpy_and_on_a_fake_gpu_its_rows(tmp
     assert set(roofline) == {"mlp", "cnn", "lenet", "resnet18"}
     assert all(m["flops_per_byte"] > 0 and m["achieved_gflops"] > 0 for m in roofline.values())
     gpu_rates = {r["row"]: r["metrics"] for r in records if r["table"].startswith("GPU matmul")}
-    assert list(gpu_rates) == [f"{d} {n}" for d in ("float32", "float32, TF32 off", "float16", "bfloat16")
-                               for n in (64, 128)]
+    assert list(gpu_rates) == [f"{d} {n}" for d in ("float32", "float32, TF32 off", "float16") for n in (64, 128)]
+    assert "bfloat16 matmuls did not run here (NotFoundError: no bfloat16 MatMul kernel" in conclusion.text
     assert gpu_rates["float32 64"]["units"] == "tensor cores (TF32)"
     assert gpu_rates["float32, TF32 off 64"]["units"] == "CUDA cores"
     copies = {r["row"]: r["metrics"] for r in records if r["table"].startswith("copies between")}

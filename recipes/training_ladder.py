@@ -67,8 +67,8 @@ class Trainer:
             model = self.model
 
             # A custom loop: the whole epoch is one graph call, no Python between steps
-            # "auto" resolved as Keras resolves it for fit (XLA on GPUs): the loop keeps what fit would do.
-            @tf.function(jit_compile=cfg.jit is True or (cfg.jit == "auto" and bool(model.jit_compile)))
+            # XLA as fit would compile it (see `xla`): the loop keeps what fit would do.
+            @tf.function(jit_compile=self.xla)
             def train_epoch(ds):
                 total, count = tf.constant(0.0), tf.constant(0.0)
                 for x, y in ds:
@@ -100,6 +100,7 @@ class Trainer:
 
     @property
     def xla(self) -> bool:
+        """Whether the step compiles with XLA: Keras' jit_compile="auto" resolved as fit resolves it (XLA on GPUs)."""
         if self.cfg.custom_loop:
             return self.cfg.jit is True or (self.cfg.jit == "auto" and bool(self.model.jit_compile))
         return bool(self.model.jit_compile)

@@ -134,11 +134,11 @@ def environment() -> dict[str, Any]:
 
         tf = sys.modules["tensorflow"]
         driver = gpus.driver_gpus()
+        tensorflow_gpus = gpus.tensorflow_gpus(driver)
         found.update({
             "tensorflow": tf.__version__,
-            "gpus": [tf.config.experimental.get_device_details(g).get("device_name", g.name)
-                     for g in tf.config.list_physical_devices("GPU")],
-            "gpu": gpus.diagnosis(driver, gpus.tensorflow_gpus(driver), horovod_ops=horovod_operations(),
+            "gpus": [g.name for g in tensorflow_gpus],
+            "gpu": gpus.diagnosis(driver, tensorflow_gpus, horovod_ops=horovod_operations(),
                                   memory_growth=os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH") == "true",
                                   tf32_enabled=bool(tf.config.experimental.tensor_float_32_execution_enabled())),
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),

@@ -10,10 +10,10 @@ import numpy as np
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import make_inputs
-from tfperf.gpus import mixed_policy_here
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.inference import mfu
 from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
+from tfperf.gpus import mixed_policy_here
 
 
 def training_labels(subject: Subject, loss: str, outputs: Sequence[np.ndarray], examples: int,

@@ -182,8 +182,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     try:
         arrays = read_arrays(args.input)
-        if not args.trust:
-            check_safe(args.model_dir)
+        check_safe(args.model_dir, trust=args.trust)
         runner = load(args.model_dir, signature=args.signature)
         outputs = predict(runner, arrays)
         classifier = read_metadata(args.model_dir).get("classifier")

@@ -15,7 +15,12 @@ class InputError(ValueError):
     """Input that does not fit the model's inputs: the message names the expected spec."""
 
 
+# Lines of TensorFlow's op errors that say where, not what: the cause is the first line after them.
+_WHERE = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "File ", "[[")
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
-    """An exception's first non-empty line, for one-line error messages."""
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+    """An exception's first non-empty line that says what went wrong, for one-line error messages."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith(_WHERE)] or lines
+    return (said[0] if said else type(exc).__name__)[:limit]

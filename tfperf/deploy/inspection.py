@@ -4,8 +4,15 @@ A SavedModel is a program. Whether it is safe to load is decided by an allowlist
 a signature or a restored function can reach must be on ALLOWED_OPS, the ops that compute on tensors
 in memory. Anything else (file readers and writers, dataset readers, lookup tables filled from files,
 summary writers, Python callbacks, printing, and any op type this list has not reviewed) is
-reported with the reason and makes the model unsafe. The checkpoint ops of the model's own saver
-(SaveV2, RestoreV2, ...) are in every SavedModel and pass only when nothing but the saver reaches them.
+reported with the reason and makes the model unsafe.
+
+Loading runs more than the signatures: the saver's restore op (TensorFlow runs it to read the
+variables), the init and main ops, table initializers. Each entry point is judged by what it may do:
+the restore op may only read the checkpoint it is handed (RestoreV2 of the loader's own file name,
+never of a path written into the model), the save op may also write the checkpoint it is handed, and
+every other op of the graph, the init ops among them, is held to the allowlist. Files are part of the
+model too: an asset whose name leads outside the model's folder (an absolute path, `..`, a link) would
+be read by TensorFlow and copied into every re-export, so it is unsafe, and refused even when trusted.
 
 How the list was chosen: the op types TensorFlow's math, neural-network, array, variable, control
 flow, random and in-memory string/lookup APIs emit, reviewed one by one (each computes from its
@@ -69,7 +76,7 @@ _ALLOWED_BY_KIND: dict[str, str] = {
         AssignAddVariableOp AssignSubVariableOp AssignVariableOp DestroyResourceOp ReadVariableOp
         ResourceGather ResourceGatherNd ResourceScatterAdd ResourceScatterDiv ResourceScatterMax
         ResourceScatterMin ResourceScatterMul ResourceScatterNdAdd ResourceScatterNdUpdate ResourceScatterSub
-        ResourceScatterUpdate ResourceStridedSliceAssign VarHandleOp VarIsInitializedOp VariableShape
+        ResourceScatterUpdate ResourceStridedSliceAssign VarHandleOp VarIsInitializedOp VariableShape DisableCopyOnRead
         Variable VariableV2 Assign AssignAdd AssignSub""",
     "control flow and function calls": """
         Case If PartitionedCall StatefulPartitionedCall StatelessCase StatelessIf StatelessWhile While
@@ -140,6 +147,7 @@ class Report:
     flagged: dict[str, str]  # op type -> why it is not allowed, for ops the model's own code can reach
     format: str = "savedmodel"
     file_bytes: int = 0  # the export's files on disk
+    escapes: dict[str, str] = dataclasses.field(default_factory=dict)  # files it would read from outside its folder
 
     @property
     def safe(self) -> bool:
@@ -164,22 +172,116 @@ def _called_functions(node) -> Iterable[str]:
             yield f.name
 
 
-def _reachable_ops(graph_def, roots: Iterable, library: dict) -> set[str]:
-    ops, seen, stack = set(), set(), [list(roots)]
+# The saver's own ops. Its restore op runs while the model loads and may only read the checkpoint it is
+# handed; its save op runs when a loaded model is saved again and writes the checkpoint it is handed.
+RESTORE_OPS = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
+SAVE_OPS = RESTORE_OPS | {"SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints", "ShardedFilename", "ShardedFilespec"}
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall")  # calls whose inputs are their function's arguments, in order
+
+
+def _producer(name: str) -> str:
+    """The node that an input string names: `node`, `node:1`, `^node` (graph) or `node:output:0` (function)."""
+    return name.lstrip("^").split(":")[0]
+
+
+def _upstream(nodes: dict, starts: Iterable[str]) -> set[str]:
+    """The names of `starts` and of every graph node they take an input or a control dependency from."""
+    seen, stack = set(), [_producer(s) for s in starts if s]
     while stack:
-        for node in stack.pop():
-            ops.add(node.op)
+        name = stack.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        stack += [_producer(i) for i in nodes[name].input]
+    return seen
+
+
+def _judge(roots: Iterable, library: dict, allowed: frozenset[str], flagged: dict[str, str], context: str = "",
+           prefix_ok: object = None) -> None:
+    """Flag every op that `roots` (graph nodes) reach, through the functions they call, that is not in `allowed`.
+
+    `prefix_ok(node, bindings)` says whether a checkpoint op reads the file name it is handed; `bindings`
+    maps a function's arguments to what its caller passed (graph node names), so that a restore op inside
+    a function is traced to the graph's own file name tensor.
+    """
+    stack, seen = [(list(roots), {}, None)], set()
+    while stack:
+        nodes, bindings, body = stack.pop()
+        local = {n.name: n for n in nodes}
+        for node in nodes:
+            why = None if node.op in allowed else (why_not_allowed(node.op) or "not allowed here")
+            if why:
+                flagged.setdefault(node.op, f"{why} ({context})" if context else why)
+            elif prefix_ok is not None and node.op in RESTORE_OPS and not prefix_ok(node, bindings, local, body):
+                flagged.setdefault(f"{node.op} {node.name}", f"reads a checkpoint named inside the model, not the "
+                                                             f"variables the loader hands it ({context})")
             for name in [node.op, *_called_functions(node)]:
-                if name in library and name not in seen:
-                    seen.add(name)
-                    stack.append(list(library[name].node_def))
-    return ops
+                if name not in library or (name, context) in seen:
+                    continue
+                seen.add((name, context))
+                fn = library[name]
+                args = [a.name for a in fn.signature.input_arg]
+                passed = {}
+                if node.op in _CALLS and name != node.op:
+                    passed = {a: bindings.get(_producer(i), _producer(i)) for a, i in zip(args, node.input)}
+                stack.append((list(fn.node_def), passed, fn))
 
 
-def _saver_nodes(meta) -> set[str]:
-    saver = meta.saver_def
-    return {t.split(":")[0].lstrip("^") for t in (saver.filename_tensor_name, saver.save_tensor_name,
-                                                  saver.restore_op_name) if t}
+def _reads_handed_file(filename_node: str):
+    """A check that a restore op's file prefix is the saver's file name tensor (through Identity and calls)."""
+
+    def check(node, bindings: dict, local: dict, body) -> bool:
+        source = _producer(node.input[0]) if node.input else ""
+        while source in local and local[source].op in ("Identity", "Snapshot") and local[source].input:
+            source = _producer(local[source].input[0])
+        if body is not None and source in {a.name for a in body.signature.input_arg}:
+            source = bindings.get(source, "")
+        return source == filename_node
+
+    return check
+
+
+def _load_time_roots(meta) -> list[str]:
+    """The graph nodes TensorFlow runs while loading besides the restore op: init, main and table init ops."""
+    names = [sig.outputs[k].name for key, sig in meta.signature_def.items() if key == "__saved_model_init_op"
+             for k in sig.outputs]
+    for key in ("saved_model_main_op", "legacy_init_op", "saved_model_init_op", "table_initializer", "init_op"):
+        if key in meta.collection_def:
+            names += list(meta.collection_def[key].node_list.value)
+    return names
+
+
+def _asset_names(meta) -> list[str]:
+    """The file names a MetaGraph's assets give (TF2 `asset_file_def`, TF1 collection `saved_model_assets`)."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    names = [a.filename for a in meta.asset_file_def]
+    if "saved_model_assets" in meta.collection_def:
+        for item in meta.collection_def["saved_model_assets"].any_list.value:
+            asset = meta_graph_pb2.AssetFileDef()
+            if item.Unpack(asset):
+                names.append(asset.filename)
+    return names
+
+
+def escapes(folder: Path, assets: Iterable[str] = ()) -> dict[str, str]:
+    """Files a model would read from outside its folder: assets named by an absolute path or `..`, and links."""
+    import os
+
+    root = folder.resolve()
+    found = {}
+    for name in assets:
+        target = Path(os.path.normpath(folder / "assets" / name)) if "\0" not in name else None
+        if target is None or not target.resolve().is_relative_to(root):
+            found[f"asset {name}"] = (f"names {target.resolve() if target else repr(name)}, outside the model's folder: "
+                                      f"loading would read it and an export would copy it")
+    for parent, dirs, files in os.walk(folder):
+        for entry in [*dirs, *files]:
+            path = Path(parent) / entry
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                found[f"link {path.relative_to(folder)}"] = (f"points to {path.resolve()}, outside the model's folder: "
+                                                             f"a loader would read that file")
+    return found
 
 
 def _variables(path: Path) -> tuple[int, int]:
@@ -211,29 +313,38 @@ def inspect_saved_model(path: Path | str) -> Report:
         raise ModelError(f"{path}/saved_model.pb is corrupt: it does not parse as a SavedModel") from None
     if not proto.meta_graphs:
         raise ModelError(f"{path}/saved_model.pb holds no MetaGraph")
-    signatures, all_ops, flagged = {}, set(), {}
+    signatures, all_ops, flagged, assets = {}, set(), {}, []
     for meta in proto.meta_graphs:
         graph = meta.graph_def
         library = {f.signature.name: f for f in graph.library.function}
+        nodes = {n.name: n for n in graph.node}
         all_ops |= {n.op for n in graph.node} | {n.op for f in library.values() for n in f.node_def}
         for key, sig in meta.signature_def.items():
             if key.startswith("__"):
                 continue
             signatures[key] = {"inputs": {k: _tensor_info(v) for k, v in sig.inputs.items()},
                                "outputs": {k: _tensor_info(v) for k, v in sig.outputs.items()}}
-        # Roots: every graph node but the saver's, and every function the object graph can restore
-        # as a callable (loaded.some_function(...)); the saver's own functions are reached only through it.
-        saver = _saver_nodes(meta)
-        roots = [n for n in graph.node if n.name not in saver]
-        restorable = {fn for fn in meta.object_graph_def.concrete_functions}
-        roots += [node for name in restorable if name in library for node in library[name].node_def]
-        for op in _reachable_ops(graph, roots, library):
-            why = why_not_allowed(op)
-            if why:
-                flagged[op] = why
+        saver = meta.saver_def
+        restore = _upstream(nodes, [saver.restore_op_name])
+        save = _upstream(nodes, [saver.save_tensor_name]) - restore
+        # Everything else in the graph (signatures, init and main ops, table initializers) and every function
+        # the object graph can restore as a callable is held to the allowlist; so is whatever such a node takes
+        # from the saver's region, since it then runs outside the saver.
+        general = _upstream(nodes, [n for n in nodes if n not in restore | save] + _load_time_roots(meta))
+        roots = [nodes[n] for n in sorted(general)]
+        roots += [node for name in meta.object_graph_def.concrete_functions if name in library
+                  for node in library[name].node_def]
+        _judge(roots, library, ALLOWED_OPS, flagged)
+        handed = _reads_handed_file(_producer(saver.filename_tensor_name))
+        _judge([nodes[n] for n in sorted(restore - general)], library, ALLOWED_OPS | RESTORE_OPS, flagged,
+               "run while the model loads, by its saver's restore op", handed)
+        _judge([nodes[n] for n in sorted(save - general)], library, ALLOWED_OPS | SAVE_OPS, flagged,
+               "run when the loaded model is saved, by its saver's save op")
+        assets += _asset_names(meta)
+    outside = escapes(path, assets)
     count, size = _variables(path)
-    return Report(str(path), signatures, tuple(sorted(all_ops)), count, size, dict(sorted(flagged.items())),
-                  "savedmodel", _folder_bytes(path))
+    return Report(str(path), signatures, tuple(sorted(all_ops)), count, size,
+                  dict(sorted({**flagged, **outside}.items())), "savedmodel", _folder_bytes(path), outside)
 
 
 def _folder_bytes(path: Path) -> int:
@@ -285,8 +396,9 @@ def inspect_litert(path: Path | str) -> Report:
         elif op.upper() != op:  # builtin names are upper case; anything else is a custom op's code
             flagged[op] = "a custom operator: its kernel is code the interpreter must be given; not reviewed"
     constants = [b for b in model.buffers or [] if b.data is not None and len(b.data)]
+    outside = escapes(folder)
     return Report(str(folder), signatures, tuple(ops), len(constants), sum(len(b.data) for b in constants),
-                  dict(sorted(flagged.items())), "litert", _folder_bytes(folder))
+                  dict(sorted({**flagged, **outside}.items())), "litert", _folder_bytes(folder), outside)
 
 
 def inspect_onnx(path: Path | str) -> Report:
@@ -309,7 +421,7 @@ def inspect_onnx(path: Path | str) -> Report:
         dims = "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else "None" for d in t.shape.dim) + "]"
         return {"dtype": np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).name, "shape": dims}
 
-    ops, flagged, graphs = set(), {}, [model.graph]
+    ops, flagged, graphs, outside = set(), {}, [model.graph], escapes(folder)
     while graphs:
         graph = graphs.pop()
         for node in graph.node:
@@ -326,15 +438,15 @@ def inspect_onnx(path: Path | str) -> Report:
             location = {e.key: e.value for e in tensor.external_data}.get("location", "")
             target = (folder / location).resolve()
             if Path(location).is_absolute() or not target.is_relative_to(folder.resolve()):
-                flagged[f"external data of {tensor.name}"] = (f"reads {location}, outside the model's folder "
+                outside[f"external data of {tensor.name}"] = (f"reads {location}, outside the model's folder "
                                                               f"({target}): a loader would open that file")
     initializers = model.graph.initializer
     size = sum(int(np.prod(t.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
                for t in initializers)
     inputs = {v.name: value_info(v) for v in model.graph.input if v.name not in {t.name for t in initializers}}
     signatures = {"model": {"inputs": inputs, "outputs": {v.name: value_info(v) for v in model.graph.output}}}
-    return Report(str(folder), signatures, tuple(sorted(ops)), len(initializers), size, dict(sorted(flagged.items())),
-                  "onnx", _folder_bytes(folder))
+    return Report(str(folder), signatures, tuple(sorted(ops)), len(initializers), size,
+                  dict(sorted({**flagged, **outside}.items())), "onnx", _folder_bytes(folder), outside)
 
 
 INSPECTORS = {"savedmodel": inspect_saved_model, "litert": inspect_litert, "onnx": inspect_onnx}
@@ -346,10 +458,15 @@ def inspect_model(path: Path | str) -> Report:
     return INSPECTORS[format_of(path).name](path)
 
 
-def check_safe(path: Path | str) -> Report:
-    """The report of a model that is safe to load; a ModelError naming the ops off the allowlist otherwise."""
+def check_safe(path: Path | str, trust: bool = False) -> Report:
+    """The report of a model that is safe to load; a ModelError naming the ops off the allowlist otherwise.
+    `trust` accepts ops off the allowlist, never files from outside the model's folder."""
     report = inspect_model(path)
-    if not report.safe:
+    if report.escapes:
+        found = "; ".join(f"{what} {why}" for what, why in report.escapes.items())
+        raise ModelError(f"{report.path} reads files from outside its folder: {found}; refused even with --trust "
+                         f"(a model's files belong in its folder)")
+    if not report.safe and not trust:
         ops = ", ".join(f"{op} ({why})" for op, why in report.flagged.items())
         raise ModelError(f"{report.path} reaches ops off the allowlist: {ops}; see `tfperf inspect {report.path}`, "
                          f"and pass --trust only if you trust whoever made it")
@@ -369,7 +486,7 @@ def format_report(report: Report) -> str:
     lines.append(f"  {weights}: {report.variable_count} holding {report.variable_bytes:,} bytes")
     lines.append(f"  op types ({len(report.op_types)}): {', '.join(report.op_types)}")
     if report.flagged:
-        lines.append("  NOT SAFE: ops reachable from the model's own functions that are not allowed:")
+        lines.append("  NOT SAFE: what loading or calling it would run or read that is not allowed:")
         lines += [f"    {op}: {why}" for op, why in report.flagged.items()]
     else:
         lines.append("  safe: every op the signatures and restored functions reach computes in memory "

@@ -232,7 +232,11 @@ def predict(runner: Runner, arrays: Mapping[str, np.ndarray]) -> dict[str, np.nd
     """Run a loaded export on inputs by name, each checked against its spec; outputs as NumPy arrays by name."""
     fitted = fit_inputs(arrays, [(s.name, s.dtype, s.shape[1:]) for s in runner.inputs],
                         f"the input for {runner.format} signature {runner.signature!r}")
-    return {k: np.asarray(v) for k, v in runner(fitted).items()}
+    try:
+        return {k: np.asarray(v) for k, v in runner(fitted).items()}
+    except Exception as exc:  # the runtime's own error types: the model cannot compute on these inputs
+        raise ModelError(f"the {runner.format} model failed on the input ({type(exc).__name__}: "
+                         f"{first_line(exc)})") from None
 
 
 def read_metadata(path: Path | str) -> dict[str, Any]:

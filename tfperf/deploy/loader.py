@@ -371,7 +371,7 @@ def _saved_model_subject(path: Path, given: Mapping[str, tuple[int, ...]], trust
     from tfperf.deploy.formats import choose_signature
 
     try:
-        report = inspection.inspect_model(path) if trust else inspection.check_safe(path)
+        report = inspection.check_safe(path, trust=trust)
     except ModelError:
         raise
     except Exception as exc:  # an unreadable saved_model.pb

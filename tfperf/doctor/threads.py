@@ -38,13 +38,15 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
     try:
         for row, intra, inter in configs:  # started side by side; each says when it is ready
             argv = [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "threads",
-                    "--batch-sizes", ",".join(map(str, batches)), "--seed", str(options.seed), "--trust",
+                    "--batch-sizes", ",".join(map(str, batches)), "--seed", str(options.seed),
                     *[a for name, shape in options.input_shapes.items()
                       for a in ("--input-shape", (f"{name}=" if name else "") + ",".join(map(str, shape)))]]
             if options.sample_path:
                 argv += ["--sample", options.sample_path]
             if subject.signature:
                 argv += ["--signature", subject.signature]
+            if options.trust:  # else the child inspects the model again: the path may hold other bytes by now
+                argv.append("--trust")
             if intra is not None:
                 argv += ["--intra", str(intra), "--inter", str(inter)]
             # Thread pools are the CPU's: the sweep runs without GPUs, beside the GPU the parent holds.
@@ -80,7 +82,7 @@ def serve_thread_timers(args) -> int:
     if args.intra is not None:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra)
         tf.config.threading.set_inter_op_parallelism_threads(args.inter)
-    subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=True,
+    subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
                            signature=args.signature)
     sample = read_sample(args.sample) if args.sample else None
     graph = tf.function(subject.call)

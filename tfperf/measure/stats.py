@@ -43,6 +43,36 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float
     return float(x[k - 1]), float(x[n - k])
 
 
+def _binomial_cdf(n: int, p: float) -> np.ndarray:
+    """P(B <= k) for k = 0..n, B ~ Binomial(n, p), computed in logs (n in the hundred thousands is fine)."""
+    k = np.arange(n + 1)
+    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
+    log_pmf = log_fact[n] - log_fact[k] - log_fact[n - k] + k * math.log(p) + (n - k) * math.log1p(-p)
+    return np.minimum(np.cumsum(np.exp(log_pmf - log_pmf.max())) / np.exp(log_pmf - log_pmf.max()).sum(), 1.0)
+
+
+def quantile_ci(samples: Sequence[float], q: float, confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the q-quantile (0.99 for p99), from order statistics.
+
+    How many samples fall below the true quantile is Binomial(n, q) whatever the distribution, so
+    [x_(j), x_(m)] covers it with probability P(j <= B < m). A bound the samples cannot give at this
+    confidence (p99 from a few hundred samples has no upper one) is -inf or inf: collect more.
+    """
+    x = np.sort(np.asarray(samples, dtype=np.float64))
+    n = len(x)
+    if n == 0:
+        raise ValueError("no samples: a confidence interval needs at least one")
+    if not 0 < q < 1:
+        raise ValueError(f"q must be between 0 and 1, got {q}")
+    alpha = 1.0 - confidence
+    cdf = _binomial_cdf(n, q)  # cdf[k] = P(B <= k)
+    j = int(np.sum(cdf <= alpha / 2))  # the largest j with P(B <= j - 1) <= alpha/2 (1-based)
+    m = int(np.argmax(cdf >= 1 - alpha / 2)) + 1 if cdf[-1] >= 1 - alpha / 2 else n + 1
+    low = float(x[j - 1]) if j >= 1 else -math.inf
+    high = float(x[m - 1]) if m <= n else math.inf
+    return low, high
+
+
 def _rounds(samples: np.ndarray, rounds: int) -> np.ndarray:
     if rounds < 1 or len(samples) % rounds:
         raise ValueError(f"{len(samples)} samples do not split into {rounds} equal rounds")

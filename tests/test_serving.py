@@ -1,0 +1,264 @@
+"""Serving under load: the batcher, request-level statistics, the search's pruning, LoadGen, and `tfperf load`."""
+
+import json
+import math
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from test_deploy import refused, tfperf
+from tfperf.measure.load import LoadLevel, Window, closed_loop, stable
+from tfperf.measure.stats import median_ci, quantile_ci
+from tfperf.serving import loadgen
+from tfperf.serving.batcher import Batcher, BatchingOptions, Overloaded, unbatched
+from tfperf.serving.configs import ServingConfig, check_agreement, one_row_requests
+from tfperf.serving.search import Budget, Space, Swept, bracket_rate, concurrency_sweep, search
+
+
+def doubling(calls):
+    """A make_call whose call doubles x and records the batch sizes it was given."""
+    def make_call(size):
+        def call(inputs):
+            calls.append(len(inputs["x"]))
+            return {"y": inputs["x"] * 2.0}
+        return call
+    return make_call
+
+
+def test_every_caller_gets_its_own_rows_in_order():
+    calls = []
+    with Batcher(doubling(calls), BatchingOptions(max_batch_size=8, batch_timeout_micros=20_000)) as b:
+        requests = [{"x": np.full((1 + i % 3, 2), float(i))} for i in range(40)]
+        futures = [b.submit(r) for r in requests]
+        for r, f in zip(requests, futures):
+            np.testing.assert_array_equal(f.result(timeout=10)["y"], r["x"] * 2.0)
+    assert max(calls) <= 8 and sum(calls) == sum(1 + i % 3 for i in range(40)) and len(calls) < 40
+
+
+def test_a_full_batch_runs_at_once_and_a_lone_request_waits_out_the_timeout():
+    calls = []
+    with Batcher(doubling(calls), BatchingOptions(max_batch_size=4, batch_timeout_micros=10_000_000)) as b:
+        t0 = time.perf_counter()
+        futures = [b.submit({"x": np.ones((1, 1))}) for _ in range(4)]
+        [f.result(timeout=5) for f in futures]
+        assert time.perf_counter() - t0 < 5 and calls == [4]  # full: no wait for the 10 s timeout
+    calls.clear()
+    with Batcher(doubling(calls), BatchingOptions(max_batch_size=4, batch_timeout_micros=200_000)) as b:
+        t0 = time.perf_counter()
+        b.submit({"x": np.ones((1, 1))}).result(timeout=5)
+        assert time.perf_counter() - t0 >= 0.2 and calls == [1]  # alone: it waited the 200 ms timeout
+
+
+def test_an_idle_thread_runs_a_lone_request_at_once():
+    calls = []
+    options = BatchingOptions(max_batch_size=4, batch_timeout_micros=10_000_000, idle_runs_now=True)
+    with Batcher(doubling(calls), options) as b:
+        t0 = time.perf_counter()
+        b.submit({"x": np.ones((1, 1))}).result(timeout=5)
+        assert time.perf_counter() - t0 < 5 and calls == [1]
+
+
+def test_a_failing_call_reaches_every_waiting_caller():
+    release = threading.Event()
+
+    def make_call(size):
+        def call(inputs):
+            release.wait(5)
+            raise RuntimeError("kernel failed")
+        return call
+
+    with Batcher(make_call, BatchingOptions(max_batch_size=8, batch_timeout_micros=50_000)) as b:
+        futures = [b.submit({"x": np.ones((1, 1))}) for _ in range(5)]
+        release.set()
+        for f in futures:
+            with pytest.raises(RuntimeError, match="kernel failed"):
+                f.result(timeout=10)
+
+
+def test_allowed_batch_sizes_pad_and_overload_is_refused():
+    calls = []
+    options = BatchingOptions(max_batch_size=8, batch_timeout_micros=50_000, allowed_batch_sizes=(2, 8))
+    with Batcher(doubling(calls), options) as b:
+        futures = [b.submit({"x": np.full((1, 1), float(i))}) for i in range(3)]
+        assert [f.result(timeout=5)["y"][0, 0] for f in futures] == [0.0, 2.0, 4.0]
+    assert set(calls) <= {2, 8}  # three rows run padded to 8 (or 2 + 2)
+    with pytest.raises(ValueError, match="allowed_batch_sizes"):
+        BatchingOptions(max_batch_size=8, allowed_batch_sizes=(4,))
+    gate = threading.Event()
+    slow = lambda size: (lambda inputs: (gate.wait(5), {"y": inputs["x"]})[1])  # noqa: E731
+    with Batcher(slow, BatchingOptions(max_batch_size=1, batch_timeout_micros=0, max_enqueued_batches=2)) as b:
+        b.submit({"x": np.ones((1, 1))})  # taken by the batch thread
+        time.sleep(0.1)
+        b.submit({"x": np.ones((1, 1))})
+        b.submit({"x": np.ones((1, 1))})
+        with pytest.raises(Overloaded):
+            b.submit({"x": np.ones((1, 1))})
+        gate.set()
+
+
+@pytest.mark.parametrize("n", [6, 7, 31, 200, 1001])
+def test_quantile_intervals_are_the_median_interval_at_one_half_and_cover_the_percentile(n):
+    x = np.random.default_rng(n).exponential(size=n)
+    assert quantile_ci(x, 0.5) == median_ci(x)
+    low, high = quantile_ci(x, 0.99)
+    assert low <= np.percentile(x, 99) <= high
+    assert (high == math.inf) == (n < 300)  # a few hundred samples cannot bound a p99 from above
+
+
+def test_coverage_of_the_p90_interval():
+    rng = np.random.default_rng(0)
+    truth = -math.log(0.1)  # the exponential's 90th percentile
+    hits = sum(lo <= truth <= hi for lo, hi in (quantile_ci(rng.exponential(size=300), 0.9) for _ in range(300)))
+    assert 0.92 <= hits / 300 <= 0.99  # 95% intervals, from 300 draws
+
+
+def test_stability_is_three_windows_within_ten_percent():
+    w = lambda n, lat: Window(1.0, (lat,) * n)  # noqa: E731
+    assert stable([w(100, 0.01), w(100, 0.01), w(105, 0.0105)])
+    assert not stable([w(100, 0.01), w(100, 0.01), w(125, 0.01)])
+    assert not stable([w(100, 0.01), w(100, 0.013), w(100, 0.01)])
+    assert not stable([w(100, 0.01), w(100, 0.01)])
+
+
+def test_closed_loop_counts_latencies_and_failures():
+    level = closed_loop(lambda client: time.sleep(0.002), 2, window_s=0.1, max_windows=4, warmup_s=0.02)
+    assert level.count > 0 and min(level.latencies_s) >= 0.002 and len(level.windows) <= 4
+    m = level.metrics()
+    assert m["p99_ci95_ms"][0] <= m["p99_ms"] and 0 <= m["client_cpu_share"] <= 1
+
+    def fails(client):
+        raise RuntimeError("no")
+    level = closed_loop(fails, 1, window_s=0.05, max_windows=3, warmup_s=0.0)
+    assert level.count == 0 and level.errors and "RuntimeError: no" in level.errors[0]
+
+
+def fake_level(throughput, p99_s, label="c"):
+    """A level with `throughput` requests in one second, every latency p99_s."""
+    return LoadLevel(label, (p99_s,) * int(throughput), 1.0)
+
+
+def test_the_search_prunes_as_model_analyzer_does():
+    budget = Budget(0.010)
+    # rate within budget by configuration: litert misses the budget alone; onnx instances gain 10% then 2% (growth
+    # stops, 4 is still the best seen); onnx batching gains while it grows to 16, then 64 gains under 5%.
+    rates = {("onnx", 1, None): 100, ("onnx", 2, None): 110, ("onnx", 4, None): 112,
+             ("onnx", 4, 4): 200, ("onnx", 4, 16): 400, ("onnx", 4, 64): 410}
+    seen = []
+
+    def sweep(config):
+        seen.append(config)
+        if config.runtime == "litert":
+            return Swept(config, (fake_level(50, 0.020),))  # misses p99 <= 10 ms one request at a time
+        if config.runtime == "savedmodel":
+            return Swept(config, (), "fails under 8 concurrent requests (RuntimeError: boom)")
+        key = (config.runtime, config.instances, config.batching.max_batch_size if config.batching else None)
+        return Swept(config, (fake_level(rates.get(key, 1), 0.005),))
+
+    space = Space(("litert", "onnx", "savedmodel"), {"litert": (1, 2), "onnx": (2,)}, instances=(1, 2, 4, 8),
+                  batch_sizes=(4, 16, 64, 128), timeouts_us=(1000,))
+    swept = search(sweep, space, budget)
+    names = [s.config.name for s in swept]
+    assert [c for c in seen if c.runtime == "litert"] == [ServingConfig("litert", 1, 1), ServingConfig("litert", 2, 1)]
+    assert "onnx, 2 threads, 8 instances, unbatched" not in names  # 4 gained under 5% over 2: growth stopped
+    batched = [s.config for s in swept if s.config.batching]
+    assert {c.instances for c in batched} == {4}  # batching builds on the best instance count measured
+    assert [c.batching.max_batch_size for c in batched if c.batching.idle_runs_now] == [4, 16, 64]  # 64: < 5%
+    assert [c.batching.max_batch_size for c in batched if not c.batching.idle_runs_now] == [4, 16, 64]
+    assert [s.dropped for s in swept if s.config.runtime == "savedmodel"] == [
+        "fails under 8 concurrent requests (RuntimeError: boom)"]
+
+
+def test_a_concurrency_sweep_stops_at_the_budget_or_saturation():
+    budget = Budget(0.010)
+    curve = {1: (100, 0.001), 2: (190, 0.002), 4: (350, 0.004), 8: (360, 0.008), 16: (370, 0.02)}
+    levels = concurrency_sweep(lambda c: fake_level(*curve[c]), budget)
+    assert len(levels) == 4  # 8 gained under 5% over 4
+    curve[8] = (600, 0.012)
+    levels = concurrency_sweep(lambda c: fake_level(*curve[c]), budget)
+    assert len(levels) == 4 and Swept(ServingConfig("onnx"), tuple(levels)).rate_within(budget) == 350
+
+
+def test_the_rate_bracket_holds_the_true_limit():
+    for limit in (50.0, 95.0, 130.0, 400.0):
+        met, missed = bracket_rate(lambda r: r <= limit, 100.0, steps=8)
+        assert met <= limit < missed
+
+
+def test_loadgen_server_and_offline_on_a_tiny_server():
+    rows = np.arange(32, dtype=np.float32).reshape(32, 1)
+    with unbatched(doubling([]), 1) as server:
+        fast = loadgen.run(lambda i: server.submit({"x": rows[i:i + 1]}), 32, rate=200, latency_s=0.05,
+                           duration_s=0.5, min_queries=50)
+        assert fast.latency_met and fast.query_count >= 50 and "99.00" in fast.percentiles_ms
+        offline = loadgen.run(lambda i: server.submit({"x": rows[i:i + 1]}), 32, scenario="Offline", rate=2000,
+                              duration_s=0.3, min_queries=50)
+        assert offline.completed_qps > 0 and not offline.errors
+
+    def slow(size):
+        return lambda inputs: (time.sleep(0.004), {"y": inputs["x"]})[1]
+    with unbatched(slow, 1) as server:  # 250/s at best: 400/s offered builds a queue
+        over = loadgen.run(lambda i: server.submit({"x": rows[i:i + 1]}), 32, rate=400, latency_s=0.005,
+                           duration_s=0.5, min_queries=50)
+    assert not over.valid and not over.latency_met and "the latency percentile is over its bound" in over.reasons
+
+
+def test_a_server_that_answers_wrong_or_fails_is_named():
+    requests = one_row_requests({"x": np.arange(8, dtype=np.float32).reshape(8, 1)})
+    reference = lambda r: {"y": r["x"] * 2.0}  # noqa: E731
+
+    class Server:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def submit(self, r):
+            f = Future()
+            try:
+                f.set_result(self.answer(r))
+            except Exception as exc:  # noqa: BLE001
+                f.set_exception(exc)
+            return f
+
+    assert check_agreement(Server(reference), reference, requests) is None
+    assert "has shape [2, 1]" in check_agreement(Server(lambda r: {"y": np.zeros((2, 1))}), reference, requests)
+    assert "differs by" in check_agreement(Server(lambda r: {"y": r["x"] * 2.1}), reference, requests)
+    failing = Server(lambda r: 1 / 0)
+    assert "fails under 8 concurrent requests (ZeroDivisionError" in check_agreement(failing, reference, requests)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["cnn", "--latency-budget", "10parsecs"], "must be a latency such as 10ms"),
+    (["cnn", "--percentile", "101"], "must be a percentile between 50 and 99.99"),
+    (["cnn", "--concurrency", "0,2"], "must be numbers from 1 to 1024"),
+    (["cnn", "--runtimes", "tensorrt"], "choose from savedmodel,litert,onnx"),
+    (["no_such_model.keras"], "no such file"),
+])
+def test_bad_flags_are_one_line(tmp_path, argv, expected):
+    assert expected in refused("load", *argv, "--out", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_load_quick_end_to_end(tmp_path, monkeypatch):
+    """The whole `tfperf load --quick` in-process on the seed CNN, LiteRT beside the anchors, at sizes that test
+    the command's path, not the machine (benchmarks/serving_under_load.py measures)."""
+    from tfperf.serving.measure import Sizes
+
+    tiny = Sizes(window_s=0.05, max_windows=3, warmup_s=0.02, probe_s=0.3, probes=2, validation_s=0.5,
+                 max_concurrency=4, concurrency_factor=4, instances=(1, 2), batch_sizes=(8,), all_thread_counts=False)
+    monkeypatch.setattr(Sizes, "quick", classmethod(lambda cls: tiny))
+    code, out, err = tfperf("load", "cnn", "--quick", "--runtimes", "litert", "--out", tmp_path / "run")
+    assert code == 0, err[-2000:]
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Answer" in report and "Best within the budget" in report and "LoadGen Server validation" in report
+    assert "the SavedModel signature, one request at a time" in report and "BatchFunction" in report
+    assert (tmp_path / "run" / "throughput_vs_latency.png").stat().st_size > 1000
+    records = [json.loads(line) for line in (tmp_path / "run" / "load.jsonl").read_text().splitlines()]
+    assert any(r["table"] == "validation" for r in records) and any(r["table"] == "configurations" for r in records)
+    closed = [r for r in records if r["table"].startswith("closed loop")]
+    assert closed and all(r["samples_s"] and r["metrics"]["p99_ci95_ms"] for r in closed)
+    assert "best within p99 <= 10 ms" in out and "tfperf export cnn --format" in out
+    code, out, _ = tfperf("compare", tmp_path / "run" / "load.jsonl", tmp_path / "run" / "load.jsonl")
+    assert code == 0 and "without a significant change" in out

@@ -1,0 +1,175 @@
+"""Timing requests under load: latency percentiles with intervals, windows, and closed-loop clients.
+
+A `Timer` times one call at a time. A server is judged by its requests: how many it answers per
+second, and how long each waits, at a given load. `closed_loop(send, concurrency)` keeps N clients
+each sending a request and waiting for its answer (perf_analyzer's concurrency mode), in measurement
+windows, until three windows in a row agree within 10% on throughput and p99 (perf_analyzer's
+stability rule) or the windows run out; the `LoadLevel` it returns keeps every latency, so each
+percentile has its distribution-free 95% interval (`stats.quantile_ci`), and the CPU time the clients
+used, so that a reader sees when the load generator, not the server, is the limit. Open-loop load
+(arrivals at a rate, latency from each request's scheduled time) is MLPerf LoadGen's, in
+`tfperf.serving.loadgen`. NumPy only: nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tfperf.measure.stats import quantile_ci
+
+PERCENTILES = (50, 90, 99)
+STABILITY = 0.10  # perf_analyzer's --stability-percentage default
+STABLE_WINDOWS = 3  # windows in a row that must agree
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """One measurement window: requests completed in it, and their latencies."""
+
+    seconds: float
+    latencies_s: tuple[float, ...]
+
+    @property
+    def throughput(self) -> float:
+        return len(self.latencies_s) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def p99_s(self) -> float:
+        return float(np.percentile(self.latencies_s, 99)) if self.latencies_s else math.inf
+
+
+def stable(windows: Sequence[Window], tolerance: float = STABILITY, count: int = STABLE_WINDOWS) -> bool:
+    """perf_analyzer's rule: the last `count` windows' throughput and p99 each within `tolerance` of their mean."""
+    if len(windows) < count:
+        return False
+    last = windows[-count:]
+    for values in ([w.throughput for w in last], [w.p99_s for w in last]):
+        mean = float(np.mean(values))
+        if not math.isfinite(mean) or mean <= 0 or max(abs(v - mean) for v in values) > tolerance * mean:
+            return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadLevel:
+    """What a server did at one load: its requests' latencies (the stable windows' when stable) and rate."""
+
+    label: str  # "concurrency 4", "rate 200/s"
+    latencies_s: tuple[float, ...]
+    seconds: float
+    windows: tuple[Window, ...] = ()
+    stable: bool = True
+    client_cpu_s: float = 0.0  # CPU time the clients' threads used over the measured windows
+    process_cpu_s: float = 0.0  # CPU time of the whole process over the same time
+    errors: tuple[str, ...] = ()  # why requests failed (the first few), if any did
+
+    @property
+    def count(self) -> int:
+        return len(self.latencies_s)
+
+    @property
+    def throughput(self) -> float:
+        """Requests answered per second."""
+        return self.count / self.seconds if self.seconds > 0 else 0.0
+
+    def percentile_s(self, p: float) -> float:
+        return float(np.percentile(self.latencies_s, p)) if self.latencies_s else math.inf
+
+    def percentile_ci_s(self, p: float) -> tuple[float, float]:
+        """The 95% interval of the p-th percentile (inf where the samples cannot bound it)."""
+        return quantile_ci(self.latencies_s, p / 100) if self.latencies_s else (math.inf, math.inf)
+
+    @property
+    def client_share(self) -> float:
+        """The clients' share of the CPU time this process used while they ran."""
+        return self.client_cpu_s / self.process_cpu_s if self.process_cpu_s > 0 else 0.0
+
+    def metrics(self) -> dict[str, Any]:
+        """Figures for a record: throughput, percentiles in ms with their intervals, stability, client CPU."""
+        found: dict[str, Any] = {"requests_per_s": self.throughput, "requests": self.count,
+                                 "stable": self.stable, "client_cpu_share": self.client_share}
+        for p in PERCENTILES:
+            low, high = self.percentile_ci_s(p)
+            found[f"p{p}_ms"] = self.percentile_s(p) * 1e3
+            found[f"p{p}_ci95_ms"] = [low * 1e3 if math.isfinite(low) else None,
+                                      high * 1e3 if math.isfinite(high) else None]
+        if self.errors:
+            found["errors"] = list(self.errors)
+        return found
+
+
+def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float = 1.0, max_windows: int = 10,
+                warmup_s: float = 0.2, label: str | None = None) -> LoadLevel:
+    """N clients, each sending a request (`send(client)`, which returns when answered) and then the next.
+
+    Measures in windows of `window_s` after `warmup_s`, until the last three agree (stable) or
+    `max_windows` ran; the level is built from the stable windows (else from all, marked unstable).
+    A request that raises is counted as an error, not a latency.
+    """
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    lock = threading.Lock()
+    finished: list[tuple[float, float]] = []  # (end, latency) of each answered request
+    errors: list[str] = []
+    stop = threading.Event()
+    cpu = [0.0] * concurrency
+
+    def client(i: int) -> None:
+        start_cpu = time.thread_time()
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                send(i)
+            except Exception as exc:  # noqa: BLE001  (a failing request is a result, counted and named)
+                with lock:
+                    if len(errors) < 5:
+                        errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            t1 = time.perf_counter()
+            with lock:
+                finished.append((t1, t1 - t0))
+        cpu[i] = time.thread_time() - start_cpu
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    windows: list[Window] = []
+    try:
+        time.sleep(warmup_s)
+        begin, cpu_begin = time.perf_counter(), time.process_time()
+        edge = begin
+        while len(windows) < max_windows and not (windows and stable(windows)):
+            time.sleep(max(edge + window_s - time.perf_counter(), 0.0))
+            end = time.perf_counter()
+            with lock:
+                inside = tuple(lat for t, lat in finished if edge <= t < end)
+            windows.append(Window(end - edge, inside))
+            edge = end
+            if errors and not any(w.latencies_s for w in windows):
+                break  # every request fails: nothing to wait for
+        cpu_end = time.process_time()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    ok = stable(windows)
+    used = windows[-STABLE_WINDOWS:] if ok else windows
+    # The clients' CPU over the whole run, scaled to the measured part of it (the warm-up is small).
+    total = time.perf_counter() - begin + warmup_s
+    measured = sum(w.seconds for w in windows)
+    return LoadLevel(label or f"concurrency {concurrency}", tuple(lat for w in used for lat in w.latencies_s),
+                     sum(w.seconds for w in used), tuple(windows), ok,
+                     client_cpu_s=sum(cpu) * measured / total if total > 0 else 0.0,
+                     process_cpu_s=cpu_end - cpu_begin, errors=tuple(errors))
+
+
+def littles_law_in_flight(throughput: float, latency_s: float) -> float:
+    """Little's law: requests in flight = throughput x time in the system."""
+    return throughput * latency_s

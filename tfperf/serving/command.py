@@ -1,0 +1,278 @@
+"""`tfperf load MODEL`: how many requests per second this machine answers within a latency budget, and how.
+
+MODEL is what `export` and `doctor` take (exported here to each runtime asked, with the one conversion
+path and its check) or an export folder of any format. The run: the two anchors a TensorFlow user
+has today (the SavedModel signature one request at a time, and TensorFlow's BatchFunction), then the
+search (`tfperf.serving.search`) over runtime x threads x instances x batching, the best three
+searched again in open loop with LoadGen, the winner validated by a LoadGen Server run, LoadGen's
+Offline ceiling and its own overhead; then report.md, load.jsonl (`tfperf compare` reads it) and a
+chart in --out. Ctrl-C or SIGTERM stops the measuring and still writes the report, marked partial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tfperf import flags
+from tfperf.flags import UserError
+
+RECIPE = "load"
+QUICK_GOAL_S = 180
+RUNTIMES = ("savedmodel", "litert", "onnx")
+
+
+def latency(text: str) -> float:
+    """A latency budget in seconds, from `10ms`, `500us`, `0.01s` or a bare number of milliseconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|us|s)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"must be a latency such as 10ms, 500us or 0.01s, got {text!r}")
+    value = float(match[1]) * {"ms": 1e-3, "us": 1e-6, "s": 1.0, None: 1e-3}[match[2]]
+    if not 1e-5 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be between 10us and 60s, got {text!r}")
+    return value
+
+
+def percentile(text: str) -> float:
+    """A percentile between 50 and 99.99."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 50 <= value <= 99.99:
+        raise argparse.ArgumentTypeError(f"must be a percentile between 50 and 99.99, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated whole numbers, each at least 1 (concurrency levels)."""
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1 or values[-1] > 1024:
+        raise argparse.ArgumentTypeError(f"must be numbers from 1 to 1024 such as 1,2,4,8, got {text!r}")
+    return values
+
+
+def runtime_list(text: str) -> list[str]:
+    """Comma-separated runtimes, each one of RUNTIMES."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in values if v not in RUNTIMES]
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(RUNTIMES)}, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def add_command(sub) -> None:
+    """Add `load` to the `tfperf` subcommands."""
+    p = sub.add_parser("load", help="serving under load: requests/s within a latency budget, and the configuration "
+                                    "(runtime, threads, instances, batching) that gives the most",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a .keras or .h5 file, a SavedModel folder, module:factory, a cookbook net, or an "
+                                 "export folder (SavedModel, LiteRT or ONNX)")
+    p.add_argument("--latency-budget", type=latency, default=0.010, metavar="TIME",
+                   help="the latency the percentile must stay within (default 10ms)")
+    p.add_argument("--percentile", type=percentile, default=99.0, help="which percentile (default 99)")
+    p.add_argument("--concurrency", type=int_list, metavar="N,N",
+                   help="closed-loop levels for the anchors and the winner (default: doubling while within budget)")
+    p.add_argument("--rate", type=flags.positive_float, action="append", metavar="R",
+                   help="also run the winner at this LoadGen Server rate (requests/s); repeat for a sweep")
+    p.add_argument("--runtimes", type=runtime_list, default=list(RUNTIMES), metavar="R,R",
+                   help=f"runtimes to export to and search ({','.join(RUNTIMES)})")
+    p.add_argument("--input", metavar="FILE.npz", help="requests: rows of real inputs (arrays named after the "
+                                                       "inputs); default: synthetic rows as the doctor makes them")
+    p.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
+                   help="sizes (without the batch axis) for an input the model leaves unknown")
+    p.add_argument("--signature", help="the SavedModel signature to serve")
+    p.add_argument("--trust", action="store_true", help="load a model whose ops are off the inspection allowlist")
+    p.add_argument("--quick", action="store_true", help="short windows and probes, a smaller space: a small model "
+                                                        f"in under {QUICK_GOAL_S // 60} minutes on 2 cores")
+    p.add_argument("--out", help="folder for report.md, load.jsonl and the chart (default load/<model name>/)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_load)
+
+
+class Interrupted(Exception):
+    """SIGTERM (what timeout, Kubernetes and CI send) stops the run as Ctrl-C does."""
+
+
+def _requests(args, out: Path):
+    """(exports by runtime, one-row requests, export commands, runtimes not exported and why, model name)."""
+    from tfperf.deploy.errors import ExportError, InputError, ModelError
+    from tfperf.deploy.formats import format_of
+    from tfperf.deploy.inputs import fit_inputs, make_inputs, read_sample, sample_inputs
+    from tfperf.deploy.inspection import check_safe
+    from tfperf.deploy.layout import export_subject, load
+    from tfperf.deploy.loader import load_subject, parse_input_shapes
+    from tfperf.serving.configs import one_row_requests
+
+    rows = 64
+    sample = read_sample(args.input) if args.input else None
+    path = Path(args.model)
+    if path.is_dir() and format_of(path) is not None and format_of(path).name != "savedmodel":
+        # A LiteRT or ONNX export is served as it is, in its own runtime (a SavedModel is a model: exported to each).
+        check_safe(path, trust=args.trust)
+        runtime = format_of(path).name
+        runner = load(path, signature=args.signature)
+        specs = [(s.name, s.dtype, s.shape[1:]) for s in runner.inputs]
+        if sample is None:
+            if any(d is None for _, _, shape in specs for d in shape):
+                raise InputError("the export leaves input sizes unknown: pass real requests with --input FILE.npz")
+            import numpy as np
+
+            rng = np.random.default_rng(args.seed)
+            sample = {n: rng.normal(size=(rows, *shape)).astype(dtype) for n, dtype, shape in specs}
+        inputs = fit_inputs(sample, specs, "--input")
+        return {runtime: path}, one_row_requests(inputs), {}, {}, path.name
+    subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
+                           signature=args.signature)
+    inputs = sample_inputs(subject, sample) if sample is not None else make_inputs(subject, rows, seed=args.seed)
+    exports, commands, failed = {}, {}, {}
+    for runtime in dict.fromkeys(["savedmodel", *args.runtimes]):  # the anchors serve the SavedModel
+        print(f"load: exporting to {runtime}", file=sys.stderr, flush=True)
+        try:
+            exports[runtime] = export_subject(subject, out / "exports", name=runtime, format=runtime,
+                                              sample=sample).path
+            commands[runtime] = ["export", args.model, "--format", runtime] + (
+                ["--sample", args.input] if args.input else [])
+        except (ExportError, ModelError) as exc:
+            failed[runtime] = str(exc)
+    if "savedmodel" not in exports:
+        raise ModelError(f"{args.model} does not export as a SavedModel: {failed['savedmodel']}")
+    return exports, one_row_requests(inputs), commands, failed, subject.name
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    """Serve the model under load, search the configurations, write the report."""
+    from tfperf.deploy.errors import ExportError, InputError, ModelError
+
+    started = time.perf_counter()
+    out = Path(args.out) if args.out else None
+    if out is not None and (out / f"{RECIPE}.jsonl").exists():
+        raise UserError(f"{out} already holds a load run: pass another --out, or remove it")
+    name = Path(args.model).name if Path(args.model).exists() else args.model.rpartition(":")[2]
+    out = out or Path("load") / (name or "model")
+    if (out / f"{RECIPE}.jsonl").exists():
+        raise UserError(f"{out} already holds a load run: pass another --out, or remove it")
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        exports, requests, commands, failed, model = _requests(args, out)
+    except BaseException as exc:
+        if created:  # refused before anything was measured: nothing is left on disk
+            shutil.rmtree(out, ignore_errors=True)
+        if isinstance(exc, (ModelError, InputError, ExportError)):
+            raise UserError(str(exc)) from None
+        raise
+    found = _measure(args, out, exports, requests, commands, failed, model, started)
+    return 0 if found is not None and not found.partial else 130 if found is not None else 1
+
+
+def _measure(args, out: Path, exports, requests, commands, failed, model, started):
+    from tfperf.records.records import Recorder
+    from tfperf.serving.measure import ANCHOR, Bench, Sizes, batch_function_config
+    from tfperf.serving.report import Found, write_report
+    from tfperf.serving.search import Budget, Space, ranked, search
+
+    budget = Budget(args.latency_budget, args.percentile)
+    sizes = Sizes.quick() if args.quick else Sizes()
+    rec = Recorder(RECIPE, {k: v for k, v in vars(args).items() if k != "func"})
+    bench = Bench(exports, requests, budget, sizes, rec, out / "loadgen")
+    found = Found(args.model, budget, export_commands=commands, not_exported=failed)
+    cores = os.cpu_count() or 1
+
+    def on_term(signum, frame):
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    step = [0]
+
+    def say(what: str) -> None:
+        step[0] += 1
+        print(f"load: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    try:
+        runtimes = [r for r in args.runtimes if r in exports] or list(exports)
+        if "savedmodel" in exports:
+            say("the anchors: the signature one request at a time, and TensorFlow's BatchFunction")
+            found.swept.append(bench.sweep(ANCHOR, args.concurrency))
+            found.swept.append(bench.sweep(batch_function_config(cores), args.concurrency))
+        threads = {r: (None,) if r == "savedmodel" else tuple(sorted({1, cores})) if sizes.all_thread_counts
+                   else (cores,) for r in runtimes}
+        space = Space(tuple(runtimes), threads, instances=sizes.instances, batch_sizes=sizes.batch_sizes,
+                      timeouts_us=(1000,))
+
+        def sweep(config):
+            known = next((s for s in found.swept if s.config == config), None)
+            if known is not None:
+                return known
+            say(f"closed loop: {config.name}")
+            result = bench.sweep(config)
+            found.swept.append(result)
+            return result
+
+        search(sweep, space, budget)
+        best = ranked(found.swept, budget)
+        anchors = [s for s in found.swept[:2] if not s.dropped and s.rate_within(budget) > 0]
+        for s in {s.config.name: s for s in [*best[:3], *anchors]}.values():
+            say(f"open loop (LoadGen Server): {s.config.name}")
+            found.open_loop[s.config.name] = bench.open_loop(s.config, 0.9 * s.rate_within(budget))
+        if best:
+            winner = max(best[:3], key=lambda s: found.open_loop.get(s.config.name, (0.0,))[0])
+            rate = found.open_loop.get(winner.config.name, (0.0,))[0] or 0.8 * winner.rate_within(budget)
+            say(f"validation (LoadGen Server) of {winner.config.name} at {rate:.0f}/s")
+            found.validated = winner.config
+            found.validations = bench.validate(winner.config, rate)
+            for extra in args.rate or []:
+                say(f"LoadGen Server at {extra:.0f}/s")
+                with bench.server(winner.config) as server:
+                    result = bench.offered(server, extra, seconds=sizes.probe_s, min_queries=100)
+                rec.add(f"open loop: {winner.config.name}", f"rate {extra:.0f}/s (--rate)", result.metrics(),
+                        primary="completed_qps", lower_is_better=False, versus_first=False)
+            say("LoadGen Offline ceiling and SingleStream overhead")
+            found.ceiling = bench.ceiling(winner.config, winner.rate_within(budget))
+            found.overhead = bench.generator_overhead(winner.config)
+    except (KeyboardInterrupt, Interrupted):
+        found.partial = "interrupted (Ctrl-C or SIGTERM)"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        found.seconds = time.perf_counter() - started
+        for s in found.swept:
+            if not s.dropped:
+                rec.add("configurations", s.config.name, {**s.config.settings(), "requests_per_s_within_budget":
+                        s.rate_within(budget), **({"open_loop_requests_per_s": found.open_loop[s.config.name][0]}
+                                                  if s.config.name in found.open_loop else {})},
+                        primary="requests_per_s_within_budget", lower_is_better=False, versus_first=False)
+        rec.save(out)
+        report = write_report(found, out)
+    _print_summary(found, report, out)
+    return found
+
+
+def _print_summary(found, report: Path, out: Path) -> None:
+    from tfperf.serving.report import serve_command, winner
+    from tfperf.serving.search import ranked
+
+    best = ranked(found.swept, found.budget)
+    if found.partial:
+        print(f"load: PARTIAL ({found.partial})")
+    if best:
+        b = winner(found, best)
+        bracket = found.open_loop.get(b.config.name)
+        print(f"best within {found.budget}: {b.config.name}: {b.rate_within(found.budget):.0f} requests/s closed loop"
+              + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket else ""))
+        for v in found.validations:
+            print(f"LoadGen Server at {v.target_qps:.0f}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
+        for line in serve_command(b.config, found.export_commands.get(
+                "savedmodel" if b.config.runtime == "tf-batch-function" else b.config.runtime)):
+            print(f"  {line}")
+    elif not found.partial:
+        print(f"no configuration meets {found.budget}: see {report}")
+    print(f"report: {report}\nrecords: {out / (RECIPE + '.jsonl')}")

@@ -1,0 +1,175 @@
+"""Measuring serving configurations on an export: closed-loop sweeps, LoadGen rate searches, validation.
+
+`Bench` holds what every measurement shares: the exports by runtime, the requests (one row each),
+the budget, the sizes (windows, probe lengths) and the recorder. Each configuration's server is
+checked to answer as the runtime's own unbatched call does before any load is timed; a server that
+fails or disagrees is dropped with its reason and the rest go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tfperf.measure.load import LoadLevel, closed_loop
+from tfperf.serving import loadgen
+from tfperf.serving.batcher import Arrays, BatchingOptions
+from tfperf.serving.configs import ServingConfig, batch_function_server, check_agreement
+from tfperf.serving.search import Budget, Swept, bracket_rate, concurrency_sweep
+
+ANCHOR = ServingConfig("savedmodel", None, 1)  # the SavedModel signature, one request at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """How long each measurement runs."""
+
+    window_s: float = 1.0
+    max_windows: int = 10
+    warmup_s: float = 0.3
+    probe_s: float = 3.0  # one LoadGen Server probe of a rate
+    probes: int = 5  # probes per open-loop rate search
+    validation_s: float = 10.0
+    max_concurrency: int = 64
+    concurrency_factor: int = 2  # closed-loop levels 1, f, f^2, ...
+    instances: tuple[int, ...] = (1, 2, 4)  # the search's space
+    batch_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
+    all_thread_counts: bool = True  # LiteRT and ONNX Runtime at 1 thread and at every core; else every core only
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(window_s=0.25, max_windows=6, warmup_s=0.1, probe_s=0.8, probes=4, validation_s=2.0,
+                   max_concurrency=32, concurrency_factor=4, instances=(1, 2), batch_sizes=(4, 16, 64),
+                   all_thread_counts=False)
+
+
+def batch_function_config(cores: int) -> ServingConfig:
+    """TensorFlow's own batching op with TF Serving's usual CPU settings: a batch thread per core."""
+    return ServingConfig("tf-batch-function", None, cores,
+                         BatchingOptions(max_batch_size=32, batch_timeout_micros=1000, num_batch_threads=cores))
+
+
+@dataclasses.dataclass
+class Bench:
+    """The exports, requests, budget and sizes every measurement of one `tfperf load` run shares."""
+
+    exports: dict[str, Path]  # runtime -> export folder
+    requests: list[Arrays]
+    budget: Budget
+    sizes: Sizes
+    rec: Any  # a tfperf.records.Recorder
+    logs: Path  # LoadGen logs of the validation runs
+    references: dict[str, Callable[[Arrays], Arrays]] = dataclasses.field(default_factory=dict)
+    probes: list[tuple[ServingConfig, loadgen.LoadGenResult]] = dataclasses.field(default_factory=list)
+
+    def reference(self, runtime: str) -> Callable[[Arrays], Arrays]:
+        """The runtime's own unbatched call, loaded once: what every server of it must answer."""
+        from tfperf.deploy.layout import load
+
+        source = "savedmodel" if runtime == "tf-batch-function" else runtime
+        if source not in self.references:
+            self.references[source] = load(self.exports[source])
+        return self.references[source]
+
+    def server(self, config: ServingConfig):
+        """The configuration's server (close it when done)."""
+        if config.runtime == "tf-batch-function":
+            return batch_function_server(self.exports["savedmodel"], config.batching, self.requests[0])
+        return config.server(self.exports[config.runtime])
+
+    def level(self, server, concurrency: int) -> LoadLevel:
+        """One closed-loop level: `concurrency` clients, each cycling through the requests from its own offset."""
+        counters = [itertools.count(i * 7) for i in range(concurrency)]
+        n = len(self.requests)
+        return closed_loop(lambda client: server(self.requests[next(counters[client]) % n]), concurrency,
+                           window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
+                           warmup_s=self.sizes.warmup_s)
+
+    def sweep(self, config: ServingConfig, concurrencies: list[int] | None = None) -> Swept:
+        """The configuration checked, then swept in closed loop (given levels, or doubling within the budget)."""
+        try:
+            server = self.server(config)
+        except Exception as exc:  # noqa: BLE001  (a runtime that cannot serve this way is dropped, named)
+            return self._dropped(config, f"does not start ({type(exc).__name__}: {str(exc)[:150]})")
+        with server:
+            wrong = check_agreement(server, self.reference(config.runtime), self.requests)
+            if wrong:
+                return self._dropped(config, wrong)
+            if concurrencies:
+                levels = [self.level(server, c) for c in concurrencies]
+            else:
+                levels = concurrency_sweep(lambda c: self.level(server, c), self.budget,
+                                           limit=self.sizes.max_concurrency, factor=self.sizes.concurrency_factor)
+        failing = next((lv for lv in levels if lv.errors), None)
+        if failing is not None:
+            return self._dropped(config, f"requests failed at {failing.label}: {failing.errors[0]}", levels)
+        self._record_levels(config, levels)
+        return Swept(config, tuple(levels))
+
+    def _dropped(self, config: ServingConfig, why: str, levels=()) -> Swept:
+        self.rec.add("configurations", config.name, {**config.settings(), "dropped": why,
+                                                     "requests_per_s_within_budget": 0.0},
+                     primary="requests_per_s_within_budget", lower_is_better=False, versus_first=False)
+        return Swept(config, tuple(levels), why)
+
+    def _record_levels(self, config: ServingConfig, levels: list[LoadLevel]) -> None:
+        from tfperf.measure.measurement import Measurement
+
+        for level in levels:
+            self.rec.add(f"closed loop: {config.name}", level.label, {**level.metrics(), **config.settings()},
+                         primary="p50_ms", lower_is_better=True, versus_first=False,
+                         measurement=Measurement(level.label, level.latencies_s) if level.latencies_s else None)
+
+    def offered(self, server, rate: float, *, seconds: float, min_queries: int, log_dir: Path | None = None,
+                scenario: str = "Server") -> loadgen.LoadGenResult:
+        """One LoadGen run against a running server."""
+        n = len(self.requests)
+        return loadgen.run(lambda i: server.submit(self.requests[i % n]), n, scenario=scenario, rate=rate,
+                           latency_s=self.budget.latency_s, percentile=self.budget.percentile, duration_s=seconds,
+                           min_queries=min_queries, log_dir=log_dir)
+
+    def open_loop(self, config: ServingConfig, start_rate: float) -> tuple[float, float]:
+        """The highest LoadGen Server rate found within the budget and the lowest found over it."""
+        with self.server(config) as server:
+            def within(rate: float) -> bool:
+                result = self.offered(server, rate, seconds=self.sizes.probe_s, min_queries=100)
+                self.probes.append((config, result))
+                self.rec.add(f"open loop: {config.name}", f"rate {rate:.0f}/s", {**result.metrics(),
+                             **config.settings()}, primary="completed_qps", lower_is_better=False, versus_first=False)
+                return result.latency_met and not result.errors
+
+            return bracket_rate(within, max(start_rate, 1.0), steps=self.sizes.probes)
+
+    def validate(self, config: ServingConfig, rate: float, tries: int = 3) -> list[loadgen.LoadGenResult]:
+        """LoadGen Server runs long enough for its early stopping to claim the percentile; at a 10% lower rate
+        each time it is INVALID, `tries` times at most: every attempt, the last decides. Their logs are kept."""
+        attempts = []
+        with self.server(config) as server:
+            for attempt in range(tries):
+                queries = max(int(rate * self.sizes.validation_s), 2 * loadgen.MIN_QUERIES_FOR_P99)
+                folder = self.logs / f"{time.strftime('%H%M%S')}-{attempt}"
+                result = self.offered(server, rate, seconds=self.sizes.validation_s, min_queries=queries,
+                                      log_dir=folder)
+                attempts.append(result)
+                self.rec.add("validation", f"{config.name} at {rate:.0f}/s", {**result.metrics(), **config.settings(),
+                             "log_dir": str(folder)}, primary="completed_qps", lower_is_better=False,
+                             versus_first=False)
+                if result.valid:
+                    break
+                rate *= 0.9
+        return attempts
+
+    def generator_overhead(self, config: ServingConfig) -> loadgen.LoadGenResult:
+        """LoadGen SingleStream on the configuration: its QPS with and without LoadGen's own overhead."""
+        with self.server(config) as server:
+            return self.offered(server, 1000.0, seconds=self.sizes.probe_s, min_queries=100, scenario="SingleStream")
+
+    def ceiling(self, config: ServingConfig, expected: float) -> loadgen.LoadGenResult:
+        """LoadGen Offline on the configuration: every request handed over at once, the throughput ceiling."""
+        with self.server(config) as server:
+            return self.offered(server, expected * 1.2, seconds=self.sizes.probe_s, min_queries=100,
+                                scenario="Offline")

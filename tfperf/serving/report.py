@@ -1,0 +1,215 @@
+"""What `tfperf load` found, as report.md and a chart of throughput against the percentile."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+from pathlib import Path
+
+from tfperf.measure.load import LoadLevel
+from tfperf.serving.configs import ServingConfig
+from tfperf.serving.loadgen import LoadGenResult
+from tfperf.serving.search import Budget, Swept
+
+GENERATOR_LIMIT = 0.25  # clients using more than this share of the process's CPU compete with the server
+
+
+@dataclasses.dataclass
+class Found:
+    """Everything one `tfperf load` run found; filled as it goes, so that an interrupted run still reports."""
+
+    model: str
+    budget: Budget
+    swept: list[Swept] = dataclasses.field(default_factory=list)
+    open_loop: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # config name -> bracket
+    validations: list[LoadGenResult] = dataclasses.field(default_factory=list)  # each attempt, the last decides
+    validated: ServingConfig | None = None
+    overhead: LoadGenResult | None = None
+    ceiling: LoadGenResult | None = None
+    export_commands: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # runtime -> tfperf export argv
+    not_exported: dict[str, str] = dataclasses.field(default_factory=dict)
+    partial: str | None = None  # why the run stopped early
+    seconds: float = 0.0
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}" if math.isfinite(seconds) else "inf"
+
+
+def _ci(level: LoadLevel, p: float) -> str:
+    low, high = level.percentile_ci_s(p)
+    return f"{_ms(level.percentile_s(p))} ({_ms(low)}-{_ms(high)})"
+
+
+def winner(found: Found, usable: list[Swept]) -> Swept:
+    """The answer: the configuration LoadGen validated, else the best open-loop rate, else the best closed-loop."""
+    for s in usable:
+        if found.validated is not None and s.config == found.validated:
+            return s
+    searched = [s for s in usable if s.config.name in found.open_loop]
+    if searched:
+        return max(searched, key=lambda s: found.open_loop[s.config.name][0])
+    return usable[0]
+
+
+def serve_command(config: ServingConfig, export_command: list[str] | None) -> list[str]:
+    """How to serve the winner: the export line and the batcher's settings in code."""
+    lines = []
+    if export_command:
+        lines.append("tfperf " + shlex.join(export_command))
+    if config.runtime == "tf-batch-function":
+        b = config.batching
+        lines.append(f"tf.nondifferentiable_batch_function(num_batch_threads={b.num_batch_threads}, max_batch_size="
+                     f"{b.max_batch_size}, batch_timeout_micros={b.batch_timeout_micros}) around the signature, "
+                     f"inside a tf.function")
+        return lines
+    threads = f", threads={config.threads}" if config.threads else ""
+    load = f"tfperf.deploy.load(EXPORT{threads})"
+    if config.batching is None:
+        lines.append(f"{config.instances} serving thread(s), each calling {load} one request at a time "
+                     f"(tfperf.serving.batcher.unbatched)")
+    else:
+        b = config.batching
+        lines.append(f"Batcher(lambda size: {load}, BatchingOptions(max_batch_size={b.max_batch_size}, "
+                     f"batch_timeout_micros={b.batch_timeout_micros}, num_batch_threads={config.instances}, "
+                     f"idle_runs_now={b.idle_runs_now}))  # tfperf.serving.batcher; TF Serving's names")
+    return lines
+
+
+def write_report(found: Found, out: Path) -> Path:
+    """report.md (and throughput_vs_latency.png) in `out`."""
+    from tfperf.records.records import atomic_write_text
+
+    budget, p = found.budget, found.budget.percentile
+    lines = [f"# tfperf load: {found.model}", ""]
+    if found.partial:
+        lines += [f"**PARTIAL: {found.partial}.** What follows is what was measured before it stopped.", ""]
+    lines += [f"Budget: {budget}. The run took {found.seconds:.0f} s.", ""]
+    usable = sorted((s for s in found.swept if not s.dropped and s.rate_within(budget) > 0),
+                    key=lambda s: -s.rate_within(budget))
+    lines += ["## Answer", ""]
+    if not usable:
+        seen = [(lv.percentile_s(p), s.config.name) for s in found.swept for lv in s.levels[:1]]
+        lowest = min(seen) if seen else None
+        lines.append(f"No configuration meets {budget}, not even one request at a time" + (
+            f": the lowest p{p:g} seen was {_ms(lowest[0])} ms ({lowest[1]}, concurrency 1)." if lowest else "."))
+    else:
+        best = winner(found, usable)
+        bracket = found.open_loop.get(best.config.name)
+        offered = ""
+        if bracket:
+            offered = f", {bracket[0]:.0f} requests/s offered as Poisson arrivals (LoadGen Server" + (
+                f"; the next rate tried, {bracket[1]:.0f}/s, missed)" if math.isfinite(bracket[1]) else ")")
+        lines.append(f"Best within the budget: **{best.config.name}**{offered}; {best.rate_within(budget):.0f} "
+                     f"requests/s in closed loop.")
+        for v in found.validations:
+            word = "VALID" if v.valid else "INVALID (" + "; ".join(v.reasons) + ")"
+            lines.append(f"LoadGen Server validation of {found.validated.name} at {v.target_qps:.0f} requests/s: "
+                         f"**{word}**, p{p:g} {v.percentiles_ms.get(f'{p:.2f}', math.nan):.2f} ms from scheduled "
+                         f"time over {v.query_count} queries.")
+        if found.validations and found.validations[-1].valid:
+            lines.append(f"The claim: **{found.validations[-1].target_qps:.0f} requests/s within {budget}**, "
+                         f"VALID by LoadGen.")
+        lines += ["", "Serve it:", "", "```"] + serve_command(best.config, found.export_commands.get(
+            "savedmodel" if best.config.runtime == "tf-batch-function" else best.config.runtime)) + ["```", ""]
+        lines += _anchors(found, usable)
+    lines += ["## Every configuration tried", "",
+              f"| configuration | requests/s within budget | p{p:g} at concurrency 1 (95% CI), ms | dropped because |",
+              "|---|---|---|---|"]
+    for s in found.swept:
+        first = _ci(s.levels[0], p) if s.levels else "-"
+        lines.append(f"| {s.config.name} | {s.rate_within(budget):.0f} | {first} | {s.dropped or ''} |")
+    for runtime, why in found.not_exported.items():
+        lines.append(f"| {runtime} | - | - | not exported: {why} |")
+    lines += ["", "## Closed loop, level by level", ""]
+    for s in found.swept:
+        if not s.levels:
+            continue
+        lines += [f"**{s.config.name}**", "", "| clients | requests/s | p50 ms (95% CI) | p90 ms (95% CI) | "
+                  "p99 ms (95% CI) | stable | clients' CPU share |", "|---|---|---|---|---|---|---|"]
+        for lv in s.levels:
+            lines.append(f"| {lv.label.split()[-1]} | {lv.throughput:.0f} | {_ci(lv, 50)} | {_ci(lv, 90)} | "
+                         f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {lv.client_share:.0%} |")
+        lines.append("")
+    lines += _generator(found)
+    chart = _chart(found, out)
+    if chart:
+        lines += ["", f"![throughput against p{p:g}]({chart.name})", ""]
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _anchors(found: Found, usable: list[Swept]) -> list[str]:
+    """The best against what a TensorFlow user has today: the signature one request at a time, and BatchFunction.
+    An offered rate's interval is the bracket the LoadGen probes found: the highest rate within the budget and
+    the next rate tried, which missed it."""
+    budget = found.budget
+    anchor = next((s for s in found.swept if s.config.runtime == "savedmodel" and s.config.instances == 1
+                   and s.config.batching is None and s.config.threads is None), None)
+    tf_batch = next((s for s in found.swept if s.config.runtime == "tf-batch-function"), None)
+    best = winner(found, usable)
+    rows = [("the SavedModel signature, one request at a time", anchor),
+            ("TensorFlow's BatchFunction (TF Serving's kernel)", tf_batch), (f"best: {best.config.name}", best)]
+    lines = ["| served as | requests/s within budget, closed loop | offered within budget, LoadGen (bracket) | "
+             "vs the signature one at a time, offered (bracket) |", "|---|---|---|---|"]
+    base = found.open_loop.get(anchor.config.name) if anchor else None
+    for label, s in rows:
+        if s is None:
+            continue
+        bracket = found.open_loop.get(s.config.name)
+        offered = f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if bracket else "not searched"
+        ratio = "1x (the baseline)" if s is anchor else "-"
+        if bracket and base and base[0] > 0 and s is not anchor:
+            ratio = f"{bracket[0] / base[0]:.2f}x ({bracket[0] / base[1]:.2f}-{bracket[1] / base[0]:.2f}x)"
+        lines.append(f"| {label} | {s.rate_within(budget):.0f} | {offered} | {ratio} |")
+    return lines + [""]
+
+
+def _generator(found: Found) -> list[str]:
+    """Whether the load generator, not the model, is the limit."""
+    lines = ["## The load generator", ""]
+    shares = [lv.client_share for s in found.swept for lv in s.levels]
+    if shares:
+        worst = max(shares)
+        lines.append(f"Clients (Python threads in this process) used up to {worst:.0%} of the CPU this process used "
+                     f"while they ran" + (f": over {GENERATOR_LIMIT:.0%}, so at the highest rates the generator "
+                                          f"competes with the server for the same cores and Python's GIL, and the "
+                                          f"rates above are a floor of what the model can do."
+                                          if worst > GENERATOR_LIMIT else ": the server, not the generator, is the "
+                                                                         "limit."))
+    if found.overhead is not None and found.overhead.qps_without_overhead:
+        o = found.overhead
+        lines.append(f"LoadGen SingleStream: {o.completed_qps:.0f} queries/s with LoadGen's own overhead, "
+                     f"{o.qps_without_overhead:.0f} without it.")
+    if found.ceiling is not None:
+        lines.append(f"LoadGen Offline (every request at once, the ceiling): {found.ceiling.completed_qps:.0f} "
+                     f"requests/s.")
+    return lines
+
+
+def _chart(found: Found, out: Path) -> Path | None:
+    """Throughput against the percentile, a line per configuration measured."""
+    measured = [s for s in found.swept if s.levels]
+    if not measured:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tfperf.records.report import save_figure
+
+    p = found.budget.percentile
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for s in measured:
+        ax.plot([lv.throughput for lv in s.levels], [lv.percentile_s(p) * 1e3 for lv in s.levels], marker="o",
+                label=s.config.name, linewidth=1)
+    ax.axhline(found.budget.latency_s * 1e3, color="red", linestyle="--", label=str(found.budget))
+    ax.set_xlabel("requests/s (closed loop)")
+    ax.set_ylabel(f"p{p:g} latency, ms")
+    ax.set_yscale("log")
+    ax.legend(fontsize=6, loc="upper left")
+    ax.set_title("throughput against latency")
+    return save_figure(fig, out / "throughput_vs_latency.png")

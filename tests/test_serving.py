@@ -262,3 +262,43 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
     assert "best within p99 <= 10 ms" in out and "tfperf export cnn --format" in out
     code, out, _ = tfperf("compare", tmp_path / "run" / "load.jsonl", tmp_path / "run" / "load.jsonl")
     assert code == 0 and "without a significant change" in out
+
+
+def test_the_recipe_measures_its_curves_and_the_cost_of_a_timeout(tmp_path):
+    from test_recipes import load_recipe
+
+    serving = load_recipe("serving_under_load")
+    args = serving.parse(["--quick", "--model", "mlp", "--concurrency", "1", "4", "--window", "0.05",
+                          "--out", str(tmp_path)])
+    rec, found = serving.run(args)
+    assert set(found.curves) == {"unbatched", "batched, 5 ms timeout", "batched, run when idle"}
+    assert all(len(levels) == 2 and levels[0].count > 0 for levels in found.curves.values())
+    alone = {r["row"]: r for r in rec.table("one request at a time")}
+    # A lone request waits out the 5 ms timeout; run-when-idle does not wait.
+    assert alone["batched, 5 ms timeout"]["metrics"]["p50_ms"] >= 5.0
+    assert alone["batched, 5 ms timeout"]["verdict"] == "slower"
+    assert found.open_loop["batched, 5 ms timeout"]["p50_ms"] >= 5.0 > found.open_loop["batched, run when idle"][
+        "p50_ms"]
+    assert found.littles_law < 0.15
+    conclusion = serving.conclude(args, rec, found)
+    assert "Little's law holds" in conclusion.text and not conclusion.failure
+
+
+def test_the_recipes_batcher_and_tfperfs_answer_alike():
+    """The recipe teaches a 40-line batcher; tfperf.serving.batcher is the full one: one truth, checked."""
+    from test_recipes import load_recipe
+
+    micro = load_recipe("serving_under_load").measure.__globals__["MicroBatcher"]
+    w = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
+    predict = lambda x: np.tanh(x @ w)  # noqa: E731
+    requests = [np.random.default_rng(i).normal(size=(1 + i % 2, 6)).astype(np.float32) for i in range(24)]
+    theirs = micro(predict, max_batch_size=8, batch_timeout_s=0.01)
+    ours = Batcher(lambda size: (lambda x: {"y": predict(x["x"])}),
+                   BatchingOptions(max_batch_size=8, batch_timeout_micros=10_000))
+    with ours:
+        a = [theirs.submit(r) for r in requests]
+        b = [ours.submit({"x": r}) for r in requests]
+        for r, fa, fb in zip(requests, a, b):
+            np.testing.assert_allclose(fa.result(timeout=10), predict(r), atol=1e-6)
+            np.testing.assert_allclose(fb.result(timeout=10)["y"], predict(r), atol=1e-6)
+    assert len(ours.batches) < len(requests)  # requests that arrived together ran together

@@ -41,10 +41,7 @@ def latency(text: str) -> float:
 
 def percentile(text: str) -> float:
     """A percentile between 50 and 99.99."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
+    value = flags.positive_float(text)
     if not 50 <= value <= 99.99:
         raise argparse.ArgumentTypeError(f"must be a percentile between 50 and 99.99, got {text!r}")
     return value

@@ -119,7 +119,8 @@ def write_report(found: Found, out: Path) -> Path:
               "|---|---|---|---|"]
     for s in found.swept:
         first = _ci(s.levels[0], p) if s.levels else "-"
-        lines.append(f"| {s.config.name} | {s.rate_within(budget):.0f} | {first} | {s.dropped or ''} |")
+        why = s.dropped or ("" if s.rate_within(budget) > 0 else "misses the budget even one request at a time")
+        lines.append(f"| {s.config.name} | {s.rate_within(budget):.0f} | {first} | {why} |")
     for runtime, why in found.not_exported.items():
         lines.append(f"| {runtime} | - | - | not exported: {why} |")
     lines += ["", "## Closed loop, level by level", ""]
@@ -159,8 +160,9 @@ def _anchors(found: Found, usable: list[Swept]) -> list[str]:
         if s is None:
             continue
         bracket = found.open_loop.get(s.config.name)
-        offered = f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if bracket else "not searched"
-        ratio = "1x (the baseline)" if s is anchor else "-"
+        offered = f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if bracket else (
+            "not searched" if s.rate_within(budget) > 0 else "misses the budget one request at a time")
+        ratio = ("1x (the baseline)" if base else "misses the budget alone") if s is anchor else "-"
         if bracket and base and base[0] > 0 and s is not anchor:
             ratio = f"{bracket[0] / base[0]:.2f}x ({bracket[0] / base[1]:.2f}-{bracket[1] / base[0]:.2f}x)"
         lines.append(f"| {label} | {s.rate_within(budget):.0f} | {offered} | {ratio} |")

@@ -1,6 +1,9 @@
 """Hostile models, built as an attacker would: saved, then their protobuf edited. Each test checks the side
 effect (a file written or copied) did not happen, not only the exit code."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -172,3 +175,187 @@ def test_an_asset_outside_the_model_is_unsafe_and_never_copied_even_when_trusted
     assert "outside its folder" in line and "even with --trust" in line
     assert not (tmp_path / "exports").exists()
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink() and p.read_bytes() == b"TOP SECRET" and p != secret]
+
+
+def npz_bomb(path, gigabytes: float):
+    """An .npz of about 1 MB per GB whose one array, honestly declared, inflates to `gigabytes` GB of zeros."""
+    import zipfile
+
+    values = int(gigabytes * 2**30) // 4
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z, z.open("x.npy", "w", force_zip64=True) as f:
+        np.lib.format.write_array_header_2_0(f, {"descr": "<f4", "fortran_order": False, "shape": (values,)})
+        chunk = bytes(2**24)
+        for _ in range(values * 4 // len(chunk)):
+            f.write(chunk)
+    return path
+
+
+def test_an_input_that_inflates_past_the_limit_is_refused_before_it_is_read(tmp_path):
+    import subprocess
+    import sys
+
+    bomb = npz_bomb(tmp_path / "bomb.npz", 1.0)
+    assert bomb.stat().st_size < 2 * 2**20
+    line = refused("predict", tmp_path / "nothing-here", "--input", bomb, "--max-input-size", "64MB")
+    assert "holds 1,024 MB of arrays once read, more than the 64 MB allowed (--max-input-size)" in line
+    # Under a hard address-space limit the default limit follows it: refused in one line, the process alive.
+    code = ("from tfperf.deploy.inputs import read_arrays\nfrom tfperf.deploy.errors import InputError\n"
+            f"try:\n    read_arrays({str(bomb)!r})\nexcept InputError as exc:\n    print(exc)")
+    done = subprocess.run(["bash", "-c", f'ulimit -v 1500000; exec "{sys.executable}" -c "$0"', code],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "half the memory this process can still take" in done.stdout, done.stderr[-500:]
+
+
+@pytest.mark.parametrize("how", ["nested", "huge"])
+def test_a_keras_config_nested_or_huge_is_one_line(tmp_path, how):
+    import zipfile
+
+    path = tmp_path / "model.keras"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        text = "[" * 100_000 + "]" * 100_000 if how == "nested" else '{"x": "' + " " * (65 * 2**20) + '"}'
+        z.writestr("config.json", text)
+        z.writestr("metadata.json", "{}")
+    expected = "nests 100000 levels deep" if how == "nested" else "more than the 67,108,864 a model description"
+    assert expected in refused("export", path, "--root", tmp_path / "exports")
+    assert not (tmp_path / "exports").exists()
+
+
+@pytest.fixture(scope="module")
+def colliding_outputs(tmp_path_factory):
+    """A SavedModel whose outputs are named after np.savez's own parameters."""
+    folder = tmp_path_factory.mktemp("colliding") / "model"
+    m = tf.Module()
+    m.serve = tf.function(lambda x: {"file": x * 2.0, "allow_pickle": x + 1.0, "y": x},
+                          input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    tf.saved_model.save(m, str(folder), signatures={"serving_default": m.serve})
+    return folder
+
+
+def test_every_output_reaches_the_npz_under_its_name(colliding_outputs, tmp_path, x_npy):
+    code, out, err = tfperf("predict", colliding_outputs, "--input", x_npy, "--output", tmp_path / "y.npz")
+    assert code == 0, err
+    with np.load(tmp_path / "y.npz") as y:
+        assert sorted(y.files) == ["allow_pickle", "file", "y"]
+        np.testing.assert_array_equal(y["file"], np.full((2, 3), 2.0))
+
+
+@pytest.mark.parametrize("metadata", ['[1, 2]', '{"classifier": 7}', '{"classifier": ["a"]}', "not json", '"x"'])
+def test_malformed_metadata_beside_an_export_falls_back_to_the_model(colliding_outputs, tmp_path, x_npy, metadata):
+    model = copy(colliding_outputs, tmp_path)
+    (model / "tfperf.json").write_text(metadata)
+    code, out, err = tfperf("predict", model, "--input", x_npy)
+    assert code == 0 and "Traceback" not in err and "file: float32[2, 3]" in out
+
+
+def test_names_and_versions_that_would_break_the_layout(tmp_path):
+    assert "invalid export name" in refused("export", "mlp", "--name", "a\0b", "--root", tmp_path / "exports")
+    assert not (tmp_path / "exports").exists()
+    (tmp_path / "exports" / "mlp" / "²").mkdir(parents=True)  # a digit to str.isdigit, not to int()
+    code, out, err = tfperf("export", "mlp", "--root", tmp_path / "exports")
+    assert code == 0 and (tmp_path / "exports" / "mlp" / "1" / "saved_model.pb").is_file(), err
+
+
+def test_weights_larger_than_memory_are_refused_before_loading(tf2_model, tmp_path, x_npy, monkeypatch):
+    import tfperf.flags
+
+    monkeypatch.setattr(tfperf.flags, "available_memory", lambda: 4)  # bytes: the model's 12 do not fit
+    line = refused("predict", tf2_model, "--input", x_npy, "--max-input-size", "1MB")
+    assert "declares 12 bytes of weights, more than the 4 bytes of memory this process can take" in line
+
+
+def test_a_doctor_batch_larger_than_memory_is_one_line(tmp_path):
+    line = refused("doctor", "cnn", "--batch-sizes", "1,100000000", "--out", tmp_path / "doc")
+    assert "a batch of 100,000,000 rows" in line and "give --batch-sizes at most" in line
+    assert not (tmp_path / "doc").exists()
+
+
+@pytest.fixture(scope="module")
+def litert_cnn(tmp_path_factory):
+    from tfperf.deploy.layout import export_subject
+    from tfperf.deploy.loader import cookbook_subject
+
+    return export_subject(cookbook_subject("mlp"), tmp_path_factory.mktemp("litert"), format="litert").path
+
+
+@pytest.mark.parametrize("code", [b"EVIL", b"", b"Custom"])
+def test_a_litert_custom_op_is_named_whatever_its_spelling(litert_cnn, tmp_path, code):
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    from tfperf.deploy.inspection import inspect_model
+
+    model = schema.ModelT.InitFromPackedBuf((litert_cnn / "model.tflite").read_bytes(), 0)
+    model.operatorCodes[0].builtinCode = model.operatorCodes[0].deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    model.operatorCodes[0].customCode = code
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.tflite").write_bytes(bytes(builder.Output()))
+    report = inspect_model(tmp_path / "m")
+    assert (code.decode() or "custom operator with an empty code") in report.flagged, report.flagged
+
+
+def onnx_model(folder, nodes, functions=(), domains=()):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])
+    opsets = [helper.make_opsetid("", 17), *(helper.make_opsetid(d, 1) for d in domains)]
+    folder.mkdir(parents=True)
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=opsets,
+                                functions=list(functions)), str(folder / "model.onnx"))
+    return folder
+
+
+def test_onnx_functions_and_sparse_tensors_are_walked(tmp_path):
+    from onnx import TensorProto, helper
+
+    from tfperf.deploy.inspection import inspect_model
+
+    values = helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0])
+    values.data_location = TensorProto.EXTERNAL
+    del values.float_data[:]
+    for key, value in (("location", "../../secret.bin"), ("offset", "0"), ("length", "4")):
+        values.external_data.add(key=key, value=value)
+    sparse = helper.make_sparse_tensor(values, helper.make_tensor("i", TensorProto.INT64, [1], [0]), [1])
+    m = onnx_model(tmp_path / "sparse", [helper.make_node("Constant", [], ["c"], sparse_value=sparse),
+                                         helper.make_node("Add", ["x", "c"], ["y"])])
+    assert "reads ../../secret.bin, outside the model's folder" in inspect_model(m).flagged["external data of v"]
+    evil = helper.make_function("local", "F", ["a"], ["b"], [helper.make_node("Steal", ["a"], ["b"], domain="evil")],
+                                [helper.make_opsetid("", 17), helper.make_opsetid("evil", 1)])
+    m = onnx_model(tmp_path / "fn", [helper.make_node("F", ["x"], ["y"], domain="local")], [evil], ["local", "evil"])
+    assert "custom domain 'evil'" in inspect_model(m).flagged["evil.Steal"]
+    fine = helper.make_function("local", "G", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+                                [helper.make_opsetid("", 17)])
+    m = onnx_model(tmp_path / "ok", [helper.make_node("G", ["x"], ["y"], domain="local")], [fine], ["local"])
+    assert inspect_model(m).safe
+
+
+def test_fuzzed_exports_and_inputs_end_in_one_line_and_leave_nothing(tmp_path, litert_cnn):
+    """Truncated, bit-flipped, oversized and emptied copies of real exports (all three formats) and inputs, through
+    inspect, predict and export: exit 0, 1 or 2, never a traceback, one line of tfperf's when refused (TensorFlow
+    may log beside it), nothing left behind."""
+    import subprocess
+    import sys
+
+    from tfperf.deploy.layout import export_subject
+    from tfperf.deploy.loader import cookbook_subject
+
+    subject = cookbook_subject("mlp")
+    exports = {fmt: str(export_subject(subject, tmp_path / "seeds", name=fmt, format=fmt).path)
+               for fmt in ("savedmodel", "onnx")}
+    exports["litert"] = str(litert_cnn)
+    x = np.random.default_rng(0).normal(size=(2, *subject.inputs[0].shape)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.savez(tmp_path / "x.npz", inputs=x)
+    (tmp_path / "seeds.json").write_text(json.dumps({"exports": exports, "inputs": [str(tmp_path / "x.npy"),
+                                                                                    str(tmp_path / "x.npz")]}))
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "fuzz_driver.py"), str(tmp_path), "0", "60"],
+                          capture_output=True, text=True, timeout=300)
+    cases = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and len(cases) == 60, (done.returncode, cases[-1:], done.stderr[-1500:])
+    bad = [c for c in cases if c["code"] not in (0, 1, 2) or c["traceback"] or c["left"]
+           or (c["code"] == 2 and c["lines"] != 1)]
+    assert not bad, bad
+    assert sum(c["code"] == 2 for c in cases) >= 20  # most mutations are refused, in one line

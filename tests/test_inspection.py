@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from test_deploy import refused, tfperf
-from tfperf.deploy.inspection import ALLOWED_OPS, NOT_REVIEWED, RISKY_OPS, inspect_model, inspect_saved_model
+from tfperf.deploy.allowlist import ALLOWED_OPS, NOT_REVIEWED, RISKY_OPS
+from tfperf.deploy.inspection import inspect_model, inspect_saved_model
 from tfperf.deploy.layout import export_subject
 from tfperf.deploy.loader import cookbook_subject
 

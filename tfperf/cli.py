@@ -226,13 +226,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(BaseException):
+    """SIGTERM (what timeout, Kubernetes and CI send): unwinds like Ctrl-C, so that every `finally` that
+    removes a staging folder or a half-written run still runs."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tfperf` console script."""
+    import signal
+    import threading
+
     # TensorFlow's and XProf's info logs would bury the progress lines; read when TensorFlow loads.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return args.func(args)
     except UserError as exc:
         print(f"tfperf {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Terminated) as exc:
+        how = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+        print(f"tfperf {args.command}: stopped by {how}; what it was writing was removed", file=sys.stderr)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 143
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)

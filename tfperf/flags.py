@@ -48,6 +48,52 @@ def positive_float(text: str) -> float:
     return value
 
 
+def parse_size(text: str) -> int:
+    """'512MB', '2GB', '1.5G', '300M' or bytes: a size in bytes (powers of 1024)."""
+    units = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+             "G": 2**30, "GB": 2**30, "GIB": 2**30}
+    cleaned = text.strip().upper().replace(" ", "")
+    number = cleaned.rstrip("KMGIB")
+    unit = cleaned[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ValueError(f"{text!r} is not a size: give it as 512MB, 2GB or a number of bytes")
+    return int(value * units[unit])
+
+
+def byte_size(text: str) -> int:
+    """An argparse type for sizes: 512MB, 2GB or a number of bytes."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def available_memory() -> int | None:
+    """The memory this process can still take, in bytes: the host's available memory, or less where an
+    address-space limit (`ulimit -v`) leaves less above what the process already maps (None where the OS
+    says neither)."""
+    import os
+    import resource
+
+    found = []
+    try:
+        found.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            mapped = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            mapped = 0
+        found.append(max(soft - mapped, 0))
+    return min(found) if found else None
+
+
 def _int(text: str) -> int:
     try:
         return int(text)

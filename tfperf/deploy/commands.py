@@ -109,7 +109,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         shapes = parse_input_shapes(args.input_shape or [])
-        sample = read_sample(args.sample) if args.sample else None
+        sample = read_sample(args.sample, args.max_input_size) if args.sample else None
         if args.model in MODEL_NAMES:
             if args.signature or args.trust:
                 raise UserError("--signature and --trust are for model files and folders, not cookbook nets")
@@ -149,6 +149,31 @@ def summarize(outputs: dict, classifier: str | None) -> list[str]:
     return lines
 
 
+def npz_bytes(arrays: dict) -> bytes:
+    """Arrays as an .npz file (np.load reads it) with every array under its own name. np.savez(file, **arrays)
+    cannot: a name such as `file` or `allow_pickle` collides with its own parameters."""
+    import zipfile
+
+    import numpy as np
+
+    from tfperf.deploy.errors import InputError
+
+    bad = [k for k in arrays if not k or not k.isprintable() or k.startswith("/") or ".." in k.split("/")]
+    if bad:
+        raise InputError(f"the export names outputs {', '.join(map(repr, bad))}, which cannot be array names in a "
+                         f".npz file: write one output with --output FILE.npy")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+    with np.load(io.BytesIO(buf.getvalue()), allow_pickle=False) as back:  # every output reads back by its name
+        if sorted(back.files) != sorted(arrays):
+            raise InputError(f"the outputs {sorted(arrays)} do not read back from .npz by name: write one with "
+                             f"--output FILE.npy")
+    return buf.getvalue()
+
+
 def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
     """Outputs to .npz (every output by name) or .npy (the one output, or a classifier's scores), atomically;
     what was written."""
@@ -159,7 +184,7 @@ def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
 
     buf = io.BytesIO()
     if path.suffix == ".npz":
-        np.savez(buf, **outputs)
+        buf.write(npz_bytes(outputs))
         what = ", ".join(f"{k} {list(v.shape)}" for k, v in outputs.items())
     elif path.suffix == ".npy":
         name = next(iter(outputs)) if len(outputs) == 1 else classifier
@@ -178,10 +203,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """Load an export in its format's runtime, check the inputs against its specs, run it."""
     from tfperf.deploy.inputs import non_finite, read_arrays
     from tfperf.deploy.inspection import check_safe
-    from tfperf.deploy.layout import load, predict, read_metadata
+    from tfperf.deploy.formats import read_metadata
+    from tfperf.deploy.layout import load, predict
 
     try:
-        arrays = read_arrays(args.input)
+        arrays = read_arrays(args.input, args.max_input_size)
         check_safe(args.model_dir, trust=args.trust)
         runner = load(args.model_dir, signature=args.signature)
         outputs = predict(runner, arrays)
@@ -254,6 +280,8 @@ def add_commands(sub) -> None:
     exp.add_argument("--sample", metavar="FILE.npz",
                      help="real inputs (arrays named after the model's inputs): the export is checked on them, and "
                           "int8 calibrates on them")
+    exp.add_argument("--max-input-size", type=flags.byte_size, metavar="SIZE",
+                     help="largest --sample, once read, that export accepts (default: half the memory available)")
     exp.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
                      help="sizes (without the batch axis) for an input the model leaves unknown; repeat per input")
     exp.add_argument("--signature", help="the SavedModel signature to export (default serving_default, serve, or "
@@ -277,6 +305,8 @@ def add_commands(sub) -> None:
     pred.add_argument("--signature", help="the signature to serve (default serving_default, serve, or the only one)")
     pred.add_argument("--trust", action="store_true",
                       help="load a model even though `tfperf inspect` finds ops off its allowlist")
+    pred.add_argument("--max-input-size", type=flags.byte_size, metavar="SIZE",
+                      help="largest input, once read, that predict accepts (default: half the memory available)")
     pred.set_defaults(func=cmd_predict)
 
     insp = sub.add_parser("inspect", help="describe an export's inputs, outputs and ops without running it")

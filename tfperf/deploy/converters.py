@@ -69,6 +69,16 @@ def litert_ops(path: Path) -> list[str]:
     return sorted(set(found))
 
 
+def litert_custom_ops(path: Path) -> list[str]:
+    """The custom codes of a .tflite file's custom operators, as written (Flex ops among them; '' for none):
+    a custom operator is known by its builtin code, CUSTOM, not by how its name is spelled."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
+    return sorted({(code.customCode or b"").decode(errors="replace") for code in model.operatorCodes or []
+                   if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.CUSTOM})
+
+
 def litert_flex_ops(path: Path) -> list[str]:
     """The TensorFlow ops a .tflite file runs through the Flex delegate (Select TF ops)."""
     return [op[len("Flex"):] for op in litert_ops(path) if op.startswith("Flex")]

@@ -323,6 +323,30 @@ FORMATS: Mapping[str, Format] = {f.name: f for f in (
 )}
 
 
+METADATA_FILE = "tfperf.json"
+_METADATA_TYPES = {"classifier": str, "name": str, "format": str, "signature": str, "outputs": list, "inputs": dict,
+                   "version": int, "quantization": str, "agreement": dict}
+
+
+def read_metadata(path: Path | str) -> dict[str, Any]:
+    """The metadata tfperf wrote beside an export; {} for exports made elsewhere and for metadata that is not
+    what tfperf writes (not JSON, not an object, a field of the wrong type): it is input too, and the model
+    itself is then read instead."""
+    from tfperf import jsonio
+
+    meta = Path(path) / METADATA_FILE
+    try:
+        found = jsonio.loads(meta.read_bytes(), str(meta)) if meta.is_file() else {}
+    except (ValueError, OSError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    for key, kind in _METADATA_TYPES.items():
+        if key in found and found[key] is not None and not isinstance(found[key], kind):
+            return {}
+    return found
+
+
 def format_of(folder: Path | str) -> Format | None:
     """The format whose marker file the folder holds, or None."""
     folder = Path(folder)
@@ -337,7 +361,8 @@ def versions(model_root: Path | str) -> list[int]:
     root = Path(model_root)
     if not root.is_dir():
         return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    # ASCII digits only: "²" and "١" are digits to str.isdigit, and int() fails on the first
+    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit())
 
 
 def check_model_dir(path: Path | str) -> Path:

@@ -17,15 +17,26 @@ TARGETS = "y"  # the array of a sample file that holds training targets, not an 
 _FIX = "save arrays with numpy.save (.npy) or numpy.savez (.npz, one array per input, named after it)"
 
 
-def _checked_header(f: IO[bytes], size: int, where: str) -> None:
+def input_limit() -> int:
+    """How many bytes of arrays an input file may hold by default: half the memory available now (8 GB where
+    the OS does not say), so that a file which inflates to more is refused before it is read."""
+    from tfperf.flags import available_memory
+
+    free = available_memory()
+    return free // 2 if free else 8 * 2**30
+
+
+def _checked_header(f: IO[bytes], size: int, where: str) -> int:
     """Read a .npy header and refuse, before anything is allocated, arrays that hold Python objects
-    (pickles, which could run code) or claim more bytes than the file holds (truncated or forged)."""
+    (pickles, which could run code) or claim more bytes than the file holds (truncated or forged); the
+    array's bytes."""
     try:
         version = np.lib.format.read_magic(f)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read(f)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"cannot read {where} as a .npy array ({exc}); {_FIX}") from None
+    except Exception as exc:  # noqa: BLE001  (a forged header can raise ValueError, SyntaxError, tokenize.TokenError ...)
+        raise InputError(f"cannot read {where} as a .npy array ({type(exc).__name__}: {first_line(exc)}); "
+                         f"{_FIX}") from None
     if dtype.hasobject:
         raise InputError(f"{where} holds Python objects (pickled), which could run code when read; {_FIX} on a "
                          f"numeric array")
@@ -34,29 +45,44 @@ def _checked_header(f: IO[bytes], size: int, where: str) -> None:
     if needed > held:
         raise InputError(f"{where}: its header claims shape {list(shape)} of {dtype} ({needed:,} bytes), but the "
                          f"file holds {held:,} bytes after the header; it is truncated or forged: {_FIX}")
+    return needed
 
 
-def read_arrays(path: Path | str) -> dict[str, np.ndarray]:
+def read_arrays(path: Path | str, max_bytes: int | None = None) -> dict[str, np.ndarray]:
     """The arrays of a .npz file by name, or of a .npy file under the name '' (any one input), each header
-    checked against the bytes it holds before it is read; InputError says what is wrong."""
+    checked against the bytes it holds before it is read, and all of them against `max_bytes` (default
+    `input_limit()`): an .npz of a few MB that inflates to gigabytes is refused before it inflates (its
+    members' real sizes are held to the sizes they declare as they are read: zipfile checks both).
+    InputError says what is wrong."""
     path = Path(path)
+    limit = max_bytes if max_bytes is not None else input_limit()
     if not path.is_file():
         raise InputError(f"no such input file: {path}")
     try:
         if zipfile.is_zipfile(path):
+            total = 0
             with zipfile.ZipFile(path) as archive:
                 for member in archive.infolist():
                     with archive.open(member) as f:
-                        _checked_header(f, member.file_size, f"{path}:{member.filename}")
+                        total += _checked_header(f, member.file_size, f"{path}:{member.filename}")
+            _within(total, limit, path, max_bytes is None)
             with np.load(path, allow_pickle=False) as data:
                 return {k: data[k] for k in data.files}
         with path.open("rb") as f:
-            _checked_header(f, path.stat().st_size, str(path))
+            _within(_checked_header(f, path.stat().st_size, str(path)), limit, path, max_bytes is None)
         return {"": np.load(path, allow_pickle=False)}
     except InputError:
         raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError) as exc:
         raise InputError(f"cannot read {path} as NumPy arrays ({first_line(exc)}); {_FIX}") from None
+
+
+def _within(needed: int, limit: int, path: Path, default: bool) -> None:
+    if needed > limit:
+        why = "half the memory this process can still take" if default else "--max-input-size"
+        raise InputError(f"{path} holds {needed / 2**20:,.0f} MB of arrays once read, more than the "
+                         f"{limit / 2**20:,.0f} MB allowed ({why}): split the input" +
+                         (", or pass --max-input-size to allow more" if default else ""))
 
 
 def fit_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[tuple[str, str, Sequence[int | None]]],
@@ -94,9 +120,9 @@ def fit_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[tuple[str, str,
     return fitted
 
 
-def read_sample(path: Path | str) -> dict[str, np.ndarray]:
+def read_sample(path: Path | str, max_bytes: int | None = None) -> dict[str, np.ndarray]:
     """Arrays from a sample file: inputs by name (or one array for a one-input model), optionally `y`, targets."""
-    return read_arrays(path)
+    return read_arrays(path, max_bytes)
 
 
 def sample_inputs(subject: Subject, sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

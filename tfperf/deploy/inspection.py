@@ -14,11 +14,7 @@ every other op of the graph, the init ops among them, is held to the allowlist. 
 model too: an asset whose name leads outside the model's folder (an absolute path, `..`, a link) would
 be read by TensorFlow and copied into every re-export, so it is unsafe, and refused even when trusted.
 
-How the list was chosen: the op types TensorFlow's math, neural-network, array, variable, control
-flow, random and in-memory string/lookup APIs emit, reviewed one by one (each computes from its
-inputs and resource handles, and touches no file, process or stream), beginning with those every
-model the cookbook exports reaches. It is kept here and nowhere else; an op a legitimate model needs
-and this list lacks is reported as "not on the allowlist", and is added after the same review.
+The allowlist and how it was chosen: `tfperf.deploy.allowlist`.
 
 LiteRT and ONNX files are read the same way, from their flatbuffer and protobuf. Their builtin
 operators and the standard ONNX domains compute in memory; what is judged is what escapes them: a
@@ -33,106 +29,11 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
+from tfperf.deploy.allowlist import ALLOWED_OPS, NOT_REVIEWED, RESTORE_OPS, SAVE_OPS, why_not_allowed
 from tfperf.deploy.formats import check_model_dir, format_of
-from tfperf.deploy.errors import ModelError
-
-_ALLOWED_BY_KIND: dict[str, str] = {
-    "arithmetic and comparison": """
-        Abs Acos Acosh Add AddN AddV2 Angle ApproximateEqual Asin Asinh Atan Atan2 Atanh BesselI0e BesselI1e
-        Betainc BitwiseAnd BitwiseOr BitwiseXor Cast Ceil ClipByValue Complex ComplexAbs Conj Cos Cosh Cumprod
-        Cumsum CumulativeLogsumexp Digamma Div DivNoNan Equal Erf Erfc Erfinv Exp Expm1 Floor FloorDiv FloorMod
-        Greater GreaterEqual Igamma Igammac Imag Inv Invert IsFinite IsInf IsNan LeftShift Less LessEqual Lgamma
-        Log Log1p LogicalAnd LogicalNot LogicalOr Maximum Minimum Mod Mul MulNoNan Ndtri Neg NextAfter
-        NotEqual Polygamma Pow Real RealDiv Reciprocal RightShift Rint Round Rsqrt Select SelectV2 Sign Sin
-        Sinh Sqrt Square SquaredDifference Sub Tan Tanh TruncateDiv TruncateMod Xdivy Xlog1py Xlogy Zeta""",
-    "reductions and linear algebra": """
-        All Any ArgMax ArgMin BatchMatMul BatchMatMulV2 BatchMatMulV3 Cholesky Cross EuclideanNorm Einsum
-        InTopKV2 LogMatrixDeterminant MatMul MatrixBandPart MatrixDeterminant MatrixDiagPartV3 MatrixDiagV3
-        MatrixInverse MatrixSetDiagV3 MatrixSolve MatrixTriangularSolve Max Mean Min Prod Qr SegmentMax
-        SegmentMean SegmentMin SegmentProd SegmentSum SelfAdjointEigV2 SparseSegmentMean
-        SparseSegmentMeanWithNumSegments SparseSegmentSqrtN SparseSegmentSqrtNWithNumSegments SparseSegmentSum
-        SparseSegmentSumWithNumSegments Sum Svd TopKV2 UnsortedSegmentMax UnsortedSegmentMin UnsortedSegmentProd
-        UnsortedSegmentSum""",
-    "neural-network layers": """
-        AvgPool AvgPool3D BatchToSpaceND BiasAdd Conv2D Conv2DBackpropInput Conv3D Conv3DBackpropInputV2
-        CropAndResize DepthToSpace DepthwiseConv2dNative DepthwiseConv2dNativeBackpropInput Dilation2D Elu
-        ExtractImagePatches FusedBatchNorm FusedBatchNormV2 FusedBatchNormV3 LRN LeakyRelu LogSoftmax MaxPool
-        MaxPool3D MaxPoolV2 MaxPoolWithArgmax NonMaxSuppressionV3 NonMaxSuppressionV4 NonMaxSuppressionV5 Relu
-        Relu6 ResizeArea ResizeBicubic ResizeBilinear ResizeNearestNeighbor ScaleAndTranslate Selu Sigmoid
-        Softmax SoftmaxCrossEntropyWithLogits Softplus Softsign SpaceToBatchND SpaceToDepth
-        SparseSoftmaxCrossEntropyWithLogits BlockLSTM BlockLSTMV2 GRUBlockCell LSTMBlockCell CudnnRNN
-        CudnnRNNV2 CudnnRNNV3 CudnnRNNCanonicalToParams CudnnRNNCanonicalToParamsV2 CudnnRNNParamsSize""",
-    "array and shape": """
-        Bitcast BroadcastArgs BroadcastGradientArgs BroadcastTo Bucketize CheckNumerics CheckNumericsV2 Concat
-        ConcatOffset ConcatV2 ConjugateTranspose Const DeepCopy Diag DiagPart DynamicPartition DynamicStitch
-        Empty EnsureShape ExpandDims Fill Gather GatherNd GatherV2 Identity IdentityN InvertPermutation LinSpace
-        ListDiff LowerBound MirrorPad NoOp OneHot OnesLike Pack Pad PadV2 ParallelConcat ParallelDynamicStitch
-        Placeholder PlaceholderWithDefault PreventGradient Range Rank Reshape ReverseSequence ReverseV2 Roll
-        ScatterNd Shape ShapeN Size Slice Snapshot SparseFillEmptyRows SparseReorder SparseReshape SparseSlice
-        SparseTensorDenseMatMul SparseToDense Split SplitV Squeeze StopGradient StridedSlice
-        TensorScatterAdd TensorScatterMax TensorScatterMin TensorScatterSub TensorScatterUpdate Tile Transpose
-        Unique UniqueV2 UnravelIndex Unpack UpperBound Where ZerosLike Assert""",
-    "variables and resources": """
-        AssignAddVariableOp AssignSubVariableOp AssignVariableOp DestroyResourceOp ReadVariableOp
-        ResourceGather ResourceGatherNd ResourceScatterAdd ResourceScatterDiv ResourceScatterMax
-        ResourceScatterMin ResourceScatterMul ResourceScatterNdAdd ResourceScatterNdUpdate ResourceScatterSub
-        ResourceScatterUpdate ResourceStridedSliceAssign VarHandleOp VarIsInitializedOp VariableShape DisableCopyOnRead
-        Variable VariableV2 Assign AssignAdd AssignSub""",
-    "control flow and function calls": """
-        Case If PartitionedCall StatefulPartitionedCall StatelessCase StatelessIf StatelessWhile While
-        Enter Exit LoopCond Merge NextIteration Switch ControlTrigger EmptyTensorList TensorListConcatV2
-        TensorListElementShape TensorListFromTensor TensorListGather TensorListGetItem TensorListLength
-        TensorListPopBack TensorListPushBack TensorListReserve TensorListResize TensorListScatterIntoExistingList
-        TensorListSetItem TensorListSplit TensorListStack TensorArrayV3 TensorArrayCloseV3 TensorArrayConcatV3
-        TensorArrayGatherV3 TensorArrayReadV3 TensorArrayScatterV3 TensorArraySizeV3 TensorArraySplitV3
-        TensorArrayWriteV3 TensorArrayGradV3 OptionalFromValue OptionalGetValue OptionalHasValue OptionalNone""",
-    "random numbers": """
-        Multinomial RandomGamma RandomShuffle RandomStandardNormal RandomUniform RandomUniformInt RngReadAndSkip
-        RngSkip StatefulStandardNormalV2 StatefulTruncatedNormal StatefulUniform StatefulUniformFullInt
-        StatefulUniformInt StatelessMultinomial StatelessRandomGetAlg StatelessRandomGetKeyCounter
-        StatelessRandomGetKeyCounterAlg StatelessRandomNormal StatelessRandomNormalV2 StatelessRandomUniform
-        StatelessRandomUniformFullInt StatelessRandomUniformFullIntV2 StatelessRandomUniformInt
-        StatelessRandomUniformIntV2 StatelessRandomUniformV2 StatelessTruncatedNormal StatelessTruncatedNormalV2
-        TruncatedNormal""",
-    "strings, lookups and ragged tensors in memory": """
-        AsString RegexFullMatch RegexReplace StaticRegexFullMatch StaticRegexReplace StringFormat StringJoin
-        StringLength StringLower StringNGrams StringSplitV2 StringStrip StringToHashBucketFast
-        StringToHashBucketStrong StringToNumber StringUpper Substr UnicodeDecode UnicodeDecodeWithOffsets
-        UnicodeEncode UnicodeTranscode HashTableV2 MutableHashTableV2 MutableDenseHashTableV2 AnonymousHashTable
-        LookupTableFindV2 LookupTableImportV2 LookupTableInsertV2 LookupTableRemoveV2 LookupTableSizeV2
-        LookupTableExportV2 InitializeTableV2 RaggedGather RaggedRange RaggedTensorFromVariant
-        RaggedTensorToSparse RaggedTensorToTensor RaggedTensorToVariant""",
-    "quantization": """
-        Dequantize FakeQuantWithMinMaxArgs FakeQuantWithMinMaxVars FakeQuantWithMinMaxVarsPerChannel QuantizeV2
-        QuantizeAndDequantizeV2 QuantizeAndDequantizeV4""",
-}
-ALLOWED_OPS: frozenset[str] = frozenset(op for ops in _ALLOWED_BY_KIND.values() for op in ops.split())
-
-# Why the best-known ops off the list are dangerous; any other op off the list is "not reviewed".
-RISKY_OPS: dict[str, str] = {
-    **{op: "runs Python code" for op in ("PyFunc", "PyFuncStateless", "EagerPyFunc")},
-    **{op: "touches the file system" for op in (
-        "ReadFile", "WriteFile", "MatchingFiles", "ImmutableConst",
-        "Save", "SaveV2", "SaveSlices", "Restore", "RestoreV2", "RestoreSlice", "MergeV2Checkpoints",
-        "TextLineDataset", "TFRecordDataset", "TFRecordDatasetV2", "FixedLengthRecordDataset",
-        "FixedLengthRecordDatasetV2", "TextLineReader", "TextLineReaderV2", "TFRecordReader", "TFRecordReaderV2",
-        "WholeFileReader", "WholeFileReaderV2", "SaveDataset", "SaveDatasetV2", "LoadDataset", "SnapshotDataset",
-        "SnapshotDatasetV2", "InitializeTableFromTextFile", "InitializeTableFromTextFileV2",
-        "CreateSummaryFileWriter", "CreateSummaryDbWriter", "DebugIdentity", "DebugIdentityV2", "DebugIdentityV3")},
-    **{op: "writes summaries (to a file, through a writer)" for op in (
-        "WriteAudioSummary", "WriteGraphSummary", "WriteHistogramSummary", "WriteImageSummary",
-        "WriteRawProtoSummary", "WriteScalarSummary", "WriteSummary", "SummaryWriter", "FlushSummaryWriter",
-        "CloseSummaryWriter", "ImportEvent")},
-    **{op: "writes outside the computation (log, stream or file)" for op in ("Print", "PrintV2")},
-}
-NOT_REVIEWED = "not on the allowlist of in-memory ops (tfperf.deploy.inspection.ALLOWED_OPS)"
+from tfperf.deploy.errors import ModelError, first_line
 
 
-def why_not_allowed(op: str) -> str | None:
-    """None for an allowed op type; otherwise why a model reaching it is not safe to load."""
-    if op in ALLOWED_OPS:
-        return None
-    return RISKY_OPS.get(op, NOT_REVIEWED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,10 +73,6 @@ def _called_functions(node) -> Iterable[str]:
             yield f.name
 
 
-# The saver's own ops. Its restore op runs while the model loads and may only read the checkpoint it is
-# handed; its save op runs when a loaded model is saved again and writes the checkpoint it is handed.
-RESTORE_OPS = frozenset({"RestoreV2", "Restore", "RestoreSlice"})
-SAVE_OPS = RESTORE_OPS | {"SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints", "ShardedFilename", "ShardedFilespec"}
 _CALLS = ("PartitionedCall", "StatefulPartitionedCall")  # calls whose inputs are their function's arguments, in order
 
 
@@ -291,8 +188,11 @@ def _variables(path: Path) -> tuple[int, int]:
     index = path / "variables" / "variables.index"
     if not index.exists():
         return 0, 0
-    reader = tf.train.load_checkpoint(str(path / "variables" / "variables"))
-    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    try:
+        reader = tf.train.load_checkpoint(str(path / "variables" / "variables"))
+        shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    except (tf.errors.OpError, ValueError) as exc:
+        raise ModelError(f"{index} is corrupt: it does not read as a checkpoint index ({first_line(exc)})") from None
     names = [n for n in shapes if not n.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")]
     size = sum(int(np.prod(shapes[n])) * dtypes[n].size for n in names)
     return len(names), size
@@ -369,7 +269,7 @@ def inspect_litert(path: Path | str) -> Report:
     """Read a .tflite export's flatbuffer: signatures, operators, constant buffers; Flex ops judged as TF ops."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from tfperf.deploy.converters import litert_ops
+    from tfperf.deploy.converters import litert_custom_ops, litert_ops
     from tfperf.deploy.errors import ModelError
 
     folder = Path(path)
@@ -387,14 +287,18 @@ def inspect_litert(path: Path | str) -> Report:
             direction: {t.name.decode(): _litert_tensor(tensors[t.tensorIndex]) for t in getattr(sig, direction) or []}
             for direction in ("inputs", "outputs")}
     flagged = {}
-    for op in ops:
+    for op in litert_custom_ops(file):  # known by the CUSTOM builtin code, whatever the name's spelling
         if op.startswith("Flex"):
             why = why_not_allowed(op[len("Flex"):])
             if why:
                 flagged[op] = f"a TensorFlow op run by the Flex delegate that {why}" if why != NOT_REVIEWED \
                     else f"a TensorFlow op run by the Flex delegate, {NOT_REVIEWED}"
-        elif op.upper() != op:  # builtin names are upper case; anything else is a custom op's code
-            flagged[op] = "a custom operator: its kernel is code the interpreter must be given; not reviewed"
+        else:
+            flagged[op or "custom operator with an empty code"] = ("a custom operator: its kernel is code the "
+                                                                    "interpreter must be given; not reviewed")
+    for op in ops:
+        if op.startswith("BUILTIN_"):
+            flagged[op] = "a builtin code this LiteRT schema does not know: not reviewed"
     constants = [b for b in model.buffers or [] if b.data is not None and len(b.data)]
     outside = escapes(folder)
     return Report(str(folder), signatures, tuple(ops), len(constants), sum(len(b.data) for b in constants),
@@ -421,25 +325,36 @@ def inspect_onnx(path: Path | str) -> Report:
         dims = "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else "None" for d in t.shape.dim) + "]"
         return {"dtype": np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).name, "shape": dims}
 
-    ops, flagged, graphs, outside = set(), {}, [model.graph], escapes(folder)
-    while graphs:
-        graph = graphs.pop()
-        for node in graph.node:
+    ops, flagged, outside = set(), {}, escapes(folder)
+    local = {(f.domain, f.name) for f in model.functions}  # functions the model defines: their bodies are walked
+    graphs, bodies, tensors = [model.graph], [list(f.node) for f in model.functions], []
+    while graphs or bodies:
+        if graphs:  # the main graph and every subgraph (If, Loop, Scan bodies): nodes and their weights
+            graph = graphs.pop()
+            nodes = list(graph.node)
+            tensors += [*graph.initializer, *(t for s in graph.sparse_initializer for t in (s.values, s.indices))]
+        else:
+            nodes = bodies.pop()
+        for node in nodes:
             name = f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
             ops.add(name)
-            if node.domain not in ONNX_STANDARD_DOMAINS:
+            if node.domain not in ONNX_STANDARD_DOMAINS and (node.domain, node.op_type) not in local:
                 flagged[name] = f"an operator of the custom domain {node.domain!r}: code the runtime must be " \
                                 f"given; not reviewed"
-            graphs += [a.g for a in node.attribute if a.HasField("g")] + [g for a in node.attribute for g in a.graphs]
-        tensors = [*graph.initializer, *(a.t for n in graph.node for a in n.attribute if a.HasField("t"))]
-        for tensor in tensors:  # weights kept in other files: ONNX Runtime opens whatever path they name
-            if tensor.data_location != onnx.TensorProto.EXTERNAL:
-                continue
-            location = {e.key: e.value for e in tensor.external_data}.get("location", "")
-            target = (folder / location).resolve()
-            if Path(location).is_absolute() or not target.is_relative_to(folder.resolve()):
-                outside[f"external data of {tensor.name}"] = (f"reads {location}, outside the model's folder "
-                                                              f"({target}): a loader would open that file")
+            for a in node.attribute:
+                graphs += [a.g] if a.HasField("g") else []
+                graphs += list(a.graphs)
+                tensors += ([a.t] if a.HasField("t") else []) + list(a.tensors)
+                tensors += [t for sp in ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(
+                    a.sparse_tensors) for t in (sp.values, sp.indices)]
+    for tensor in tensors:  # weights kept in other files: ONNX Runtime opens whatever path they name
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+        target = (folder / location).resolve()
+        if Path(location).is_absolute() or not target.is_relative_to(folder.resolve()):
+            outside[f"external data of {tensor.name or 'a tensor'}"] = (
+                f"reads {location}, outside the model's folder ({target}): a loader would open that file")
     initializers = model.graph.initializer
     size = sum(int(np.prod(t.dims)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
                for t in initializers)
@@ -458,14 +373,25 @@ def inspect_model(path: Path | str) -> Report:
     return INSPECTORS[format_of(path).name](path)
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:,.1f} GB" if n >= 2**30 else f"{n / 2**20:,.1f} MB" if n >= 2**20 else f"{n:,} bytes"
+
+
 def check_safe(path: Path | str, trust: bool = False) -> Report:
     """The report of a model that is safe to load; a ModelError naming the ops off the allowlist otherwise.
-    `trust` accepts ops off the allowlist, never files from outside the model's folder."""
+    `trust` accepts ops off the allowlist, never files from outside the model's folder nor weights that
+    declare more bytes than the memory this process can take (refused before anything is allocated)."""
     report = inspect_model(path)
     if report.escapes:
         found = "; ".join(f"{what} {why}" for what, why in report.escapes.items())
         raise ModelError(f"{report.path} reads files from outside its folder: {found}; refused even with --trust "
                          f"(a model's files belong in its folder)")
+    from tfperf.flags import available_memory
+
+    free = available_memory()
+    if free is not None and report.variable_bytes > free:
+        raise ModelError(f"{report.path} declares {_size(report.variable_bytes)} of weights, more than the "
+                         f"{_size(free)} of memory this process can take: it cannot be loaded here")
     if not report.safe and not trust:
         ops = ", ".join(f"{op} ({why})" for op, why in report.flagged.items())
         raise ModelError(f"{report.path} reaches ops off the allowlist: {ops}; see `tfperf inspect {report.path}`, "
@@ -490,8 +416,8 @@ def format_report(report: Report) -> str:
         lines += [f"    {op}: {why}" for op, why in report.flagged.items()]
     else:
         lines.append("  safe: every op the signatures and restored functions reach computes in memory "
-                     "(tfperf.deploy.inspection.ALLOWED_OPS)" if report.format == "savedmodel" else
+                     "(tfperf.deploy.allowlist.ALLOWED_OPS)" if report.format == "savedmodel" else
                      "  safe: the runtime's standard operators" + (
-                         ", and Flex ops whose TensorFlow ops are on the allowlist (tfperf.deploy.inspection.ALLOWED_OPS)"
+                         ", and Flex ops whose TensorFlow ops are on the allowlist (tfperf.deploy.allowlist.ALLOWED_OPS)"
                          if any(op.startswith("Flex") for op in report.op_types) else ""))
     return "\n".join(lines)

@@ -9,11 +9,11 @@ on, before Keras runs anything.
 
 from __future__ import annotations
 
-import json
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from tfperf import jsonio
 from tfperf.deploy.errors import ModelError, first_line
 
 KERAS_SUFFIXES = (".keras", ".h5")
@@ -29,7 +29,11 @@ def read_config(path: Path) -> dict[str, Any]:
                 raise ModelError(f"{path} is not a Keras file (a .keras file is a zip archive): it is corrupt or "
                                  f"something else renamed")
             with zipfile.ZipFile(path) as archive:
-                return json.loads(archive.read("config.json"))
+                size = archive.getinfo("config.json").file_size
+                if size > jsonio.MAX_BYTES:  # checked before a byte is inflated
+                    raise ModelError(f"{path}: its config.json is {size:,} bytes, more than the {jsonio.MAX_BYTES:,} "
+                                     f"a model description may be: it is not a model Keras wrote")
+                return jsonio.loads(archive.read("config.json"), f"{path}:config.json")
         import h5py
 
         with h5py.File(path, "r") as f:
@@ -37,7 +41,7 @@ def read_config(path: Path) -> dict[str, Any]:
         if text is None:
             raise ModelError(f"{path} holds weights but no model (no model_config): build the model in "
                              f"module:factory and load the weights there")
-        return json.loads(text.decode() if isinstance(text, bytes) else text)
+        return jsonio.loads(text, f"{path}:model_config")
     except ModelError:
         raise
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:

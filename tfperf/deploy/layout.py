@@ -19,13 +19,12 @@ from typing import Any
 import numpy as np
 
 from tfperf import __version__
-from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, SIGNATURE, Runner, Servable, agreement, check_model_dir,
-                                   check_options, format_of, versions)
+from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, METADATA_FILE, SIGNATURE, Runner, Servable, agreement,
+                                   check_model_dir, check_options, format_of, read_metadata, versions)
 from tfperf.deploy.errors import ExportError, ModelError, first_line
 from tfperf.deploy.inputs import fit_inputs
 from tfperf.gpus import exact_float32
 
-METADATA_FILE = "tfperf.json"
 
 
 # A staging folder's name says who writes it: .<version>.partial-<host>-<pid>-<random>.
@@ -66,6 +65,23 @@ def clean_stale_staging(model_root: Path | str) -> list[Path]:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file under `folder`, then every folder, deepest first."""
+    for parent, dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            with open(os.path.join(parent, name), "rb") as f:
+                os.fsync(f.fileno())
+        _sync_dir(Path(parent))
 
 
 def next_version(model_root: Path | str) -> int:
@@ -137,7 +153,7 @@ def export(servable: Servable, root: Path | str = "saved_models", *, name: str, 
     import tensorflow as tf
 
     check_options(format, quantize, select_tf_ops, representative)
-    if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name):
+    if not name or name.startswith(".") or os.sep in name or (os.altsep and os.altsep in name) or not name.isprintable():
         raise ExportError(f"invalid export name {name!r}: use a plain folder name such as 'mnist-cnn'")
     if version is not None and version < 1:
         raise ExportError(f"version must be a positive integer (TF Serving's layout), got {version}")
@@ -196,7 +212,9 @@ def export(servable: Servable, root: Path | str = "saved_models", *, name: str, 
             meta["version"] = version
             try:
                 (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+                _sync_tree(staging)  # on disk before the rename publishes it: a crash shows a whole version or none
                 os.rename(staging, final)  # fails if a concurrent export took this version meanwhile
+                _sync_dir(model_root)
                 break
             except OSError as exc:
                 if _no_space(exc):
@@ -237,15 +255,6 @@ def predict(runner: Runner, arrays: Mapping[str, np.ndarray]) -> dict[str, np.nd
     except Exception as exc:  # the runtime's own error types: the model cannot compute on these inputs
         raise ModelError(f"the {runner.format} model failed on the input ({type(exc).__name__}: "
                          f"{first_line(exc)})") from None
-
-
-def read_metadata(path: Path | str) -> dict[str, Any]:
-    """The metadata tfperf wrote beside an export ({} for exports made elsewhere, or unreadable metadata)."""
-    meta = Path(path) / METADATA_FILE
-    try:
-        return json.loads(meta.read_text()) if meta.is_file() else {}
-    except (ValueError, OSError):
-        return {}
 
 
 CHECK_ROWS, CALIBRATION_ROWS = 16, 256  # rows an export is checked on; rows int8 quantization calibrates on

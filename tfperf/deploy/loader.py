@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tfperf.catalog import MODEL_NAMES
-from tfperf.deploy.formats import Servable
+from tfperf.deploy.formats import Servable, read_metadata
 from tfperf.deploy.errors import ModelError, first_line
 from tfperf.deploy.keras_files import KERAS_SUFFIXES, load_keras_file
 
@@ -393,15 +393,7 @@ def _saved_model_subject(path: Path, given: Mapping[str, tuple[int, ...]], trust
     single = len(specs) == 1
     inputs = tuple(_resolve_shape(name, "string" if spec.dtype == tf.string else spec.dtype.as_numpy_dtype.__name__,
                                   spec.shape.as_list()[1:], given, single) for name, spec in sorted(specs.items()))
-    meta = path / "tfperf.json"  # an export of tfperf's says which output holds class scores
-    classifier = None
-    if meta.is_file():
-        import json
-
-        try:
-            classifier = json.loads(meta.read_text()).get("classifier")
-        except ValueError:
-            classifier = None
+    classifier = read_metadata(path).get("classifier")  # an export of tfperf's says which output holds class scores
     return Subject(
         name=_model_name(str(path), None), source=str(path), kind="savedmodel", inputs=inputs,
         structure={i.name: i.name for i in inputs}, call=lambda packed: function(**packed), trackable=loaded,
@@ -413,7 +405,8 @@ def _model_name(source: str, declared: str | None) -> str:
     """A folder-safe name for the model: its file or folder name, or the factory's."""
     path = Path(source)
     if path.exists():
-        name = path.stem if path.is_file() else (path.name if not path.name.isdigit() else path.parent.name)
+        name = path.stem if path.is_file() else (path.name if not (path.name.isascii() and path.name.isdigit())
+                                                 else path.parent.name)
     else:
         name = source.rpartition(":")[2]
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in (name or declared or "model"))

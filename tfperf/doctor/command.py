@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -26,22 +25,20 @@ def batch_sizes(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
-def memory_size(text: str) -> int:
-    """A --memory-budget: 512MB, 2GB, or bytes."""
-    from tfperf.doctor.profile import parse_size
+def check_batches_fit(subject, batches, train_examples: int = 0) -> None:
+    """A UserError when the largest batch's inputs alone (or the training rows') would take more than half the
+    memory this process can take: asked for before anything is allocated, not found as a MemoryError."""
+    import numpy as np
 
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def available_memory() -> int | None:
-    """The host memory available now, in bytes (None where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
+    free = flags.available_memory()
+    row = sum(int(np.prod(i.shape, dtype=np.float64)) * (8 if i.dtype == "string" else np.dtype(i.dtype).itemsize)
+              for i in subject.inputs)
+    rows = max(max(batches), train_examples)
+    if free is not None and rows * row > free / 2:
+        fits = max(int(free / 2 // max(row, 1)), 0)
+        raise UserError(f"a batch of {rows:,} rows of {subject.name}'s inputs takes {rows * row / 2**30:,.1f} GB "
+                        f"before the model computes anything, more than half the {free / 2**30:,.1f} GB this process "
+                        f"can take: give --batch-sizes at most {fits:,}")
 
 
 def add_command(sub) -> None:
@@ -63,7 +60,7 @@ def add_command(sub) -> None:
     p.add_argument("--data", metavar="MODULE:FUNCTION",
                    help="train on your own input pipeline: a function returning a tf.data.Dataset of (inputs, "
                         "targets) batches; doctor then says whether training waits for data and measures fixes")
-    p.add_argument("--memory-budget", type=memory_size, metavar="SIZE",
+    p.add_argument("--memory-budget", type=flags.byte_size, metavar="SIZE",
                    help="find the largest batch whose inference call (with --train: training step) stays within "
                         "SIZE of memory (e.g. 2GB), by trying batch sizes")
     p.add_argument("--no-profile", action="store_true",
@@ -121,7 +118,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise UserError("--loss is for the training experiments: add --train")
         if args.data and not args.train:
             raise UserError("--data is what the training experiments train on: add --train --loss LOSS")
-        free = available_memory()
+        free = flags.available_memory()
         if args.memory_budget and free and args.memory_budget > free:
             raise UserError(f"--memory-budget {args.memory_budget / 2**30:.1f} GB is more than the "
                             f"{free / 2**30:.1f} GB of memory available now: give at most that")
@@ -145,6 +142,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             loss = training_loss(args.loss, args.from_logits)
             if args.data:
                 options.data = load_data(args.data, subject, loss, options.train_examples)
+        check_batches_fit(subject, options.batch_sizes, options.train_examples if args.train else 0)
         check_runs(subject, make_inputs(subject, 2, seed=args.seed, sample=sample))
         created = not out.exists()
         workdir = out / ".work"  # conversions happen here: nothing is written outside --out

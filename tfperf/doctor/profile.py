@@ -253,19 +253,3 @@ def largest_batch(run_at: Callable[[int], Callable[[], Any]], budget_bytes: int,
             else:
                 high = middle
     return BatchFit(what, budget_bytes, low or None, tuple(tries), place, resolution)
-
-
-def parse_size(text: str) -> int:
-    """'512MB', '2GB', '1.5G', '300M' or bytes: a size in bytes (powers of 1024)."""
-    units = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
-             "G": 2**30, "GB": 2**30, "GIB": 2**30}
-    cleaned = text.strip().upper().replace(" ", "")
-    number = cleaned.rstrip("KMGIB")
-    unit = cleaned[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in units or value <= 0:
-        raise ValueError(f"{text!r} is not a size: give it as 512MB, 2GB or a number of bytes")
-    return int(value * units[unit])

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfperf import jsonio
 from tfperf.records.environment import environment
 
 if TYPE_CHECKING:  # imported only for annotations: records load without TensorFlow
@@ -134,9 +135,11 @@ def read_records(path: Path | str) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not a JSON record ({exc.msg})") from None
+            record = jsonio.loads(line, f"{path}:{number}")
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: not a JSON record ({exc})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: not a JSON record (a {type(record).__name__}, not an object)")
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise ValueError(f"{path}:{number}: record lacks {', '.join(missing)}")

@@ -1,0 +1,50 @@
+"""JSON from files a user hands over, read within bounds: a size cap, and a nesting depth checked before
+parsing (Python's parser recurses, so a config nested a million deep is a RecursionError, not an error)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_BYTES = 64 * 2**20  # a Keras config or a metadata file is kilobytes; records files stay well under this
+MAX_DEPTH = 200  # Keras configs nest a few dozen levels (a model inside a layer inside a model ...)
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest nesting of [ and { in JSON text, brackets inside strings not counted."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads(text: str | bytes, where: str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+    """Parsed JSON, or a ValueError in one line naming `where` and the bound it passes."""
+    if len(text) > max_bytes:
+        raise ValueError(f"{where} holds {len(text):,} bytes of JSON, more than the {max_bytes:,} it may")
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{where} is not UTF-8 text") from None
+    depth = nesting_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"{where} nests {depth} levels deep, more than the {max_depth} it may")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{where} is not valid JSON ({str(exc).splitlines()[0][:120]})") from None

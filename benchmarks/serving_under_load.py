@@ -62,7 +62,8 @@ def main() -> int:
             rng.shuffle(order)
             for label in order:
                 print(f"round {r + 1}/{args.rounds}: {label}", file=sys.stderr, flush=True)
-                met, missed = bench.open_loop(rows[label].config, start[label])
+                capacity = max(lv.throughput for lv in rows[label].levels)  # never probed above it
+                met, missed = bench.open_loop(rows[label].config, start[label], capacity)
                 found[label].append((met, missed))
                 start[label] = met or start[label] * 0.5
     base = found["SavedModel signature, one request at a time"]

@@ -1,4 +1,5 @@
-"""Feed `tfperf` truncated, bit-flipped, oversized and emptied copies of real exports and inputs.
+"""Feed `tfperf` (inspect, predict, export, doctor) truncated, bit-flipped, oversized and emptied copies of real
+exports and inputs.
 
 Run by tests/test_hostile.py in a process of its own (a runtime that crashes on a corrupt file takes only
 this driver down, and the last case it printed names the file). Usage: fuzz_driver.py WORKDIR SEED CASES.
@@ -76,10 +77,13 @@ def main() -> int:
             x = folder / source.name
             x.write_bytes(data)
             what = f"{how} {source.name}"
-        command = rng.choice(["inspect", "predict", "export"])
+        command = rng.choice(["inspect", "predict", "export", "doctor"])
         argv = {"inspect": ["inspect", model], "predict": ["predict", model, "--input", x],
-                "export": ["export", model, "--root", folder / "exports", "--sample", x]}[command]
-        if command == "export" and not (model / "saved_model.pb").exists():
+                "export": ["export", model, "--root", folder / "exports", "--sample", x],
+                # Its budget spent at once: the doctor reads, checks and reports, and measures nothing.
+                "doctor": ["doctor", model, "--sample", x, "--quick", "--budget", "0.01", "--no-threads",
+                           "--no-profile", "--out", folder / "exports" / "doctor"]}[command]
+        if command in ("export", "doctor") and not (model / "saved_model.pb").exists():
             argv = ["predict", model, "--input", x, "--output", folder / "out.npz"]
         code, err = tfperf(*argv)
         left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")

@@ -200,7 +200,7 @@ def test_export_refuses_bad_input_in_one_line(mobilenet, two_by_two, tmp_path, c
     np.savez(bad, images=np.zeros((3, 16, 16, 3), np.float32))
     argv, expected = {
         "signature": ([two_by_two["model"], "--signature", "nope"], "has no signature 'nope': it has scores"),
-        "sample-shape": ([mobilenet["file"], "--sample", bad], "'input_layer' has shape [3, 16, 16, 3]"),
+        "sample-shape": ([mobilenet["file"], "--sample", bad], "' has shape [3, 16, 16, 3]"),  # Keras numbers the name
         "sample-missing": ([two_by_two["model"], "--sample", mobilenet["root"] / "sample.npz"], "lacks dense, ids"),
         "not-a-model": ([bad], "is not a model"),
         "int8-onnx": ([mobilenet["file"], "--format", "onnx", "--quantize", "int8"], "is for --format litert"),

@@ -2,6 +2,7 @@
 effect (a file written or copied) did not happen, not only the exit code."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -334,7 +335,7 @@ def test_onnx_functions_and_sparse_tensors_are_walked(tmp_path):
 
 def test_fuzzed_exports_and_inputs_end_in_one_line_and_leave_nothing(tmp_path, litert_cnn):
     """Truncated, bit-flipped, oversized and emptied copies of real exports (all three formats) and inputs, through
-    inspect, predict and export: exit 0, 1 or 2, never a traceback, one line of tfperf's when refused (TensorFlow
+    inspect, predict, export and doctor: exit 0, 1 or 2, never a traceback, one line of tfperf's when refused (TensorFlow
     may log beside it), nothing left behind."""
     import subprocess
     import sys
@@ -359,3 +360,42 @@ def test_fuzzed_exports_and_inputs_end_in_one_line_and_leave_nothing(tmp_path, l
            or (c["code"] == 2 and c["lines"] != 1)]
     assert not bad, bad
     assert sum(c["code"] == 2 for c in cases) >= 20  # most mutations are refused, in one line
+
+
+@pytest.fixture(scope="module")
+def greedy_models(tmp_path_factory):
+    """SavedModels of allowed ops only: one allocates x[0] float32 values, one counts to x[0] in a while loop."""
+    folder = tmp_path_factory.mktemp("greedy")
+    spec = [tf.TensorSpec([None, 1], tf.float32)]
+    hog, loop = tf.Module(), tf.Module()
+    hog.serve = tf.function(lambda x: {"y": tf.reshape(tf.reduce_sum(tf.ones(tf.cast(x[0], tf.int64))), [1, 1])},
+                            input_signature=spec)
+    loop.serve = tf.function(lambda x: {"y": tf.reshape(tf.cast(tf.while_loop(
+        lambda i: i < tf.cast(x[0, 0], tf.int64), lambda i: i + 1, [tf.constant(0, tf.int64)])[0], tf.float32),
+        [1, 1])}, input_signature=spec)
+    for name, module in (("hog", hog), ("loop", loop)):
+        tf.saved_model.save(module, str(folder / name), signatures={"serving_default": module.serve})
+    return folder
+
+
+@pytest.mark.parametrize("case", ["memory", "time", "ulimit"])
+def test_predict_stops_a_model_that_takes_too_much_in_one_line(greedy_models, tmp_path, case):
+    """The ceilings end the process themselves (exit 2, one line); the OS never has to kill it."""
+    import subprocess
+    import sys
+
+    x = tmp_path / "x.npy"
+    np.save(x, np.array([[3e9 if case != "time" else 1e15]], np.float32))  # 12 GB of ones, or a very long count
+    model = greedy_models / ("loop" if case == "time" else "hog")
+    argv = [sys.executable, "-m", "tfperf", "predict", model, "--input", x, "--output", tmp_path / "y.npy"]
+    argv += {"memory": ["--memory-limit", "1GB"], "time": ["--time-limit", "2"], "ulimit": []}[case]
+    command = " ".join(f"'{a}'" for a in argv)
+    if case == "ulimit":  # a hard limit: what the process can take follows it
+        command = f"ulimit -v 8000000; exec {command}"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("tfperf predict:")]
+    expected = {"memory": "past the 1,024 MB ceiling (--memory-limit)", "time": "past the 2 s time ceiling",
+                "ulimit": "tfperf predict: error:"}[case]
+    assert done.returncode == 2 and len(errors) == 1 and expected in errors[0], (done.returncode, done.stderr[-800:])
+    assert "Traceback" not in done.stderr and not (tmp_path / "y.npy").exists()

@@ -181,10 +181,13 @@ def test_a_concurrency_sweep_stops_at_the_budget_or_saturation():
     assert len(levels) == 4 and Swept(ServingConfig("onnx"), tuple(levels)).rate_within(budget) == 350
 
 
-def test_the_rate_bracket_holds_the_true_limit():
+def test_the_rate_bracket_holds_the_true_limit_and_never_probes_past_capacity():
     for limit in (50.0, 95.0, 130.0, 400.0):
         met, missed = bracket_rate(lambda r: r <= limit, 100.0, steps=8)
         assert met <= limit < missed
+    probed = []
+    met, missed = bracket_rate(lambda r: probed.append(r) or True, 100.0, steps=8, limit=120.0)
+    assert [round(r) for r in probed] == [100, 115, 120] and met == 120.0 and missed == math.inf
 
 
 def test_loadgen_server_and_offline_on_a_tiny_server():

@@ -7,6 +7,7 @@ SavedModel folder, or module:factory; `predict` and `inspect` take any export of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import sys
 from pathlib import Path
@@ -14,6 +15,61 @@ from pathlib import Path
 from tfperf import flags
 from tfperf.catalog import MODEL_NAMES
 from tfperf.flags import UserError
+
+
+TIME_LIMIT_S = 300.0  # predict's default time ceiling for loading and running the model
+MEMORY_SHARE = 0.8  # its default memory ceiling: this share of the memory the process could take when it began
+
+
+def _resident_bytes() -> int:
+    import os
+
+    try:
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def default_memory_ceiling() -> int | None:
+    """MEMORY_SHARE of what the process can still take (ulimit -v included), above what it holds now."""
+    free = flags.available_memory()
+    return int(_resident_bytes() + MEMORY_SHARE * free) if free else None
+
+
+@contextlib.contextmanager
+def ceilings(command: str, time_s: float | None, memory_bytes: int | None, poll_s: float = 0.02):
+    """While the block runs, a thread ends the process itself with one line on stderr (exit 2) when the block
+    has run `time_s` seconds or the process's resident memory passes `memory_bytes`: a model of allowed ops can
+    still loop or allocate without bound, and neither a traceback nor the kernel's OOM killer is an answer.
+    The commands write what they write atomically after the block, so nothing half-written is left."""
+    import os
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def end(line: str) -> None:
+        sys.stderr.write(f"tfperf {command}: error: {line}\n")
+        sys.stderr.flush()
+        os._exit(2)
+
+    def watch() -> None:
+        began = time.monotonic()
+        while not stop.wait(poll_s):
+            if time_s is not None and time.monotonic() - began > time_s:
+                end(f"the model ran past the {time_s:g} s time ceiling (--time-limit): it was stopped")
+            held = _resident_bytes()
+            if memory_bytes is not None and held > memory_bytes:
+                end(f"the model took {held / 2**20:,.0f} MB of memory, past the {memory_bytes / 2**20:,.0f} MB "
+                    f"ceiling (--memory-limit): it was stopped")
+
+    thread = threading.Thread(target=watch, name="ceilings", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _model_errors():
@@ -209,8 +265,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:
         arrays = read_arrays(args.input, args.max_input_size)
         check_safe(args.model_dir, trust=args.trust)
-        runner = load(args.model_dir, signature=args.signature)
-        outputs = predict(runner, arrays)
+        memory = args.memory_limit if args.memory_limit is not None else default_memory_ceiling()
+        with ceilings("predict", args.time_limit, memory):
+            runner = load(args.model_dir, signature=args.signature)
+            outputs = predict(runner, arrays)
         classifier = read_metadata(args.model_dir).get("classifier")
         bad = non_finite(arrays)
         if bad:  # the model runs on them, but nothing it says about those rows can be trusted
@@ -307,6 +365,11 @@ def add_commands(sub) -> None:
                       help="load a model even though `tfperf inspect` finds ops off its allowlist")
     pred.add_argument("--max-input-size", type=flags.byte_size, metavar="SIZE",
                       help="largest input, once read, that predict accepts (default: half the memory available)")
+    pred.add_argument("--time-limit", type=flags.positive_float, default=TIME_LIMIT_S, metavar="SECONDS",
+                      help=f"stop with one line if loading and running the model take longer (default {TIME_LIMIT_S:g})")
+    pred.add_argument("--memory-limit", type=flags.byte_size, metavar="SIZE",
+                      help=f"stop with one line if the process's memory passes SIZE while the model loads and runs "
+                           f"(default: {MEMORY_SHARE:.0%} of what it could take when it began)")
     pred.set_defaults(func=cmd_predict)
 
     insp = sub.add_parser("inspect", help="describe an export's inputs, outputs and ops without running it")

@@ -31,6 +31,7 @@ class Diagnosis:
     profile_s: float = 0.0  # what the profile pass took, within the experiments' times
     input_check: Any = None  # pipeline.InputCheck, with --data
     batch_fit: Any = None  # profile.BatchFit, with --memory-budget
+    serving: str | None = None  # the serving answer within a latency budget, with --serve
 
     @property
     def wins(self) -> list[Finding]:
@@ -99,6 +100,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines += [_item(k, a, also) for k, (a, also) in enumerate(advice, start=1)]
     else:
         lines += ["No change measured here is significantly faster than what the model does now."]
+    if d.serving:
+        lines += ["", "## Serving under load", "", d.serving]
     if d.pitfalls:
         lines += ["", "Pitfalls, measured on your model (what calling a tf.function of it one way or another costs; "
                       "your model's own call does not fall into them, so they are not ranked as advice):", ""]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tfperf import flags
 from tfperf.flags import UserError
+from tfperf.serving.command import latency, percentile
 
 QUICK_GOAL_S = 180  # the issue's goal: --quick on a small model within 3 minutes on a 2-core machine
 
@@ -72,6 +73,12 @@ def add_command(sub) -> None:
                    help="skip the experiments that would start after this many seconds (default: none; "
                         f"--quick {QUICK_GOAL_S - 30})")
     p.add_argument("--no-threads", action="store_true", help="skip the thread-pool sweep (it starts processes)")
+    p.add_argument("--serve", action="store_true",
+                   help="also answer the serving question: requests/s within --latency-budget, and the configuration "
+                        "(runtime, threads, instances, batching) that gives the most (tfperf load's search)")
+    p.add_argument("--latency-budget", type=latency, metavar="TIME",
+                   help="with --serve: the latency the --percentile must stay within (default 10ms)")
+    p.add_argument("--percentile", type=percentile, default=99.0, help="with --serve: which percentile (default 99)")
     p.add_argument("--out", help="folder for report.md and records (default doctor/<model name>/)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--signature", help="the SavedModel signature to diagnose (default serving_default, serve, or "
@@ -82,6 +89,7 @@ def add_command(sub) -> None:
     p.add_argument("--role", choices=["threads"], help=argparse.SUPPRESS)
     p.add_argument("--intra", type=flags.positive_int, help=argparse.SUPPRESS)
     p.add_argument("--inter", type=flags.positive_int, help=argparse.SUPPRESS)
+    p.add_argument("--child-memory-limit", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_doctor)
 
 
@@ -96,6 +104,33 @@ def progress_bar(total: int):
               f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
     return step
+
+
+def serving_answer(subject, args: argparse.Namespace, sample, out: Path) -> str:
+    """`tfperf load`'s answer for the model, in out/, as a paragraph with the command that reproduces it."""
+    import shlex
+
+    from tfperf.deploy.inputs import make_inputs
+    from tfperf.serving.command import RUNTIMES, answer, export_runtimes
+    from tfperf.serving.configs import one_row_requests
+    from tfperf.serving.report import describe
+    from tfperf.serving.search import Budget
+
+    def say(what: str) -> None:
+        print(f"doctor: serving: {what}", file=sys.stderr, flush=True)
+
+    budget = Budget(args.latency_budget or 0.010, args.percentile)
+    given = ["--sample", args.sample] if args.sample else []
+    shapes = [a for text in args.input_shape or [] for a in ("--input-shape", text)]
+    exports, commands, failed = export_runtimes(subject, out, RUNTIMES, sample, [*given, *shapes], say)
+    requests = one_row_requests(make_inputs(subject, 64, seed=args.seed, sample=sample))
+    found = answer(subject.source, exports, requests, out, budget=budget, quick=args.quick, commands=commands,
+                   failed=failed, say=say)
+    reproduce = shlex.join(["tfperf", "load", subject.source, "--latency-budget",
+                            f"{budget.latency_s * 1e3:g}ms", "--percentile", f"{budget.percentile:g}",
+                            *(["--input", args.sample] if args.sample else []), *shapes,
+                            *(["--quick"] if args.quick else [])])
+    return describe(found, reproduce, out / "report.md")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -118,6 +153,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise UserError("--loss is for the training experiments: add --train")
         if args.data and not args.train:
             raise UserError("--data is what the training experiments train on: add --train --loss LOSS")
+        if args.latency_budget and not args.serve:
+            raise UserError("--latency-budget is for the serving question: add --serve")
         free = flags.available_memory()
         if args.memory_budget and free and args.memory_budget > free:
             raise UserError(f"--memory-budget {args.memory_budget / 2**30:.1f} GB is more than the "
@@ -152,6 +189,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"doctor: {subject.source}: {len(plan)} steps: {', '.join(plan)}", file=sys.stderr)
             diagnosis = doctor.diagnose(subject, options, workdir, traces=out / "traces",
                                         progress=progress_bar(len(plan)))
+            if args.serve:
+                diagnosis.serving = serving_answer(subject, args, sample, out / "serving")
             report = doctor.write_report(diagnosis, out, goal_s=QUICK_GOAL_S if args.quick else None)
         except BaseException:
             if created:  # a run that failed leaves nothing behind

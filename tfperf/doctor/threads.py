@@ -32,8 +32,13 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
     from tfperf.measure import TimerServer
     from tfperf.records.records import race_table
 
+    from tfperf.deploy.commands import MEMORY_SHARE
+    from tfperf.flags import available_memory
+
     configs = thread_configs(os.cpu_count() or 1)
     batches = thread_batches(subject, options)
+    free = available_memory()  # the children run side by side: each may take its share, and stops itself past it
+    ceiling = ["--child-memory-limit", str(int(MEMORY_SHARE * free / len(configs)))] if free else []
     processes = []
     try:
         for row, intra, inter in configs:  # started side by side; each says when it is ready
@@ -47,6 +52,7 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
                 argv += ["--signature", subject.signature]
             if options.trust:  # else the child inspects the model again: the path may hold other bytes by now
                 argv.append("--trust")
+            argv += ceiling
             if intra is not None:
                 argv += ["--intra", str(intra), "--inter", str(inter)]
             # Thread pools are the CPU's: the sweep runs without GPUs, beside the GPU the parent holds.
@@ -82,15 +88,18 @@ def serve_thread_timers(args) -> int:
     if args.intra is not None:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra)
         tf.config.threading.set_inter_op_parallelism_threads(args.inter)
-    subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
-                           signature=args.signature)
-    sample = read_sample(args.sample) if args.sample else None
-    graph = tf.function(subject.call)
-    timers = []
-    for batch in args.batch_sizes:
-        tensors = subject.pack(to_tensors(make_inputs(subject, batch, seed=args.seed, sample=sample)))
-        timers.append(Timer(lambda t=tensors: graph(t), name=f"batch {batch}", items_per_call=batch))
-    serve_timers(timers)
+    from tfperf.deploy.commands import ceilings
+
+    with ceilings("doctor", None, args.child_memory_limit):  # resident memory: its bytes plus what it held at start
+        subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
+                               signature=args.signature)
+        sample = read_sample(args.sample) if args.sample else None
+        graph = tf.function(subject.call)
+        timers = []
+        for batch in args.batch_sizes:
+            tensors = subject.pack(to_tensors(make_inputs(subject, batch, seed=args.seed, sample=sample)))
+            timers.append(Timer(lambda t=tensors: graph(t), name=f"batch {batch}", items_per_call=batch))
+        serve_timers(timers)
     return 0
 
 

@@ -100,13 +100,13 @@ class Interrupted(Exception):
     """SIGTERM (what timeout, Kubernetes and CI send) stops the run as Ctrl-C does."""
 
 
-def _requests(args, out: Path):
+def _requests(args, out: Path, say):
     """(exports by runtime, one-row requests, export commands, runtimes not exported and why, model name)."""
-    from tfperf.deploy.errors import ExportError, InputError, ModelError
+    from tfperf.deploy.errors import InputError
     from tfperf.deploy.formats import format_of
     from tfperf.deploy.inputs import fit_inputs, make_inputs, read_sample, sample_inputs
     from tfperf.deploy.inspection import check_safe
-    from tfperf.deploy.layout import export_subject, load
+    from tfperf.deploy.layout import load
     from tfperf.deploy.loader import load_subject, parse_input_shapes
     from tfperf.serving.configs import one_row_requests
 
@@ -131,19 +131,30 @@ def _requests(args, out: Path):
     subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
                            signature=args.signature)
     inputs = sample_inputs(subject, sample) if sample is not None else make_inputs(subject, rows, seed=args.seed)
+    exports, commands, failed = export_runtimes(subject, out, args.runtimes, sample,
+                                                ["--sample", args.input] if args.input else [], say)
+    return exports, one_row_requests(inputs), commands, failed, subject.name
+
+
+def export_runtimes(subject, out: Path, runtimes, sample=None, flags_after: list[str] = (),
+                    say=lambda what: None) -> tuple[dict, dict, dict]:
+    """The model exported to the SavedModel (the anchors serve it) and each runtime, with the one conversion path
+    and its check: (folders by runtime, the `tfperf export` argv of each, runtimes that failed and why)."""
+    from tfperf.deploy.errors import ExportError, ModelError
+    from tfperf.deploy.layout import export_subject
+
     exports, commands, failed = {}, {}, {}
-    for runtime in dict.fromkeys(["savedmodel", *args.runtimes]):  # the anchors serve the SavedModel
-        print(f"load: exporting to {runtime}", file=sys.stderr, flush=True)
+    for runtime in dict.fromkeys(["savedmodel", *runtimes]):
+        say(f"exporting to {runtime}")
         try:
             exports[runtime] = export_subject(subject, out / "exports", name=runtime, format=runtime,
                                               sample=sample).path
-            commands[runtime] = ["export", args.model, "--format", runtime] + (
-                ["--sample", args.input] if args.input else [])
+            commands[runtime] = ["export", subject.source, "--format", runtime, *flags_after]
         except (ExportError, ModelError) as exc:
             failed[runtime] = str(exc)
     if "savedmodel" not in exports:
-        raise ModelError(f"{args.model} does not export as a SavedModel: {failed['savedmodel']}")
-    return exports, one_row_requests(inputs), commands, failed, subject.name
+        raise ModelError(f"{subject.source} does not export as a SavedModel: {failed['savedmodel']}")
+    return exports, commands, failed
 
 
 def cmd_load(args: argparse.Namespace) -> int:
@@ -159,48 +170,57 @@ def cmd_load(args: argparse.Namespace) -> int:
     if (out / f"{RECIPE}.jsonl").exists():
         raise UserError(f"{out} already holds a load run: pass another --out, or remove it")
     created = not out.exists()
+
+    def say(what: str) -> None:
+        print(f"load: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
     try:
         out.mkdir(parents=True, exist_ok=True)
-        exports, requests, commands, failed, model = _requests(args, out)
+        exports, requests, commands, failed, _ = _requests(args, out, say)
     except BaseException as exc:
         if created:  # refused before anything was measured: nothing is left on disk
             shutil.rmtree(out, ignore_errors=True)
         if isinstance(exc, (ModelError, InputError, ExportError)):
             raise UserError(str(exc)) from None
         raise
-    found = _measure(args, out, exports, requests, commands, failed, model, started)
-    return 0 if found is not None and not found.partial else 130 if found is not None else 1
+    from tfperf.serving.search import Budget
+
+    found = answer(args.model, exports, requests, out, budget=Budget(args.latency_budget, args.percentile),
+                   quick=args.quick, runtimes=args.runtimes, commands=commands, failed=failed,
+                   concurrency=args.concurrency, rates=args.rate or (), record_args=vars(args), say=say)
+    report = out / "report.md"
+    _print_summary(found, report, out)
+    return 130 if found.partial else 0
 
 
-def _measure(args, out: Path, exports, requests, commands, failed, model, started):
+def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quick: bool, runtimes=RUNTIMES,
+           commands: dict | None = None, failed: dict | None = None, concurrency: list[int] | None = None,
+           rates=(), record_args: dict | None = None, say=lambda what: None):
+    """The whole serving question on exported runtimes: the anchors, the search, the best re-searched in open loop,
+    the winner validated, LoadGen's ceiling and overhead; report.md, load.jsonl and the chart in `out`. Ctrl-C or
+    SIGTERM stops the measuring and still writes them, marked partial. Returns the `Found`."""
     from tfperf.records.records import Recorder
     from tfperf.serving.measure import ANCHOR, Bench, Sizes, batch_function_config
     from tfperf.serving.report import Found, write_report
-    from tfperf.serving.search import Budget, Space, ranked, search
+    from tfperf.serving.search import Space, ranked, search
 
-    budget = Budget(args.latency_budget, args.percentile)
-    sizes = Sizes.quick() if args.quick else Sizes()
-    rec = Recorder(RECIPE, {k: v for k, v in vars(args).items() if k != "func"})
+    started = time.perf_counter()
+    sizes = Sizes.quick() if quick else Sizes()
+    rec = Recorder(RECIPE, {k: v for k, v in (record_args or {"model": model}).items() if k != "func"})
     bench = Bench(exports, requests, budget, sizes, rec, out / "loadgen")
-    found = Found(args.model, budget, export_commands=commands, not_exported=failed)
+    found = Found(model, budget, export_commands=commands or {}, not_exported=failed or {})
     cores = os.cpu_count() or 1
 
     def on_term(signum, frame):
         raise Interrupted()
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    step = [0]
-
-    def say(what: str) -> None:
-        step[0] += 1
-        print(f"load: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-
     try:
-        runtimes = [r for r in args.runtimes if r in exports] or list(exports)
+        runtimes = [r for r in runtimes if r in exports] or list(exports)
         if "savedmodel" in exports:
             say("the anchors: the signature one request at a time, and TensorFlow's BatchFunction")
-            found.swept.append(bench.sweep(ANCHOR, args.concurrency))
-            found.swept.append(bench.sweep(batch_function_config(cores), args.concurrency))
+            found.swept.append(bench.sweep(ANCHOR, concurrency))
+            found.swept.append(bench.sweep(batch_function_config(cores), concurrency))
         threads = {r: (None,) if r == "savedmodel" else tuple(sorted({1, cores})) if sizes.all_thread_counts
                    else (cores,) for r in runtimes}
         space = Space(tuple(runtimes), threads, instances=sizes.instances, batch_sizes=sizes.batch_sizes,
@@ -220,14 +240,15 @@ def _measure(args, out: Path, exports, requests, commands, failed, model, starte
         anchors = [s for s in found.swept[:2] if not s.dropped and s.rate_within(budget) > 0]
         for s in {s.config.name: s for s in [*best[:3], *anchors]}.values():
             say(f"open loop (LoadGen Server): {s.config.name}")
-            found.open_loop[s.config.name] = bench.open_loop(s.config, 0.9 * s.rate_within(budget))
+            capacity = max(lv.throughput for lv in s.levels)
+            found.open_loop[s.config.name] = bench.open_loop(s.config, 0.9 * s.rate_within(budget), capacity)
         if best:
             winner = max(best[:3], key=lambda s: found.open_loop.get(s.config.name, (0.0,))[0])
             rate = found.open_loop.get(winner.config.name, (0.0,))[0] or 0.8 * winner.rate_within(budget)
             say(f"validation (LoadGen Server) of {winner.config.name} at {rate:.0f}/s")
             found.validated = winner.config
             found.validations = bench.validate(winner.config, rate)
-            for extra in args.rate or []:
+            for extra in rates:
                 say(f"LoadGen Server at {extra:.0f}/s")
                 with bench.server(winner.config) as server:
                     result = bench.offered(server, extra, seconds=sizes.probe_s, min_queries=100)
@@ -248,8 +269,7 @@ def _measure(args, out: Path, exports, requests, commands, failed, model, starte
                                                   if s.config.name in found.open_loop else {})},
                         primary="requests_per_s_within_budget", lower_is_better=False, versus_first=False)
         rec.save(out)
-        report = write_report(found, out)
-    _print_summary(found, report, out)
+        write_report(found, out)
     return found
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -132,8 +133,9 @@ class Bench:
                            latency_s=self.budget.latency_s, percentile=self.budget.percentile, duration_s=seconds,
                            min_queries=min_queries, log_dir=log_dir)
 
-    def open_loop(self, config: ServingConfig, start_rate: float) -> tuple[float, float]:
-        """The highest LoadGen Server rate found within the budget and the lowest found over it."""
+    def open_loop(self, config: ServingConfig, start_rate: float, capacity: float = math.inf) -> tuple[float, float]:
+        """The highest LoadGen Server rate found within the budget and the lowest found over it, never probing
+        above `capacity` (the most the configuration answered in closed loop)."""
         with self.server(config) as server:
             def within(rate: float) -> bool:
                 result = self.offered(server, rate, seconds=self.sizes.probe_s, min_queries=100)
@@ -142,10 +144,10 @@ class Bench:
                              **config.settings()}, primary="completed_qps", lower_is_better=False, versus_first=False)
                 return result.latency_met and not result.errors
 
-            return bracket_rate(within, max(start_rate, 1.0), steps=self.sizes.probes)
+            return bracket_rate(within, max(start_rate, 1.0), steps=self.sizes.probes, limit=capacity)
 
-    def validate(self, config: ServingConfig, rate: float, tries: int = 3) -> list[loadgen.LoadGenResult]:
-        """LoadGen Server runs long enough for its early stopping to claim the percentile; at a 10% lower rate
+    def validate(self, config: ServingConfig, rate: float, tries: int = 4) -> list[loadgen.LoadGenResult]:
+        """LoadGen Server runs long enough for its early stopping to claim the percentile; at a 15% lower rate
         each time it is INVALID, `tries` times at most: every attempt, the last decides. Their logs are kept."""
         attempts = []
         with self.server(config) as server:
@@ -160,7 +162,7 @@ class Bench:
                              versus_first=False)
                 if result.valid:
                     break
-                rate *= 0.9
+                rate *= 0.85
         return attempts
 
     def generator_overhead(self, config: ServingConfig) -> loadgen.LoadGenResult:

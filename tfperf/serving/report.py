@@ -160,11 +160,13 @@ def _anchors(found: Found, usable: list[Swept]) -> list[str]:
         if s is None:
             continue
         bracket = found.open_loop.get(s.config.name)
-        offered = f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if bracket else (
+        offered = (f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if math.isfinite(bracket[1]) else
+                   f"{bracket[0]:.0f} (its closed-loop capacity: not probed above)") if bracket else (
             "not searched" if s.rate_within(budget) > 0 else "misses the budget one request at a time")
         ratio = ("1x (the baseline)" if base else "misses the budget alone") if s is anchor else "-"
         if bracket and base and base[0] > 0 and s is not anchor:
-            ratio = f"{bracket[0] / base[0]:.2f}x ({bracket[0] / base[1]:.2f}-{bracket[1] / base[0]:.2f}x)"
+            ratio = f"{bracket[0] / base[0]:.2f}x ({bracket[0] / base[1]:.2f}-{bracket[1] / base[0]:.2f}x)" \
+                if math.isfinite(bracket[1]) and math.isfinite(base[1]) else f"{bracket[0] / base[0]:.2f}x"
         lines.append(f"| {label} | {s.rate_within(budget):.0f} | {offered} | {ratio} |")
     return lines + [""]
 
@@ -215,3 +217,31 @@ def _chart(found: Found, out: Path) -> Path | None:
     ax.legend(fontsize=6, loc="upper left")
     ax.set_title("throughput against latency")
     return save_figure(fig, out / "throughput_vs_latency.png")
+
+
+def describe(found: Found, reproduce: str, report: Path) -> str:
+    """The serving answer in a paragraph, for the doctor's advice."""
+    budget = found.budget
+    usable = sorted((s for s in found.swept if not s.dropped and s.rate_within(budget) > 0),
+                    key=lambda s: -s.rate_within(budget))
+    if not usable:
+        seen = [(lv.percentile_s(budget.percentile), s.config.name) for s in found.swept for lv in s.levels[:1]]
+        lowest = min(seen) if seen else None
+        text = f"No configuration meets {budget}, not even one request at a time" + (
+            f" (lowest p{budget.percentile:g} {_ms(lowest[0])} ms, {lowest[1]})" if lowest else "") + "."
+    else:
+        best = winner(found, usable)
+        bracket = found.open_loop.get(best.config.name)
+        valid = [v for v in found.validations if v.valid]
+        text = (f"Best within {budget}: **{best.config.name}**, " +
+                (f"{bracket[0]:.0f} requests/s offered as Poisson arrivals (LoadGen Server), " if bracket else "") +
+                f"{best.rate_within(budget):.0f} in closed loop" +
+                (f"; LoadGen says VALID at {valid[-1].target_qps:.0f} requests/s" if valid else
+                 "; LoadGen did not validate it (see the report)" if found.validations else "") + ".")
+        anchor = next((s for s in found.swept if s.config.runtime == "savedmodel" and s.config.batching is None
+                       and s.config.instances == 1), None)
+        if anchor is not None and anchor.config.name in found.open_loop and found.open_loop[anchor.config.name][0]:
+            text += (f" The SavedModel signature one request at a time: "
+                     f"{found.open_loop[anchor.config.name][0]:.0f} requests/s offered.")
+    partial = f" (PARTIAL: {found.partial})" if found.partial else ""
+    return f"{text}{partial} Reproduce: `{reproduce}`. Every configuration and level: {report}."

@@ -136,16 +136,18 @@ def ranked(swept: Sequence[Swept], budget: Budget) -> list[Swept]:
 
 
 def bracket_rate(within: Callable[[float], bool], start: float, *, steps: int = 4, up: float = 1.15,
-                 down: float = 0.7) -> tuple[float, float]:
+                 down: float = 0.7, limit: float = math.inf) -> tuple[float, float]:
     """The highest rate found within the budget and the lowest found over it (inf when none was), probing
-    from `start` up by `up` while within and down by `down` while over, `steps` probes at most."""
-    met, missed, rate = 0.0, math.inf, start
+    from `start` up by `up` while within and down by `down` while over, `steps` probes at most, never above
+    `limit` (the capacity measured in closed loop: a higher rate only builds a queue, which a short probe
+    may not live long enough to see)."""
+    met, missed, rate = 0.0, math.inf, min(start, limit)
     for _ in range(steps):
         if within(rate):
             met = max(met, rate)
-            if rate * up >= missed:
+            if min(rate * up, limit) >= missed or rate >= limit:
                 break
-            rate *= up
+            rate = min(rate * up, limit)
         else:
             missed = min(missed, rate)
             rate = max(rate * down, met * (1 + (up - 1) / 2)) if met else rate * down

@@ -399,3 +399,22 @@ def test_predict_stops_a_model_that_takes_too_much_in_one_line(greedy_models, tm
                 "ulimit": "tfperf predict: error:"}[case]
     assert done.returncode == 2 and len(errors) == 1 and expected in errors[0], (done.returncode, done.stderr[-800:])
     assert "Traceback" not in done.stderr and not (tmp_path / "y.npy").exists()
+
+
+def test_sigterm_mid_export_is_one_line_and_leaves_no_staging_folder(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "tfperf", "export", "cnn", "--format", "onnx", "--root",
+                             tmp_path / "exports"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    deadline = time.time() + 60
+    while time.time() < deadline and not list((tmp_path / "exports").glob("cnn/.*partial*")):
+        time.sleep(0.05)  # until the staging folder exists: the export is under way
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.splitlines() if line.startswith("tfperf export:")]
+    assert proc.returncode == 143 and lines == ["tfperf export: stopped by SIGTERM; what it was writing was removed"], err
+    assert not (tmp_path / "exports").exists() or not any((tmp_path / "exports").rglob("*"))

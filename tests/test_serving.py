@@ -305,3 +305,51 @@ def test_the_recipes_batcher_and_tfperfs_answer_alike():
             np.testing.assert_allclose(fa.result(timeout=10), predict(r), atol=1e-6)
             np.testing.assert_allclose(fb.result(timeout=10)["y"], predict(r), atol=1e-6)
     assert len(ours.batches) < len(requests)  # requests that arrived together ran together
+
+
+def tiny_sizes(monkeypatch):
+    from tfperf.serving.measure import Sizes
+
+    tiny = Sizes(window_s=0.05, max_windows=3, warmup_s=0.02, probe_s=0.3, probes=2, validation_s=0.5,
+                 max_concurrency=4, concurrency_factor=4, instances=(1,), batch_sizes=(8,), all_thread_counts=False)
+    monkeypatch.setattr(Sizes, "quick", classmethod(lambda cls: tiny))
+
+
+def test_a_budget_nothing_meets_says_so_with_the_lowest_seen(tmp_path, monkeypatch):
+    tiny_sizes(monkeypatch)
+    code, out, err = tfperf("load", "mlp", "--quick", "--runtimes", "onnx", "--latency-budget", "10us",
+                            "--out", tmp_path / "run")
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert code == 0 and "no configuration meets p99 <= 0.01 ms" in out, err[-1000:]
+    assert "No configuration meets p99 <= 0.01 ms, not even one request at a time: the lowest p99 seen was" in report
+
+
+def test_an_interrupted_load_still_reports_marked_partial(tmp_path, monkeypatch):
+    from tfperf.serving.measure import Bench
+
+    tiny_sizes(monkeypatch)
+    real, calls = Bench.sweep, []
+
+    def sweep(self, config, concurrencies=None):
+        calls.append(config)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of the search
+        return real(self, config, concurrencies)
+
+    monkeypatch.setattr(Bench, "sweep", sweep)
+    code, out, err = tfperf("load", "mlp", "--quick", "--runtimes", "onnx", "--out", tmp_path / "run")
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert code == 130 and "load: PARTIAL" in out and "**PARTIAL: interrupted (Ctrl-C or SIGTERM).**" in report
+    assert "the SavedModel signature" not in report or "savedmodel, 1 instance, unbatched" in report
+    assert (tmp_path / "run" / "load.jsonl").exists()
+
+
+def test_the_doctor_answers_the_serving_question_with_the_command_that_reproduces_it(tmp_path, monkeypatch):
+    tiny_sizes(monkeypatch)
+    code, out, err = tfperf("doctor", "mlp", "--quick", "--budget", "0.01", "--no-threads", "--no-profile", "--serve",
+                            "--latency-budget", "10ms", "--out", tmp_path / "doc")
+    assert code == 0, err[-1500:]
+    assert "## Serving under load" in out and "Reproduce: `tfperf load mlp --latency-budget 10ms --percentile 99" in out
+    assert (tmp_path / "doc" / "serving" / "report.md").is_file() and "Serving under load" in (
+        tmp_path / "doc" / "report.md").read_text()
+    assert "--latency-budget is for the serving question" in refused("doctor", "mlp", "--latency-budget", "10ms")

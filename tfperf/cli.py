@@ -226,13 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(BaseException):
-    """SIGTERM (what timeout, Kubernetes and CI send): unwinds like Ctrl-C, so that every `finally` that
-    removes a staging folder or a half-written run still runs."""
-
-
 def _terminate(signum, frame):
-    raise Terminated()
+    flags.request_stop()
+    raise flags.Stopped()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -250,9 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"tfperf {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, Terminated) as exc:
+    except (KeyboardInterrupt, flags.Stopped) as exc:
         how = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
         print(f"tfperf {args.command}: stopped by {how}; what it was writing was removed", file=sys.stderr)
+        if isinstance(exc, flags.Stopped) and main_thread and argv is None:
+            # The `finally` blocks have run. An exception raised at an arbitrary point inside TensorFlow can leave
+            # its C++ state half torn, and the interpreter's teardown then crash (seen: SIGSEGV): end here.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(143)
         return 130 if isinstance(exc, KeyboardInterrupt) else 143
     finally:
         if main_thread:

@@ -10,6 +10,26 @@ from typing import NoReturn
 from tfperf.catalog import DATASET_NAMES, MODEL_NAMES
 
 
+class Stopped(BaseException):
+    """SIGTERM (what timeout, Kubernetes and CI send): unwinds like Ctrl-C, so that every `finally` that removes
+    a staging folder or a half-written run still runs."""
+
+
+_STOP_REQUESTED: list[bool] = []  # set by the command line's SIGTERM handler
+
+
+def request_stop() -> None:
+    """Record a SIGTERM. The handler raises `Stopped` too, but Python ignores an exception raised while a
+    garbage-collection callback or a destructor runs, so work about to be published checks `check_stop`."""
+    _STOP_REQUESTED.append(True)
+
+
+def check_stop() -> None:
+    """Raise `Stopped` if a SIGTERM arrived, even one whose exception was swallowed."""
+    if _STOP_REQUESTED:
+        raise Stopped()
+
+
 class UserError(Exception):
     """Bad input from the user: a command reports it in one line, with exit code 2."""
 

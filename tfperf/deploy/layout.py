@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tfperf import __version__
+from tfperf.flags import check_stop
 from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, METADATA_FILE, SIGNATURE, Runner, Servable, agreement,
                                    check_model_dir, check_options, format_of, read_metadata, versions)
 from tfperf.deploy.errors import ExportError, ModelError, first_line
@@ -213,6 +214,7 @@ def export(servable: Servable, root: Path | str = "saved_models", *, name: str, 
             try:
                 (staging / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
                 _sync_tree(staging)  # on disk before the rename publishes it: a crash shows a whole version or none
+                check_stop()  # a SIGTERM whose exception Python swallowed (in a GC callback) still stops it here
                 os.rename(staging, final)  # fails if a concurrent export took this version meanwhile
                 _sync_dir(model_root)
                 break

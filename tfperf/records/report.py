@@ -250,7 +250,10 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
                   f"and a column the spread over all runs and the verdicts each reached.", ""]
     for f in files:
         records = read_records(f)
-        if not records:
+        if not records:  # nothing measured (every step skipped, say): what it concluded still belongs here
+            conclusion = conclusion_path(results_dir, f.stem)
+            if conclusion.exists():
+                parts += [f"## {f.stem}", "", "**Conclusion.** " + conclusion.read_text().strip(), ""]
             continue
         recipe = records[0]["recipe"]
         parts += [f"## {recipe}", "", f"Measured on {environment_summary(records[0]['env'])}.", ""]

@@ -34,8 +34,8 @@ def latency(text: str) -> float:
     if not match:
         raise argparse.ArgumentTypeError(f"must be a latency such as 10ms, 500us or 0.01s, got {text!r}")
     value = float(match[1]) * {"ms": 1e-3, "us": 1e-6, "s": 1.0, None: 1e-3}[match[2]]
-    if not 1e-5 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"must be between 10us and 60s, got {text!r}")
+    if not 1e-6 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be between 1us and 60s, got {text!r}")
     return value
 
 

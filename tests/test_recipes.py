@@ -4,6 +4,7 @@ import importlib.util
 import sys
 
 import numpy as np
+import tensorflow as tf
 import pytest
 
 from conftest import recipe, run
@@ -300,6 +301,41 @@ def test_training_ladder_trains_every_rung_from_the_same_weights(tmp_path):
         assert abs(metrics["final_loss"] - m["plain fit"]["final_loss"]) < 0.5
 
 
+def test_the_ladders_tf_data_rung_reshuffles_every_epoch_and_a_frozen_order_is_caught():
+    """Issue 32: a cache after shuffle, batch and prefetch replays the first epoch's order for ever; the ladder's
+    pipeline caches first, and its check sees the difference (accuracy alone cannot)."""
+    from tfperf.data import to_dataset
+
+    reshuffles = load_recipe("training_ladder").measure.__globals__["reshuffles"]
+    x, y = np.zeros((64, 2), np.float32), np.arange(64)
+    assert not reshuffles(to_dataset(x, y, batch_size=8, seed=0).cache())  # the old rung: one order for ever
+    assert reshuffles(to_dataset(x, y, batch_size=8, seed=0, cache=True))  # cache, shuffle, batch, prefetch
+
+
+def test_the_custom_loop_compiles_its_step_with_xla_over_a_dataset_loop(monkeypatch):
+    """Issue 32: where Keras' jit_compile="auto" means XLA (a GPU, faked here), the custom loop compiles its step
+    with XLA and iterates the dataset outside it (XLA cannot compile tf.data's iterator ops)."""
+    import types
+
+    ladder = load_recipe("training_ladder")
+    module = ladder.measure.__globals__
+    real = module["get_net"]
+
+    def on_a_gpu(*args, **kwargs):
+        model = real(*args, **kwargs)
+        model.jit_compile = True  # what an uncompiled model says on a GPU host: "auto" resolves to XLA
+        return model
+
+    monkeypatch.setitem(module, "get_net", on_a_gpu)
+    rng = np.random.default_rng(0)
+    data = types.SimpleNamespace(x_train=rng.normal(size=(64, 28, 28, 1)).astype(np.float32),
+                                 y_train=rng.integers(0, 10, 64), input_shape=(28, 28, 1), num_classes=10)
+    trainer = module["Trainer"](module["Config"](custom_loop=True, batch=16), "mlp", data, 1e-3, 0)
+    assert trainer.xla
+    losses = [float(trainer.epoch()) for _ in range(2)]
+    assert all(np.isfinite(losses)) and losses[1] < losses[0] + 0.5
+
+
 def test_training_ladder_keeps_a_rung_only_when_its_interval_clears_the_bar(tmp_path, monkeypatch):
     # The ladder's decisions on trainers of known speed (a fake clock: each epoch reports its own time, with
     # 2% noise), in-process: what is kept, what is unsettled near the 2% bar, what is less accurate, and
@@ -321,6 +357,7 @@ def test_training_ladder_keeps_a_rung_only_when_its_interval_clears_the_bar(tmp_
                                     else 1, speed["policy"] if cfg.policy != "float32" else 1,
                                     speed["loop"] if cfg.custom_loop else 1])
             self.xla = cfg.jit is True
+            self.ds = tf.data.Dataset.from_tensor_slices((np.zeros(16), np.arange(16))).shuffle(16).batch(4)
 
         def epoch(self):
             self.losses.append(0.3)

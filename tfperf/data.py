@@ -129,8 +129,10 @@ def to_dataset(
     repeat: bool = False,
     drop_remainder: bool = False,
     shard: tuple[int, int] | None = None,
+    cache: bool = False,
 ) -> tf.data.Dataset:
-    """A batched, prefetched tf.data pipeline; `shard=(count, index)` keeps one worker's share."""
+    """A batched, prefetched tf.data pipeline; `shard=(count, index)` keeps one worker's share; `cache` keeps the
+    examples in memory after the first epoch, before the shuffle, so that every epoch still has its own order."""
     import tensorflow as tf
 
     if batch_size < 1:
@@ -139,6 +141,8 @@ def to_dataset(
     if shard is not None:
         count, index = shard
         ds = ds.shard(count, index)  # before shuffling, so that workers' shares never overlap
+    if cache:
+        ds = ds.cache()  # before the shuffle: a cache after it would replay the first epoch's order for ever
     if shuffle:
         ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
     if repeat:

@@ -288,6 +288,17 @@ def measure(args, rec) -> Found:
                  cold_import={r: float(np.median(p["import_s"])) for r, p in cold.items()})
 
 
+def overhead_words(alone, batched) -> str:
+    """What a call of one row costs beyond one row's share of a batch, in words: a figure where the medians'
+    95% intervals resolve it, else the bound the measurement gives."""
+    rows = batched.items_per_call
+    low = alone.ci95_s[0] - batched.ci95_s[1] / rows
+    high = alone.ci95_s[1] - batched.ci95_s[0] / rows
+    if low > 0:
+        return f"{(alone.median_s - batched.median_per_item_s) * 1e6:.0f} us"
+    return f"no overhead this measurement resolves (at most {max(high, 0) * 1e6:.0f} us)"
+
+
 def conclude(args, rec, found: Found) -> Conclusion:
     threads, speedup, accuracy, timed, cold = found.threads, found.speedup, found.accuracy, found.timed, found.cold
     quality = {r["row"]: r["metrics"] for r in rec.table(QUALITY)}
@@ -312,8 +323,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
     ]
 
     big = max(timed[one])
-    # Per-call overhead: what a batch-1 call costs beyond one row's share of a large batch.
-    overhead = {r: latency[r].median_s - timed[one][big][r].median_per_item_s for r in RUNTIMES}
+    # Per-call overhead: what a batch-1 call costs beyond one row's share of a large batch, said as a figure only
+    # where the two medians' intervals resolve it (a difference inside them reads "-0 us" otherwise).
+    overhead = {r: overhead_words(latency[r], timed[one][big][r]) for r in RUNTIMES}
     per_row = {r: timed[one][big][r].median_per_item_s for r in RUNTIMES}
     kernels = versus(timed[one][big][BASELINE], timed[one][big]["LiteRT float32"])
     int8_vs_float = versus(timed[one][big]["LiteRT float32"], timed[one][big]["LiteRT int8"])
@@ -331,9 +343,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"At batch 1 with {one} thread, {best} answers in {latency[best].median_s * 1e6:.0f} us against "
         f"{latency[BASELINE].median_s * 1e6:.0f} us for the reloaded SavedModel signature: "
         f"{best_vs.describe()}. Most of that gap is per-call work, not arithmetic: beyond one row's share of a "
-        f"batch of {big}, a call costs the SavedModel signature {overhead[BASELINE] * 1e6:.0f} us (TensorFlow's "
-        f"executor: dispatch, the thread pool, tensor handles), LiteRT float32 {overhead['LiteRT float32'] * 1e6:.0f} "
-        f"us and ONNX Runtime {overhead['ONNX Runtime'] * 1e6:.0f} us, which run a fixed plan of kernels. "
+        f"batch of {big}, a call costs the SavedModel signature {overhead[BASELINE]} (TensorFlow's "
+        f"executor: dispatch, the thread pool, tensor handles), LiteRT float32 {overhead['LiteRT float32']} "
+        f"and ONNX Runtime {overhead['ONNX Runtime']}, which run a fixed plan of kernels. "
         f"Per row at batch {big}, where overhead is spread thin, LiteRT float32 against the signature is "
         f"{kernels.describe()} ({per_row['LiteRT float32'] * 1e6:.1f} against {per_row[BASELINE] * 1e6:.1f} us "
         f"per row): what is left is the kernels (LiteRT's XNNPACK against TensorFlow's oneDNN/Eigen). "

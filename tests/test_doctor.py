@@ -228,6 +228,7 @@ def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command
     assert hand_count(model) <= d.facts["flops_per_example"] <= 1.1 * hand_count(model)
     assert d.facts["compute_limit_examples_per_s"] > 0
     assert all(0 < r["metrics"]["mfu"] < 1 for r in records if r["table"] == "batch 1 latency")
+    assert all(r["metrics"].get("mfu") is None or r["metrics"]["mfu"] <= 1 for r in records)  # no share above a limit
     # Retracing is a pitfall of how a function might be called: never ranked as advice for this model,
     # whose own predict() does not retrace.
     own = next(r for r in records if r["row"] == "predict(), a new batch size each call")
@@ -497,3 +498,20 @@ def test_the_memory_budget_finds_the_largest_batch_by_trying(tmp_path):
                               lambda step: None, tmp_path / "mobilenet")
     check_fit(fit, budget)
     assert fit.what.startswith("an inference call")
+
+
+def test_a_share_above_the_roof_is_named_a_defect_and_quick_measures_the_full_roof(monkeypatch):
+    """Issue 32: MFU is a share of a limit; above 100% it is a defect of the FLOP count or of the roof, never a
+    result; and --quick measures the same roof as the recipes (a 512 matmul alone stays far under it)."""
+    from tfperf.doctor import inference
+
+    facts = {"flops_per_example": 1e6, "matmul_flops_per_s": 1e11}
+    assert inference.mfu(5e4, facts) == {"mfu": 0.5}
+    assert inference.mfu(3e5, facts) == {"mfu": None, "mfu_note": inference.ABOVE_THE_ROOF}
+    assert inference.mfu(1.0, {"flops_per_example": None, "matmul_flops_per_s": 1e11}) == {"mfu": None}
+    sizes = []
+    import tfperf.measure
+
+    monkeypatch.setattr(tfperf.measure, "peak_matmul_flops_per_s", lambda *a, **k: sizes.append(a) or 1e11)
+    inference.model_facts(load_subject("mlp"), quick=True)
+    assert sizes == [()]  # the default sizes, up to 2048, at --quick too

@@ -231,7 +231,7 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
     # Each first epoch is timed apart (first_epoch_s): the cache's fills it.
     timers = [Timer(epoch, name=row, items_per_call=data.examples) for row, epoch, _ in trainers]
     raced = race_table(rec, VARIANTS_TABLE, timers, metrics=lambda m, _: {
-        "samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s, "mfu": mfu(m.items_per_s, facts, passes=3)},
+        "samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s, **mfu(m.items_per_s, facts, passes=3)},
         primary="samples_per_s", lower_is_better=False, **race)
     final = {row: row_losses[-1] if row_losses else float("nan") for row, _, row_losses in trainers}
     findings = []

@@ -85,7 +85,10 @@ class Profiled:
         if self.flops_per_s:
             share = self.flops_per_s / self.matmul_flops_per_s
             words.append(f"; {self.flops_per_s / 1e9:.3g} GFLOP/s achieved, {share:.0%} "
-                         f"of the {self.matmul_flops_per_s / 1e9:.0f} GFLOP/s matmul rate measured now")
+                         f"of the {self.matmul_flops_per_s / 1e9:.0f} GFLOP/s matmul rate measured now" if share <= 1
+                         else f"; {self.flops_per_s / 1e9:.3g} GFLOP/s by TensorFlow's count, more than the "
+                              f"{self.matmul_flops_per_s / 1e9:.0f} GFLOP/s matmul rate measured now, which a limit "
+                              f"cannot be (a defect of the count or of the rate, not a result)")
         host, device = host_and_device(self.peak_bytes)
         words.append(f"; peak memory of TensorFlow's allocators {megabytes(host)} on the host"
                      + (f", {megabytes(device)} on the GPU" if device is not None else ""))

@@ -134,7 +134,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
 
     raced = race_table(rec, "training", [t for _, t, _, _, _ in trainers], metrics=lambda m, _: {
         "samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s, "final_loss": final_losses[m.name],
-        "loss_agrees": loss_agrees(m.name), "mfu": mfu(m.items_per_s, facts or {}, passes=3)},
+        "loss_agrees": loss_agrees(m.name), **mfu(m.items_per_s, facts or {}, passes=3)},
         primary="samples_per_s", lower_is_better=False,
         rounds=options.rounds, samples=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
         warmup=0, seed=options.seed, on_first_rounds=read_losses)

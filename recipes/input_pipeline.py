@@ -2,7 +2,8 @@
 
 A training step waits for its batch. If loading a batch takes longer than the step, the accelerator
 idles whatever its speed; overlapping (prefetch), parallel loading (map with num_parallel_calls) and
-caching remove the wait. TensorFlow's profiler, read through XProf, must call the same pipelines
+caching remove the wait. Parallel calls help only work that lets go of Python's GIL: waiting and
+TensorFlow ops scale with them, Python that computes does not. TensorFlow's profiler, read through XProf, must call the same pipelines
 input-bound as the recipe's own timeline does.
 
 Run:   python recipes/input_pipeline.py --quick        (about a minute on 2 CPU cores)
@@ -57,12 +58,29 @@ def pipelines(load_batch, batch_size: int) -> dict:
     }
 
 
+# The technique: per-example work, batched, in parallel only where the work lets go of the GIL ------------
+# A pipeline a reader copies maps a function over examples, then batches. num_parallel_calls runs that
+# function on several threads. Work that waits (a read from disk or network) or runs TensorFlow ops releases
+# Python's GIL, so it scales with the threads; Python that computes (a decode loop, augmentation in NumPy
+# element by element) holds the GIL, and its threads take turns. Decode with TensorFlow ops (tf.io, tf.image)
+# instead, or do the Python work once, before training, and cache what it produces.
+
+
+def per_example(decode, parallel_calls: int, batch_size: int, examples: int) -> tf.data.Dataset:
+    """`decode(i)` for every example, `parallel_calls` at a time, batched, the next batch made while one is read."""
+    return (tf.data.Dataset.range(examples)
+            .map(decode, num_parallel_calls=parallel_calls)
+            .batch(batch_size)
+            .prefetch(tf.data.AUTOTUNE))
+
+
 # Measuring -------------------------------------------------------------------------------------------
 # The load is an I/O-like call of known cost (it sleeps, as a read from disk or network waits, so loads
 # can overlap without competing for the cores); the step is the CNN's training step, timed first. The
 # load is twice the step, so the naive pipeline is input-bound; a timeline shows who waits for whom.
 
 TABLE = "input pipeline variants"
+KINDS = "num_parallel_calls by kind of work (per-example map, batched)"
 EVENTS: list[tuple[str, float, float]] = []  # (thread, start, end) of every load, written by the loader threads
 
 
@@ -72,6 +90,7 @@ class Found:
     load_s: float  # what loading one batch cost
     variants: tuple[str, ...]  # the pipelines measured
     traces: str  # where the profiler's traces are
+    scaling: dict  # kind of work -> Comparison of one parallel call per core against one
 
 
 def add_flags(p) -> None:
@@ -165,7 +184,73 @@ def measure(args, rec) -> Found:
                             colors={"waiting for input": "#C44E52", "training step": "#4C72B0",
                                     "loading a batch": "#55A868"})
 
-    return Found(str(figure), load_s, tuple(variants), traces)
+    scaling = kinds_of_work(args, rec)
+    return Found(str(figure), load_s, tuple(variants), traces, scaling)
+
+
+def kinds_of_work(args, rec) -> dict:
+    """Three decoders (waiting, Python that computes, TensorFlow ops), each calibrated here to about a millisecond
+    per example, in `per_example` with 1 parallel call and with one per core: how each scales. Returns kind ->
+    Comparison."""
+    cores, batch, per_example_s = max(os.cpu_count() or 1, 2), 16, 0.001
+    batches = max(args.steps // 3, 6)  # six samples a side at least: fewer cannot give a verdict
+
+    def python_work(n):
+        def work(i):
+            total = 0
+            for k in range(int(n)):  # pure Python arithmetic: holds the GIL the whole time
+                total += k * k % 7
+            return np.float32(total % 10)
+        return work
+
+    # Calibrate the Python loop and the TensorFlow ops to about per_example_s each, on this machine.
+    loops, took = 2000, []
+    for _ in range(5):  # the fastest of a few: a first call is slow
+        t0 = time.perf_counter()
+        python_work(loops)(0)
+        took.append(time.perf_counter() - t0)
+    loops = max(int(loops * per_example_s / min(took)), 1)
+    weights = tf.random.normal([96, 96], seed=args.seed)
+
+    def tf_work(reps):
+        def work(i):
+            y = weights
+            for _ in range(reps):  # unrolled in the graph: TensorFlow ops, which release the GIL
+                y = tf.tanh(tf.linalg.matmul(y, weights) / 96.0)
+            return tf.reduce_sum(y) + tf.cast(i, tf.float32) * 0.0
+        return work
+
+    probe = tf.function(tf_work(8))
+    probe(tf.constant(0, tf.int64))
+    t0 = time.perf_counter()
+    for _ in range(20):
+        probe(tf.constant(0, tf.int64))
+    reps = max(int(8 * per_example_s / ((time.perf_counter() - t0) / 20)), 1)
+    decoders = {
+        "waits (I/O)": lambda i: tf.numpy_function(lambda _: (time.sleep(per_example_s), np.float32(0))[1], [i],
+                                                   tf.float32),
+        "Python that computes (holds the GIL)": lambda i: tf.numpy_function(python_work(loops), [i], tf.float32),
+        "TensorFlow ops": tf_work(reps),
+    }
+    found = {}
+    for kind, decode in decoders.items():
+        measured = []
+        for calls in (1, cores):
+            # Exactly the batches taken, drained to the end: dropping an iterator whose Python calls are still
+            # in flight deadlocks (its destructor waits for them while holding the GIL they need).
+            it = iter(per_example(decode, calls, batch, (batches + 8) * batch))  # its first call and warm-up too
+            timer = Timer(lambda it=it: next(it), name=f"{kind}, {calls} parallel call{'s' if calls > 1 else ''}",
+                          items_per_call=batch)
+            timer.start(2)
+            measured.append(timer.measure(batches, warmup=0))
+            for _ in it:
+                pass
+        found[kind] = versus(*measured)
+        for m, c in zip(measured, (None, found[kind])):
+            rec.add(KINDS, m.name, {"ms_per_batch": m.median_s * 1e3, "examples_per_s": m.items_per_s,
+                                    "parallel_calls": 1 if c is None else cores}, primary="ms_per_batch",
+                    lower_is_better=True, measurement=m, comparison=c)
+    return found
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -200,7 +285,12 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"cores, which is when moving them off the training host or caching them pays most. TensorFlow's profiler, "
         f"reading a trace of ten more steps of each, calls the same variants input-bound (from "
         f"{INPUT_BOUND_SHARE:.0%} of the step waiting, its 'HIGHLY input-bound'): "
-        f"{'; '.join(verdicts)}."), [f"timeline: {found.figure}", f"traces: {found.traces}"],
+        f"{'; '.join(verdicts)}. Per example, batched, with one parallel call per core against one: "
+        + "; ".join(f"{kind}: {c.describe()}" for kind, c in found.scaling.items()) +
+        ". Only work that lets go of Python's GIL scales with num_parallel_calls: a decoder written in Python "
+        "takes turns on one core however many calls run, so decode with TensorFlow ops (tf.io, tf.image), or "
+        "do the Python work once before training and cache its output."),
+        [f"timeline: {found.figure}", f"traces: {found.traces}"],
         failure=f"the profiler and the timeline disagree on {', '.join(disagree)}" if disagree else "")
 
 

@@ -15,7 +15,6 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -94,10 +93,6 @@ def add_command(sub) -> None:
     p.add_argument("--out", help="folder for report.md, load.jsonl and the chart (default load/<model name>/)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_load)
-
-
-class Interrupted(Exception):
-    """SIGTERM (what timeout, Kubernetes and CI send) stops the run as Ctrl-C does."""
 
 
 def _requests(args, out: Path, say):
@@ -210,11 +205,6 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
     bench = Bench(exports, requests, budget, sizes, rec, out / "loadgen")
     found = Found(model, budget, export_commands=commands or {}, not_exported=failed or {})
     cores = os.cpu_count() or 1
-
-    def on_term(signum, frame):
-        raise Interrupted()
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         runtimes = [r for r in runtimes if r in exports] or list(exports)
         if "savedmodel" in exports:
@@ -257,10 +247,9 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             say("LoadGen Offline ceiling and SingleStream overhead")
             found.ceiling = bench.ceiling(winner.config, winner.rate_within(budget))
             found.overhead = bench.generator_overhead(winner.config)
-    except (KeyboardInterrupt, Interrupted):
+    except (KeyboardInterrupt, flags.Stopped):  # SIGTERM raises Stopped through the command line's handler
         found.partial = "interrupted (Ctrl-C or SIGTERM)"
     finally:
-        signal.signal(signal.SIGTERM, previous)
         found.seconds = time.perf_counter() - started
         for s in found.swept:
             if not s.dropped:

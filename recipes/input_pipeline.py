@@ -81,6 +81,7 @@ def per_example(decode, parallel_calls: int, batch_size: int, examples: int) -> 
 
 TABLE = "input pipeline variants"
 KINDS = "num_parallel_calls by kind of work (per-example map, batched)"
+SCALES = 0.10  # a change under 10% with twice the calls is not scaling, whichever way the noise falls
 EVENTS: list[tuple[str, float, float]] = []  # (thread, start, end) of every load, written by the loader threads
 
 
@@ -220,12 +221,18 @@ def kinds_of_work(args, rec) -> dict:
             return tf.reduce_sum(y) + tf.cast(i, tf.float32) * 0.0
         return work
 
-    probe = tf.function(tf_work(8))
-    probe(tf.constant(0, tf.int64))
-    t0 = time.perf_counter()
-    for _ in range(20):
+    def seconds(reps: int) -> float:  # the fastest of a few calls
+        probe = tf.function(tf_work(reps))
         probe(tf.constant(0, tf.int64))
-    reps = max(int(8 * per_example_s / ((time.perf_counter() - t0) / 20)), 1)
+        took = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            probe(tf.constant(0, tf.int64))
+            took.append(time.perf_counter() - t0)
+        return min(took)
+
+    per_rep = max((seconds(64) - seconds(8)) / 56, 1e-7)  # the difference leaves out the call's own dispatch
+    reps = max(int(per_example_s / per_rep), 1)
     decoders = {
         "waits (I/O)": lambda i: tf.numpy_function(lambda _: (time.sleep(per_example_s), np.float32(0))[1], [i],
                                                    tf.float32),
@@ -245,7 +252,7 @@ def kinds_of_work(args, rec) -> dict:
             measured.append(timer.measure(batches, warmup=0))
             for _ in it:
                 pass
-        found[kind] = versus(*measured)
+        found[kind] = versus(*measured, threshold=SCALES)
         for m, c in zip(measured, (None, found[kind])):
             rec.add(KINDS, m.name, {"ms_per_batch": m.median_s * 1e3, "examples_per_s": m.items_per_s,
                                     "parallel_calls": 1 if c is None else cores}, primary="ms_per_batch",

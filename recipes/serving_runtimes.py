@@ -36,7 +36,9 @@ from tfperf.recipe import Conclusion, Recipe
 
 
 def convert(model, work: Path, calibration: np.ndarray) -> dict[str, Path]:
-    """The trained model as each runtime's file."""
+    """The trained model as each runtime's file, with the converters' own calls. `tfperf export` makes the same
+    files (tfperf.deploy.converters: ops a converter lacks named in one line, a faster tf2onnx path); a test
+    checks that the two answer alike."""
     import tensorflow as tf
     import tf2onnx
 

@@ -546,3 +546,21 @@ def test_profile_writes_a_trace_of_the_measured_steps(tmp_path, name, extra):
     traces = list((tmp_path / "trace").rglob("*.xplane.pb"))
     assert traces, f"{name} --profile wrote no trace"
     assert "## where the time went: " in out and "| op type |" in out  # read through XProf, printed
+
+
+def test_serving_runtimes_converts_as_tfperf_export_does(tmp_path):
+    """Issue 32: the recipe shows the converters' own API; `tfperf export` adds error naming and a faster tf2onnx
+    path. One truth: both conversions of the same model answer the same, within float32's error."""
+    from tfperf.deploy.layout import export_subject, load
+    from tfperf.deploy.loader import cookbook_subject
+    from tfperf.models import get_net
+
+    runtimes = load_recipe("serving_runtimes").measure.__globals__
+    model = get_net("mlp")
+    x = np.random.default_rng(0).normal(size=(4, *model.input_shape[1:])).astype(np.float32)
+    files = runtimes["convert"](model, tmp_path, x)
+    subject = cookbook_subject("mlp", model=model)
+    for runtime, fmt in (("LiteRT float32", "litert"), ("ONNX Runtime", "onnx")):
+        ours = load(export_subject(subject, tmp_path / "exports", name=fmt, format=fmt).path)({"inputs": x})["logits"]
+        theirs = runtimes["serve"](runtime, files[runtime], 1)(x)
+        np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)

@@ -168,8 +168,3 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
                      sum(w.seconds for w in used), tuple(windows), ok,
                      client_cpu_s=sum(cpu) * measured / total if total > 0 else 0.0,
                      process_cpu_s=cpu_end - cpu_begin, errors=tuple(errors))
-
-
-def littles_law_in_flight(throughput: float, latency_s: float) -> float:
-    """Little's law: requests in flight = throughput x time in the system."""
-    return throughput * latency_s

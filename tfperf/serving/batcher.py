@@ -21,7 +21,7 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 import numpy as np
@@ -185,12 +185,3 @@ def unbatched(make_call: Callable[[int], Callable[[Arrays], Arrays]], instances:
     """`instances` threads, each with its own instance, each running one request at a time as it comes."""
     return Batcher(make_call, BatchingOptions(max_batch_size=1, batch_timeout_micros=0, num_batch_threads=instances,
                                               max_enqueued_batches=10_000, idle_runs_now=True))
-
-
-def split_rows(inputs: Arrays, sizes: Sequence[int]) -> list[dict[str, np.ndarray]]:
-    """Inputs cut into consecutive requests of the given row counts."""
-    found, start = [], 0
-    for size in sizes:
-        found.append({k: v[start:start + size] for k, v in inputs.items()})
-        start += size
-    return found

@@ -96,7 +96,7 @@ def add_command(sub) -> None:
 
 
 def _requests(args, out: Path, say):
-    """(exports by runtime, one-row requests, export commands, runtimes not exported and why, model name)."""
+    """(exports by runtime, one-row requests, export commands, runtimes not exported and why)."""
     from tfperf.deploy.errors import InputError
     from tfperf.deploy.formats import format_of
     from tfperf.deploy.inputs import fit_inputs, make_inputs, read_sample, sample_inputs
@@ -122,13 +122,13 @@ def _requests(args, out: Path, say):
             rng = np.random.default_rng(args.seed)
             sample = {n: rng.normal(size=(rows, *shape)).astype(dtype) for n, dtype, shape in specs}
         inputs = fit_inputs(sample, specs, "--input")
-        return {runtime: path}, one_row_requests(inputs), {}, {}, path.name
+        return {runtime: path}, one_row_requests(inputs), {}, {}
     subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
                            signature=args.signature)
     inputs = sample_inputs(subject, sample) if sample is not None else make_inputs(subject, rows, seed=args.seed)
     exports, commands, failed = export_runtimes(subject, out, args.runtimes, sample,
                                                 ["--sample", args.input] if args.input else [], say)
-    return exports, one_row_requests(inputs), commands, failed, subject.name
+    return exports, one_row_requests(inputs), commands, failed
 
 
 def export_runtimes(subject, out: Path, runtimes, sample=None, flags_after: list[str] = (),
@@ -171,7 +171,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
     try:
         out.mkdir(parents=True, exist_ok=True)
-        exports, requests, commands, failed, _ = _requests(args, out, say)
+        exports, requests, commands, failed = _requests(args, out, say)
     except BaseException as exc:
         if created:  # refused before anything was measured: nothing is left on disk
             shutil.rmtree(out, ignore_errors=True)

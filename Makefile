@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # horovodrun starts `python` from PATH: it must be this environment's.
 RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: install report test clean
+.PHONY: install browser report test clean
 
 install: $(STAMP)
 
@@ -25,7 +25,11 @@ $(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh
 report: install
 	$(RUN) $(BIN)/tfperf run --quick --out results
 
-test: install
+# The suite opens report.html in a headless Chromium (a system package: apt-get where it may run).
+browser:
+	bash scripts/install_browser.sh
+
+test: install browser
 	$(RUN) $(BIN)/python -m pytest -q
 
 clean:

@@ -26,7 +26,7 @@ from tfperf import flags
 from tfperf.gpus import device_memory, reset_peak_memory
 from tfperf.measure import Elapsed, Timer, interleave, sync, versus
 from tfperf.measure.timer import synchronous_execution
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.measure.stats import FASTER
 
 # The technique: a front end that enqueues, and a clock that waits for the back end -----------------
@@ -237,7 +237,10 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"{right_ms:.0f} ms: a clock stopped without a sync reads {wrong.describe().replace('faster', 'too fast')}, "
         f"which is why tfperf's Timer waits for the devices (never copying the result to the host) before it "
         f"reads the clock. {same_work} {wait_text} So in TensorFlow only graph calls and raw ops really run "
-        f"ahead. {memory}"), [line])
+        f"ahead. {memory}"), [line],
+        headline=Headline("a clock read without a sync after queued graph calls",
+                          wrong.describe().replace("faster", "too fast"),
+                          "too fast" if wrong.verdict == FASTER else wrong.verdict, ("tf.function, asynchronous",)))
 
 
 # --steps here is the length of the loop of calls whose clock is read before and after the sync.

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.measure import Timer, one_after_another
 from tfperf.measure.stats import FASTER, Comparison
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.records.records import race_table
 
 # The technique: put independent work in one graph, and nothing has to order it ---------------------
@@ -136,7 +136,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
     return Conclusion(f"Two independent jobs in one graph, one per device, took {found.vs_sum[large]:.2f}x the sum of "
                       f"their times alone for large matmuls (against one after the other: "
                       f"{together[large]['both'].describe()}) and {found.vs_sum[small]:.2f}x for the chain of small "
-                      f"ops. {devices_text}{copy_text}")
+                      f"ops. {devices_text}{copy_text}",
+                      headline=Headline.compared("two chains of small ops in one graph against one after the other",
+                                                 same_small))
 
 
 RECIPE = Recipe(name="auto_parallelism", doc=__doc__, order=60, measure=measure, conclude=conclude,

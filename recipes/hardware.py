@@ -29,7 +29,7 @@ from tfperf.measure import Timer, interleave, versus
 from tfperf.measure.timer import matmul_flops_per_s
 from tfperf.catalog import MODEL_NAMES
 from tfperf.models import activation_bytes, flops, get_net
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.records.report import save_figure
 from tfperf.measure.stats import NO_DIFFERENCE, Comparison
 
@@ -362,7 +362,11 @@ def conclude(args, rec, found: Found) -> Conclusion:
         + ". A model far below its roof is limited by something else: dispatch, small kernels, or the "
         "memory traffic of element-wise layers that the FLOP count ignores." + gpu_text(found.gpu, bandwidth)),
         lines,
-        "" if agree else "the per-call clock disagrees with chained matmuls read back")
+        "" if agree else "the per-call clock disagrees with chained matmuls read back",
+        Headline("this machine's roofline: float32 matmul peak, memory bandwidth, ridge point",
+                 f"{peak / 1e9:.0f} GFLOP/s, {bandwidth / 1e9:.1f} GB/s, ridge {ridge:.0f} FLOP/byte",
+                 "per-call clock agrees with chained matmuls" if agree else "per-call clock DISAGREES",
+                 (clock_check.baseline, clock_check.candidate)))
 
 
 def gpu_text(gpu: dict | None, host_bandwidth: float) -> str:

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf.measure import Timer, peak_matmul_flops_per_s, timing_ms
 from tfperf.models import flops, get_net
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.records.records import Raced, race_table
 
 # The technique: the same forward pass, each rung taking away a layer of per-call overhead -----------
@@ -183,7 +183,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"{passes['GELU chain, XLA']:.1f} memory passes against {passes['GELU chain, tf.function']:.1f} unfused "
         f"(one pass reaches {bandwidth[ONE_PASS] / bandwidth[yardstick]:.2f}x {copy}'s bandwidth). "
         f"On this machine XLA {said(*verdicts.values())}: it pays where fusing ops saves memory passes or "
-        f"dispatches, not where one big matmul already runs at the library's speed."), lines)
+        f"dispatches, not where one big matmul already runs at the library's speed."), lines,
+        headline=Headline.compared("tf.function against eager, one batch-1 call of an MLP", lc["tf.function"]))
 
 
 RECIPE = Recipe(name="hybridize", doc=__doc__, order=10, measure=measure, conclude=conclude, add_flags=add_flags,

@@ -27,7 +27,7 @@ from tfperf import flags
 from tfperf.measure import Timer, versus
 from tfperf.measure.profiles import INPUT_BOUND_SHARE, input_analysis, trace_files
 from tfperf.models import get_net
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.records.report import timeline_chart
 from tfperf.train import make_train_step
 
@@ -299,7 +299,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         "takes turns on one core however many calls run, so decode with TensorFlow ops (tf.io, tf.image), or "
         "do the Python work once before training and cache its output."),
         [f"timeline: {found.figure}", f"traces: {found.traces}"],
-        failure=f"the profiler and the timeline disagree on {', '.join(disagree)}" if disagree else "")
+        failure=f"the profiler and the timeline disagree on {', '.join(disagree)}" if disagree else "",
+        headline=Headline.recorded("parallel map + prefetch against a naive pipeline, per training step", gain))
 
 
 RECIPE = Recipe(name="input_pipeline", doc=__doc__, order=40, measure=measure, conclude=conclude, add_flags=add_flags,

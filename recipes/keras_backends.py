@@ -23,7 +23,7 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.measure.processes import ChildError
-from tfperf.recipe import Conclusion, Recipe, RecipeError
+from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 
 # The technique: the backend is chosen before Keras is imported ---------------------------------------
 # "My model got slower after moving to Keras 3" is the most frequent performance complaint of the last
@@ -342,7 +342,12 @@ def conclude(args, rec, found: Found) -> Conclusion:
     if missing:
         text += " Not measured: " + "; ".join(f"{s} ({why}; install it with `{INSTALL[s]}`)"
                                              for s, why in missing.items()) + "."
-    return Conclusion(text, lines, failure)
+    headline = None
+    if others:
+        stack = "Keras 3, TensorFlow" if "Keras 3, TensorFlow" in others else others[0]
+        headline = Headline.compared(f"{MODELS[0]} fit throughput, {stack} against {baseline}",
+                                     compare[FIT, MODELS[0], stack])
+    return Conclusion(text, lines, failure, headline)
 
 
 RECIPE = Recipe(name="keras_backends", doc=__doc__, order=150, measure=measure, conclude=conclude,

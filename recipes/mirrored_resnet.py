@@ -24,7 +24,7 @@ from tfperf.measure import Timer, interleave, peak_matmul_flops_per_s, versus
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import device_plan, usable_cores
 from tfperf.models import flops, get_net
-from tfperf.recipe import Conclusion, Recipe, RecipeError
+from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 from tfperf.measure.stats import FASTER, SLOWER, Comparison
 from tfperf.train import fit_epochs
 
@@ -162,7 +162,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"Mirroring ResNet-18 over {args.devices} devices against one device, per example: {verdict} "
         f"({many['s_per_epoch']:.2f} s against {one['s_per_epoch']:.2f} s per epoch of {n_train} examples), with the "
         f"global batch {many['global_batch']} and the rate scaled to {many['lr']:g}. {why} Test accuracy "
-        f"{one['test_accuracy']:.3f} on one device and {many['test_accuracy']:.3f} on {args.devices}.{short}"), [line])
+        f"{one['test_accuracy']:.3f} on one device and {many['test_accuracy']:.3f} on {args.devices}.{short}"), [line],
+        headline=(Headline.compared(f"MirroredStrategy, ResNet-18 on {args.devices} devices against 1, per example",
+                                    speed) if speed else None))
 
 
 RECIPE = Recipe(name="mirrored_resnet", doc=__doc__, order=90, measure=measure, conclude=conclude,

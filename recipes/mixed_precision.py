@@ -29,7 +29,7 @@ from tfperf.measure.stats import FASTER, Comparison
 from tfperf.measure.timer import matmul_flops_per_s
 from tfperf.models import activation_bytes, get_net
 from tfperf.precision import dtype_policy, hardware_summary
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.records.records import race_table
 from tfperf.train import accuracy
 
@@ -186,7 +186,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
                  f"rate, so the float32 the mixed policies are judged against is already tensor-core arithmetic; "
                  f"its loss differs from TF32 off by {-results[exact]['loss_diff']:+.3f}.")
     failure = "" if all(ok.values()) else "a row departed from float32 beyond the tolerance"
-    return Conclusion(text, [line], failure)
+    best = max(("mixed_float16", "mixed_bfloat16"), key=lambda p: against[p].ratio)
+    return Conclusion(text, [line], failure,
+                      Headline.compared(f"a training step under {best} (the better policy) against float32", against[best]))
 
 
 RECIPE = Recipe(name="mixed_precision", doc=__doc__, order=30, measure=measure, conclude=conclude,

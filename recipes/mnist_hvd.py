@@ -30,7 +30,7 @@ from tfperf.measure import Measurement, Timer, profiled
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import usable_cores
 from tfperf.models import get_net
-from tfperf.recipe import Conclusion, Recipe, RecipeError
+from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 from tfperf.train import accuracy
 
 # The technique: data parallelism in a handful of Horovod calls -----------------------------------------
@@ -229,7 +229,10 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"so the total cannot grow past one process using all of them; Horovod's gain is on machines with a "
         f"GPU (or a whole host) per rank, where each rank adds its own compute and only the all-reduce is "
         f"shared (see scaling_model). The weights were identical on all ranks after training "
-        f"(largest difference {drift:g})."), lines, "" if drift == 0.0 else "ranks ended with different weights")
+        f"(largest difference {drift:g})."), lines, "" if drift == 0.0 else "ranks ended with different weights",
+        Headline(f"Horovod data parallelism on {size} rank(s) of this host",
+                 f"{per_rank.sum():.0f} samples/s in total, test accuracy {test_accuracy:.3f}",
+                 "weights identical on all ranks" if drift == 0.0 else "ranks DIFFER"))
 
 
 # Horovod's ranks are separate processes that its launcher starts. The main job runs two: enough for a real

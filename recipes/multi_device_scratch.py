@@ -25,7 +25,7 @@ from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import device_plan, usable_cores
 from tfperf.models import get_net
 from tfperf.measure.stats import FASTER, Comparison
-from tfperf.recipe import Conclusion, Recipe, RecipeError
+from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 
 
 
@@ -213,7 +213,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"epoch on {args.devices} devices: {speed}. {cpu_note}Data parallelism pays when each device brings its own compute and "
         f"the per-device slice is large enough that the all-reduce (here through the first device, a "
         f"bottleneck that ring all-reduce removes) is small next to the step.")
-    return Conclusion(text, [line], "" if agrees else "data-parallel training diverged from one device")
+    headline = Headline.compared(f"data parallelism from scratch, {args.devices} devices against 1, per epoch",
+                                 comparison) if comparison else None
+    return Conclusion(text, [line], "" if agrees else "data-parallel training diverged from one device", headline)
 
 
 RECIPE = Recipe(name="multi_device_scratch", doc=__doc__, order=80, measure=measure, conclude=conclude,

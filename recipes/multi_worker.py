@@ -30,7 +30,7 @@ from tfperf.cluster import ClusterError, local_cluster, tf_config
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
 from tfperf.gpus import child_gpu_env, host_gpu_count, worker_gpus
-from tfperf.recipe import Conclusion, Recipe, RecipeError
+from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 from tfperf.measure.stats import FASTER, SLOWER
 
 # The technique: one worker's part of synchronous training over processes ------------------------------
@@ -224,7 +224,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"{args.workers} worker processes trained {'exactly ' if agrees else 'NOT '}like one process on the same "
         f"global batches (weights within {weight_diff:.2g} after {AGREEMENT_STEPS} steps; workers identical to "
         f"{between:g}). Against one process: {speed.describe()}. {why}{ring}"), [line],
-        "" if agrees else "the workers did not train like one process")
+        "" if agrees else "the workers did not train like one process",
+        Headline(f"MultiWorkerMirroredStrategy, {args.workers} worker processes against 1, same global batch",
+                 speed.describe(), speed.verdict))
 
 
 def task(args) -> int:

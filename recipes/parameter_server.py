@@ -29,7 +29,7 @@ from tfperf.cluster import ClusterError, LocalCluster, local_cluster
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
 from tfperf.gpus import child_gpu_env, host_gpu_count, worker_gpus
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.measure.stats import FASTER, SLOWER, Comparison
 
 # The technique: a ps/worker/coordinator cluster, and push and pull as variable reads and writes -------
@@ -236,7 +236,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"{args.workers} asynchronous workers against one, in samples per second: {speed.describe()} (test "
         f"accuracy {many['test_accuracy']:.3f} against {one['test_accuracy']:.3f} after the same number of steps; "
         f"asynchronous workers apply gradients computed on parameters that others have since changed, and one "
-        f"short run is noisy). {why}{traffic}"), [line])
+        f"short run is noisy). {why}{traffic}"), [line],
+        headline=Headline(f"ParameterServerStrategy, {args.workers} asynchronous workers against 1",
+                          speed.describe(), speed.verdict))
 
 
 # --steps here is the length of the timed training run, in blocks (asynchronous workers have no common step).

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf.measure import Timer, interleave, timing_ms, versus
 from tfperf.models import default_input_shape, get_net
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 
 
 
@@ -150,7 +150,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"for all batch sizes ({retraces} retraces)."
     )
     failure = "" if outputs_match and not retraces else "the reloaded model disagrees with the in-process one, or retraced"
-    return Conclusion(conclusion, [line], failure)
+    return Conclusion(conclusion, [line], failure, Headline.compared(
+        f"the reloaded SavedModel signature against the in-process Keras model, batch {small}", reloaded_vs[small]))
 
 
 RECIPE = Recipe(name="saved_model", doc=__doc__, order=140, measure=measure, conclude=conclude, add_flags=add_flags,

@@ -23,7 +23,7 @@ from tfperf import flags
 from tfperf.cluster import ClusterError
 from tfperf.measure.processes import replies, reply
 from tfperf.devices import usable_cores
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.measure.stats import median_ci
 
 # The model: a step on n ranks takes t1 + t2 ----------------------------------------------------------
@@ -300,7 +300,20 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"{r101['t1_ms']:.0f} ms step: {r101['efficiency_no_overlap']:.0%} efficiency if the two run one after "
         f"the other, {r101['efficiency_full_overlap']:.0%} if fully overlapped. Horovod's published 90% lies "
         f"between: it starts all-reducing early layers' gradients while backpropagation is still running "
-        f"and fuses small tensors into large messages, which hides most, not all, of t2."), lines)
+        f"and fuses small tensors into large messages, which hides most, not all, of t2."), lines,
+        headline=scaling_headline(errors, cores))
+
+
+def scaling_headline(errors: dict[str, float], cores: int) -> Headline:
+    """The model's largest error where each rank has a core of its own, and apart where ranks crowd the cores."""
+    own = {row: e for row, e in errors.items() if int(row.split("=")[1]) <= cores} or errors
+    worst = max(own, key=lambda row: abs(own[row]))
+    crowded = {row: e for row, e in errors.items() if row not in own}
+    figure = f"largest error {own[worst]:+.0%} ({worst})" + "".join(
+        f"; {e:+.0%} at {row}, more ranks than the {cores} cores" for row, e in crowded.items())
+    held = abs(own[worst]) <= GOAL
+    return Headline("the scaling model t1 + t2 against mnist_hvd's measured throughput", figure,
+                    f"{'within' if held else 'outside'} the +-{GOAL:.0%} goal where each rank has a core")
 
 
 RECIPE = Recipe(name="scaling_model", doc=__doc__, order=130, measure=measure, conclude=conclude, add_flags=add_flags,

@@ -26,7 +26,7 @@ from tfperf.measure import Measurement, Timer, fresh_processes, interleave, vers
 from tfperf.measure.processes import reply, run_child
 from tfperf.measure.stats import FASTER, NO_DIFFERENCE, SLOWER, Comparison
 from tfperf.precision import cpu_int8_support
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 
 # The technique: one trained Keras model, converted for each runtime, and each runtime's own calls -------
 # At batch 1, the shape of most online requests, the runtime is a lever: TensorFlow runs a reloaded
@@ -366,7 +366,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
     )
     failure = "" if worst_float <= FLOAT_TOLERANCE else \
         f"a float32 export disagrees with Keras by {worst_float:.1e} (over {FLOAT_TOLERANCE:g})"
-    return Conclusion(text, lines, failure)
+    return Conclusion(text, lines, failure,
+                      Headline.compared(f"the best batch-1 runtime, {best}, against {BASELINE}", best_vs))
 
 
 RECIPE = Recipe(name="serving_runtimes", doc=__doc__, order=145, measure=measure, conclude=conclude,

@@ -27,7 +27,7 @@ from tfperf import flags
 from tfperf.measure.load import closed_loop
 from tfperf.measure.measurement import Measurement, versus
 from tfperf.models import default_input_shape, get_net
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 
 
 # The technique: a dynamic batcher, plain threads and a queue --------------------------------------------
@@ -203,7 +203,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"load a batching timeout is pure cost. Little's law holds: the clients' requests in flight equal "
         f"throughput x mean latency within {found.littles_law:.1%} at every level.")
     failure = "" if found.littles_law < 0.15 else "Little's law is off by more than 15%: the clock or the counts are wrong"
-    return Conclusion(text, lines, failure)
+    return Conclusion(text, lines, failure, Headline.compared(
+        "a 5 ms batching timeout against no batching, one request at a time (median latency)",
+        cost["batched, 5 ms timeout"]))
 
 
 RECIPE = Recipe(name="serving_under_load", doc=__doc__, order=147, measure=measure, conclude=conclude,

@@ -27,7 +27,7 @@ from tfperf.data import load_arrays, to_dataset
 from tfperf.models import flops, get_net
 from tfperf.gpus import mixed_policy_here
 from tfperf.precision import dtype_policy, hardware_summary
-from tfperf.recipe import Conclusion, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe
 from tfperf.measure.stats import FASTER, Comparison
 from tfperf.train import accuracy, fit_epochs
 
@@ -311,7 +311,10 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"{xla_note} At {top['mfu']:.0%} MFU most of a step is not matmul arithmetic: this {args.model}'s "
         f"layers are small, so per-step dispatch, the optimizer update and memory-bound ops weigh; the kept rungs "
         f"attack exactly that. {found.mixed}: {hardware_summary()}."), [line], "" if not frozen else
-        f"{', '.join(frozen)} replayed one order every epoch: a cache after the shuffle freezes it")
+        f"{', '.join(frozen)} replayed one order every epoch: a cache after the shuffle freezes it",
+        Headline(f"the best training configuration ({' + '.join(kept)}, {top['mfu']:.1%} MFU) against plain fit",
+                 summary, headline.verdict if headline else "no measurable difference",
+                 (headline.baseline, headline.candidate) if headline else ()))
 
 
 RECIPE = Recipe(name="training_ladder", doc=__doc__, order=20, measure=measure, conclude=conclude,

@@ -32,3 +32,20 @@ def recipe(name):
 def tfperf_cli():
     """Run `python -m tfperf ...`."""
     return lambda *args, **kw: run([sys.executable, "-m", "tfperf", *args], **kw)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the session's pages (`make test` installs Debian's chromium-headless-shell;
+    without it the page tests are skipped on a developer's machine and fail in CI)."""
+    from browser import Browser, executable
+
+    exe = executable()
+    if exe is None:
+        message = "no headless Chromium on PATH: `make test` installs it (scripts/install_browser.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    opened = Browser(exe)
+    yield opened
+    opened.close()

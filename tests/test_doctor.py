@@ -214,7 +214,8 @@ def test_a_saved_model_from_a_tf_module_without_keras_and_with_a_fake_gpus_tf32(
         training(subject, None, doctor.Options(**TINY, train=True, loss="mse"), print)
 
 
-def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command_reproduces(tmp_path, capsys):
+def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command_reproduces(tmp_path, capsys,
+                                                                                          browser):
     keras.utils.set_random_seed(0)
     model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
     model.save(tmp_path / "mobilenet.keras")
@@ -236,6 +237,13 @@ def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command
     assert not [a for a, _ in d.advice if a.section.startswith("retracing")]
     assert all(a.pitfall for a, _ in d.pitfalls)
     assert "Pitfalls, measured on your model" in doctor.summary(d) or not d.pitfalls
+    # Its report.html, as a person sees it: the headline first, the advice open beneath it, no errors.
+    from browser import look_at
+
+    seen = look_at(browser, tmp_path / "out" / "report.html", tmp_path / "doctor.png")
+    assert seen["errors"] == [] and seen["broken_images"] == 0 and seen["folded"] == 0
+    assert seen["findings_rows"] == 1 and 0 < seen["findings_top"] < seen["height"]
+    assert ("the largest gain:" if d.advice else "none measurably faster") in seen["first_screen"]
     # The runtime rows time the very files their "Apply:" command writes.
     onnx = next(f for f in d.findings if f.row == "ONNX Runtime" and f.section == "batch 1 latency")
     command = onnx.code.split()

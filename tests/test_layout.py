@@ -88,3 +88,10 @@ def test_every_name_the_faces_offer_resolves():
         module = importlib.import_module(package)
         for name in module._LAZY:
             assert getattr(module, name) is not None, (package, name)
+
+
+def test_every_recipe_gives_the_report_its_headline():
+    from tfperf.recipe import declarations
+
+    for declared in declarations(PACKAGE.parent / "recipes"):
+        assert "Headline" in declared.path.read_text().split("def conclude", 1)[-1], declared.name

@@ -8,6 +8,7 @@ import tensorflow as tf
 import pytest
 
 from conftest import recipe, run
+from tfperf.records.findings import headline_path, read_headline
 from tfperf.records.records import read_records
 
 TINY = ["--quick", "--steps", "2", "--warmup", "0"]
@@ -53,6 +54,8 @@ def test_hybridize_measures_its_ladder_in_process(hybridize_run):
     assert conclusion.text.startswith("At batch 1") and not conclusion.failure
     assert any("x the compute limit" in line for line in conclusion.lines)
     assert any("x a NumPy copy" in line for line in conclusion.lines)
+    assert conclusion.headline.rests_on == ("eager", "tf.function")  # rows of its table, for the report's caution
+    assert conclusion.headline.verdict in conclusion.headline.figure
 
 
 def test_hybridize_on_a_gpu_reads_the_chain_against_a_copy_in_gpu_memory():
@@ -94,6 +97,8 @@ def test_saved_model_recipe_times_load_and_latency(tmp_path):
     assert latency == ["in-process, batch 1", "reloaded, batch 1", "in-process, batch 4", "reloaded, batch 4"]
     for r in records:
         assert r["metrics"][r["primary"]] > 0
+    headline = read_headline(headline_path(tmp_path, "saved_model"))  # the report's line for it
+    assert set(headline.rests_on) == {"in-process, batch 1", "reloaded, batch 1"} and headline.verdict
 
 
 def test_serving_runtimes_times_every_runtime_and_checks_their_answers(tmp_path):

@@ -19,6 +19,9 @@ def rec(row, value, *, table="t", lower=True, recipe="demo"):
 
 
 def test_environment_names_what_a_figure_depends_on():
+    import keras  # noqa: F401  (the environment names TensorFlow's and Keras' figures once they are in use)
+    import tensorflow  # noqa: F401
+
     env = environment()
     for key in ("tensorflow", "keras", "python", "cpu", "cores", "gpus", "intra_op_threads",
                 "xla_auto_jit", "tfperf", "git_commit", "git_dirty", "load_average", "cpu_frequency", "variables"):
@@ -143,11 +146,66 @@ def test_rows_with_samples_get_a_bootstrapped_ci_against_the_first_row():
     assert "no measurable difference" in lines[3] and "slower" in lines[4]
 
 
-def test_unstable_rows_are_flagged_under_the_table():
+def test_unstable_rows_are_summed_up_once_per_table_and_named_when_a_verdict_rests_on_them():
     noisy = Measurement("noisy", tuple([1.0, 2.0] * 10))
-    table = markdown_table([make_record("demo", "t", "noisy", {"ms": 1.5}, primary="ms", lower_is_better=True,
-                                        env=ENV, measurement=noisy)])
-    assert "| noisy (!) |" in table and "(!) noisy: unstable" in table
+    steady = Measurement("steady", tuple([1.0] * 20))
+    base = make_record("demo", "t", "steady", {"ms": 1.0}, primary="ms", lower_is_better=True, env=ENV,
+                       measurement=steady)
+    judged = make_record("demo", "t", "noisy", {"ms": 1.5}, primary="ms", lower_is_better=True, env=ENV,
+                         measurement=noisy, comparison=versus(steady, noisy))
+    table = markdown_table([base, judged])
+    assert "| noisy (!) |" in table and "| steady |" in table  # the per-row mark stays
+    assert "(!) 1 of 2 rows unstable" in table and "the verdicts of noisy rest on one" in table
+    assert "--repeat 3" in table and "- noisy: unstable: IQR" in table
+    folded = markdown_table([base, judged], fold=True)
+    assert "<details><summary>the unstable rows</summary>" in folded and "- noisy: unstable" in folded
+    alone = markdown_table([base, make_record("demo", "t", "noisy", {"ms": 1.5}, primary="ms", lower_is_better=True,
+                                              env=ENV, measurement=noisy)], columns=["ms"])
+    assert markdown_table([base]).count("(!)") == 0
+    assert "(!) 1 of 2 rows unstable" in alone
+
+
+def test_the_report_opens_with_each_recipes_headline_and_cautions_one_resting_on_an_unstable_row(tmp_path):
+    from tfperf.records.findings import Headline, read_headline, headline_path
+
+    noisy = Measurement("fast", tuple([1.0, 2.0] * 10))
+    slow = Measurement("slow", tuple([3.0] * 20))
+    records = [make_record("demo", "t", "slow", {"ms": 3.0}, primary="ms", lower_is_better=True, env=ENV,
+                           measurement=slow),
+               make_record("demo", "t", "fast", {"ms": 1.5}, primary="ms", lower_is_better=True, env=ENV,
+                           measurement=noisy, comparison=versus(slow, noisy))]
+    write_records(tmp_path / "demo.jsonl", records)
+    write_records(tmp_path / "other.jsonl", [rec("a", 2.0, recipe="other")])
+    Headline.recorded("fast against slow", records[1]).save(tmp_path, "demo")
+    assert read_headline(headline_path(tmp_path, "demo")).rests_on == ("slow", "fast")
+    text = build_report(tmp_path, order=["demo", "other"]).read_text()
+    findings = text.split("## demo")[0]
+    assert findings.index("## What this run found") < text.index("## demo")
+    demo = next(l for l in findings.splitlines() if l.startswith("| [demo](#demo)"))
+    assert "fast against slow" in demo and "faster" in demo and "rests on an unstable row: fast" in demo
+    assert "| [other](#other) | (no headline" in findings
+    headline_path(tmp_path, "other").write_text("[not a headline")  # a broken file: the report still builds
+    assert "(no headline" in build_report(tmp_path).read_text().split("## demo")[0]
+
+
+def test_report_html_keeps_only_what_a_report_uses_and_inlines_its_charts(tmp_path):
+    from tfperf.records.html import to_html
+
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "c.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path.parent / "outside.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    page = to_html("# t\n\n## found\n\n| a | b |\n|---|---|\n| [x](#s) | 2 |\n\n## s\n\n"
+                   "![c](figures/c.png) ![o](../outside.png) <script>alert(1)</script> "
+                   "<img src=x onerror=alert(2)> [out](https://example.com) <details><summary>k</summary>v</details>\n",
+                   tmp_path)
+    body = page.split("<body>")[1].split("<script>")[0]  # the page's one script (sorting, opening) follows
+    assert page.count("<script>") == 1 and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "onerror" not in body and "<img>" in body  # the attribute is dropped, the tag kept bare
+    assert '<img alt="c" src="data:image/png;base64,iVBORw0KGgo=">' in body  # inlined: no file, no network
+    assert '<img alt="o">' in body and "outside" not in body  # a file outside the report's folder is not read
+    assert '<a href="#s">x</a>' in body and "<a>out</a>" in body and "example.com" not in body
+    assert "<details><summary>k</summary>v</details>" in body and "</img>" not in body
+    assert '<section id="found">' in body and '<section id="s">' in body  # a report of one part stays open
 
 
 def test_recorder_keeps_tables_apart(tmp_path):
@@ -172,3 +230,39 @@ def test_the_report_shows_the_spread_and_verdicts_across_reruns():
     assert "ms across 3 runs" in table
     line = next(l for l in table.splitlines() if l.startswith("| b |"))
     assert "8-10 (spread 22%)" in line and "faster 2/3, no measurable difference 1/3" in line
+
+
+def test_report_html_in_a_browser_opens_with_the_findings_sorts_and_unfolds(tmp_path, browser):
+    from browser import look_at
+    from tfperf.records.findings import Headline
+
+    fast, slow = Measurement("fast", tuple([1.0, 1.1] * 10)), Measurement("slow", tuple([3.0, 3.1] * 10))
+    for recipe in ("alpha", "beta", "gamma"):
+        write_records(tmp_path / f"{recipe}.jsonl", [
+            make_record(recipe, "t", "slow", {"ms": 3.0}, primary="ms", lower_is_better=True, env=ENV, measurement=slow),
+            make_record(recipe, "t", "fast", {"ms": 1.0}, primary="ms", lower_is_better=True, env=ENV, measurement=fast,
+                        comparison=versus(slow, fast)),
+            make_record(recipe, "t", "<img src=x onerror=console.error('injected')>", {"ms": 20.0}, primary="ms",
+                        lower_is_better=True, env=ENV)])
+        write_conclusion(tmp_path, recipe, f"{recipe}: fast is faster. <script>console.error('injected')</script>")
+        Headline(f"{recipe} lesson", f"{recipe} figure", "faster").save(tmp_path, recipe)
+    page = build_report(tmp_path).with_suffix(".html")
+    seen = look_at(browser, page, tmp_path / "report.png")
+    assert seen["errors"] == []  # nothing injected ran, nothing failed to load
+    assert seen["broken_images"] == 0 and seen["folded"] == 3
+    assert 0 < seen["findings_top"] < seen["findings_bottom"] <= seen["height"]  # on the first screen
+    assert seen["findings_rows"] == 3 and "alpha lesson" in seen["first_screen"]
+    assert "fast is faster" not in seen["first_screen"]  # the sections are folded under the findings
+    shot = (tmp_path / "report.png").read_bytes()
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000
+    # A click on a column's header sorts the table by it, numbers by value; a second click reverses.
+    order = """Array.from(document.querySelectorAll('#alpha table')[0].tBodies[0].rows, r => r.cells[0].textContent)"""
+    browser.evaluate("document.getElementById('alpha').open = true")
+    browser.evaluate("document.querySelectorAll('#alpha table')[0].tHead.rows[0].cells[1].click()")
+    assert browser.evaluate(order)[0] == "fast"
+    browser.evaluate("document.querySelectorAll('#alpha table')[0].tHead.rows[0].cells[1].click()")
+    assert browser.evaluate(order)[0].startswith("<img")  # shown as text, never as an element
+    # A finding's link unfolds its section.
+    browser.evaluate("document.querySelector('a[href=\"#beta\"]').click()")
+    assert browser.evaluate("document.getElementById('beta').open") is True
+    assert browser.errors() == []

@@ -59,6 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run every recipe (or --only some), --repeat times each in fresh processes, then write the report."""
     import shutil
 
+    from tfperf.records.findings import headline_path
     from tfperf.records.report import build_report
 
     out = Path(args.out)
@@ -77,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             where = repeat_dir(out, run)
             log = logs / (f"{recipe.name}.log" if run == 1 else f"{recipe.name}.{run}.log")
+            headline_path(where, recipe.name).unlink(missing_ok=True)  # an earlier run's must not speak for this one
             with open(log, "w") as f:
                 rc = subprocess.run(recipe_command(recipe, where, args.quick), stdout=f, stderr=subprocess.STDOUT,
                                     env=env, stdin=subprocess.DEVNULL).returncode
@@ -93,7 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"report: not written, no recipe recorded anything ({runs}, "
               f"{time.perf_counter() - started:.0f} s)")
     else:
-        print(f"report: {report} ({runs}, {time.perf_counter() - started:.0f} s)")
+        print(f"report: {report} and {report.with_suffix('.html').name} ({runs}, "
+              f"{time.perf_counter() - started:.0f} s)")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -196,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"tfperf {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=flags.ArgumentParser)
 
-    run = sub.add_parser("run", help="the main job: run the recipes and write results/report.md")
+    run = sub.add_parser("run", help="the main job: run the recipes and write results/report.md and report.html")
     run.add_argument("--quick", action="store_true", help="each recipe at its --quick size")
     run.add_argument("--out", default="results", help="folder for records, logs, figures and the report")
     run.add_argument("--only", nargs="+", default=(), metavar="RECIPE", help="run only these recipes")
@@ -206,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run each recipe N times in fresh processes; the report shows the run-to-run spread")
     run.set_defaults(func=cmd_run)
 
-    report = sub.add_parser("report", help="rebuild report.md from the records in a folder")
+    report = sub.add_parser("report", help="rebuild report.md and report.html from the records in a folder")
     report.add_argument("dir", nargs="?", default="results")
     report.set_defaults(func=cmd_report)
 

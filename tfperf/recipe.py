@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf import flags
+from tfperf.records.findings import Headline, headline_path
 from tfperf.records.records import Recorder
 
 # The shared flags a recipe may declare it uses, with what they mean when it does.
@@ -57,11 +58,13 @@ def where_the_time_went(profile_dir: str | Path, *, since: float = 0.0, limit: i
 @dataclasses.dataclass(frozen=True)
 class Conclusion:
     """What a recipe concludes from its own run: the paragraph for the report, key lines printed before it,
-    and, when a check the recipe makes failed, what failed (printed last; the script exits 1)."""
+    when a check the recipe makes failed, what failed (printed last; the script exits 1), and its headline:
+    the one line of the report's findings table."""
 
     text: str
     lines: Sequence[str] = ()
     failure: str = ""
+    headline: Headline | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +155,10 @@ class Recipe:
         for line in conclusion.lines:
             print(line)
         write_conclusion(args.out, self.name, conclusion.text)
+        if conclusion.headline is not None:
+            conclusion.headline.save(args.out, self.name)
+        else:  # a headline left by an earlier run would speak for this one
+            headline_path(args.out, self.name).unlink(missing_ok=True)
         print(f"\n{conclusion.text}", flush=True)
         if conclusion.failure:
             print(f"{self.name}: FAILED: {conclusion.failure}", file=sys.stderr)

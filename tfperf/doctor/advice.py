@@ -142,8 +142,18 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
 
 def write_report(d: Diagnosis, out: Path, *, goal_s: float | None = None) -> Path:
     """out/doctor.jsonl (the cookbook's record format), out/report.md with tables and figures."""
+    from tfperf.records.findings import Headline
     from tfperf.records.report import build_report, write_conclusion
 
     d.recorder.save(out)
     write_conclusion(out, RECIPE, summary(d, goal_s=goal_s))
-    return build_report(out, order=[RECIPE], title=f"tfperf doctor: {d.subject.name}")
+    if d.advice:
+        top, _ = d.advice[0]
+        headline = Headline.compared(f"the largest gain: {top.row} instead of {top.baseline} ({top.section})",
+                                     top.comparison)
+    else:
+        headline = Headline("changes measured on this model", "none measurably faster with the same answers",
+                            "no advice")
+    headline.save(out, RECIPE)
+    return build_report(out, order=[RECIPE], title=f"tfperf doctor: {d.subject.name}",
+                        steadier="rerun the doctor without --quick (more rounds), or on a quieter machine")

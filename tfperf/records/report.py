@@ -14,6 +14,10 @@ from tfperf.records.records import atomic_write_text, read_records
 Record = Mapping[str, Any]
 # `tfperf run --repeat N` writes runs 2..N under <out>/repeats/<run>/; the report reads them from there.
 REPEATS = "repeats"
+# The report's first section: one line per recipe (its headline).
+FINDINGS = "What this run found"
+# What a reader can do about a verdict that rests on an unstable row.
+STEADIER = "rerun with `tfperf run --repeat 3`, or on a quieter machine"
 
 
 def fmt(value: Any) -> str:
@@ -74,13 +78,16 @@ def per_call_samples(record: Record) -> list[float]:
 
 
 def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = None, *,
-                   reruns: Sequence[Sequence[Record]] = ()) -> str:
+                   reruns: Sequence[Sequence[Record]] = (), fold: bool = False, steadier: str = STEADIER) -> str:
     """A Markdown table of one recipe table: metrics, the primary metric's 95% CI, and each row against
     the row it was compared with (or the first row) with the ratio's CI and verdict.
 
     Args:
         reruns: the same table from other runs in fresh processes (`tfperf run --repeat`): a column then
             shows each row's primary metric across all runs and how often each verdict came out.
+        fold: put each unstable row's warnings in an HTML <details> under the table's one-line summary
+            (a report); otherwise list them (a terminal).
+        steadier: what to do when a verdict rests on an unstable row.
     """
     if not records:
         raise ValueError("no records to tabulate")
@@ -95,11 +102,8 @@ def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = No
               *([f"{records[0]['primary']} across {len(reruns) + 1} runs"] if reruns else [])]
     by_row = {r["row"]: r for r in records}
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    notes = []
     for r in records:
-        warnings = (r.get("timing") or {}).get("warnings") or []
-        name = r["row"] + (" (!)" if warnings else "")
-        notes += [f"(!) {r['row']}: {w}" for w in warnings]
+        name = r["row"] + (" (!)" if (r.get("timing") or {}).get("warnings") else "")
         cells = [name, *(fmt(r["metrics"].get(c)) for c in columns)]
         if with_ci:
             cells.append(f"{fmt(r['ci95'][0])}-{fmt(r['ci95'][1])}" if r.get("ci95") else "-")
@@ -111,7 +115,31 @@ def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = No
         if reruns:
             cells.append(run_to_run(r, [x for run in reruns for x in run if x["row"] == r["row"]]))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + ([""] + notes if notes else []))
+    summary, per_row = instability(records, steadier)
+    if not summary:
+        return "\n".join(lines)
+    if fold:
+        per_row = ["<details><summary>the unstable rows</summary>", "", *per_row, "", "</details>"]
+    return "\n".join([*lines, "", summary, "", *per_row])
+
+
+def instability(records: Sequence[Record], steadier: str = STEADIER) -> tuple[str, list[str]]:
+    """A table's unstable rows said once: ('(!) 3 of 7 rows unstable; the verdicts of a, b rest on one: ...',
+    ['- a: IQR is ...', ...]), or ('', []) when every row was steady."""
+    warned = {r["row"]: r["timing"]["warnings"] for r in records if (r.get("timing") or {}).get("warnings")}
+    if not warned:
+        return "", []
+    by_row = {r["row"]: r for r in records}
+    # A verdict rests on a row when the row is judged, or is the baseline another row is judged against.
+    judged = [r["row"] for r in records if r.get("verdict")]
+    if not judged and len(records) > 1 and records[0].get("versus_first", True) and any(r.get("samples_s") for r in records):
+        judged = [r["row"] for r in records[1:]]
+    weak = [row for row in judged if row in warned or
+            (by_row[row].get("versus") or records[0]["row"]) in warned]
+    summary = f"(!) {len(warned)} of {len(records)} rows unstable (marked (!))"
+    summary += (f"; the verdicts of {', '.join(weak)} rest on one: {steadier}."
+                if weak else "; no verdict rests on them.")
+    return summary, [f"- {row}: {'; '.join(w)}" for row, w in warned.items()]
 
 
 def run_to_run(record: Record, others: Sequence[Record]) -> str:
@@ -234,8 +262,13 @@ def write_conclusion(out: Path | str, recipe: str, text: str) -> Path:
     return path
 
 
-def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: str = "tfperf report") -> Path:
-    """Write results_dir/report.md: per recipe its tables, charts, extra figures and conclusion."""
+def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: str = "tfperf report",
+                 steadier: str = STEADIER) -> Path:
+    """Write results_dir/report.md and report.html: the findings table (each recipe's headline), then per
+    recipe its tables, charts, extra figures and conclusion. `steadier`: what to do about unstable rows."""
+    from tfperf.records.findings import caution, findings_table, headline_path, read_headline
+    from tfperf.records.html import write_html
+
     results_dir = Path(results_dir)
     files = sorted(results_dir.glob("*.jsonl"))
     if not files:
@@ -244,34 +277,39 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
     files.sort(key=lambda f: (rank.get(f.stem, len(rank)), f.stem))
     figures = results_dir / "figures"
     reruns = sorted((results_dir / REPEATS).glob("*/"), key=lambda d: (len(d.name), d.name))
+    sections, found = [], []
+    for f in files:
+        records = read_records(f)
+        recipe = records[0]["recipe"] if records else f.stem
+        headline = read_headline(headline_path(results_dir, recipe))
+        again = [h.verdict for h in (read_headline(headline_path(d, recipe)) for d in reruns) if h is not None]
+        found.append((recipe, headline, caution(headline, records, steadier) if headline else "",
+                      [headline.verdict, *again] if headline and again else []))
+        sections += [f"## {recipe}", ""]
+        if records:  # nothing measured (every step skipped, say): what it concluded still belongs here
+            sections += [f"Measured on {environment_summary(records[0]['env'])}.", ""]
+        tables = group_tables(records)
+        others = [group_tables(read_records(d / f.name)) for d in reruns if (d / f.name).exists()]
+        for (_, table), rows in tables.items():
+            again_rows = [o.get((recipe, table), []) for o in others]
+            sections += [f"### {table}", "", markdown_table(rows, reruns=again_rows, fold=True, steadier=steadier), ""]
+            if len(rows) > 1:  # one bar compares nothing
+                chart = bar_chart(rows, figures / f"{recipe}-{slug(table)}.png")
+                sections += [f"![{table}](figures/{chart.name})", ""]
+        table_charts = {f"{recipe}-{slug(t)}.png" for (_, t) in tables}
+        for extra in sorted(figures.glob(f"{recipe}-*.png")):
+            if extra.name not in table_charts:  # a recipe's own figures, such as a timeline
+                sections += [f"![{extra.stem}](figures/{extra.name})", ""]
+        conclusion = conclusion_path(results_dir, recipe)
+        if conclusion.exists():  # its own headings go under the recipe's
+            text = re.sub(r"^(#{2,5}) ", r"#\1 ", conclusion.read_text().strip(), flags=re.MULTILINE)
+            sections += ["**Conclusion.** " + text, ""]
     parts = [f"# {title}", ""]
     if reruns:
         parts += [f"Each recipe ran {len(reruns) + 1} times in fresh processes: the tables show the first run, "
                   f"and a column the spread over all runs and the verdicts each reached.", ""]
-    for f in files:
-        records = read_records(f)
-        if not records:  # nothing measured (every step skipped, say): what it concluded still belongs here
-            conclusion = conclusion_path(results_dir, f.stem)
-            if conclusion.exists():
-                parts += [f"## {f.stem}", "", "**Conclusion.** " + conclusion.read_text().strip(), ""]
-            continue
-        recipe = records[0]["recipe"]
-        parts += [f"## {recipe}", "", f"Measured on {environment_summary(records[0]['env'])}.", ""]
-        tables = group_tables(records)
-        others = [group_tables(read_records(d / f.name)) for d in reruns if (d / f.name).exists()]
-        for (_, table), rows in tables.items():
-            again = [o.get((recipe, table), []) for o in others]
-            parts += [f"### {table}", "", markdown_table(rows, reruns=again), ""]
-            if len(rows) > 1:  # one bar compares nothing
-                chart = bar_chart(rows, figures / f"{recipe}-{slug(table)}.png")
-                parts += [f"![{table}](figures/{chart.name})", ""]
-        table_charts = {f"{recipe}-{slug(t)}.png" for (_, t) in tables}
-        for extra in sorted(figures.glob(f"{recipe}-*.png")):
-            if extra.name not in table_charts:  # a recipe's own figures, such as a timeline
-                parts += [f"![{extra.stem}](figures/{extra.name})", ""]
-        conclusion = conclusion_path(results_dir, recipe)
-        if conclusion.exists():
-            parts += ["**Conclusion.** " + conclusion.read_text().strip(), ""]
+    parts += [f"## {FINDINGS}", "", findings_table(found), ""]
     report = results_dir / "report.md"
-    atomic_write_text(report, "\n".join(parts))
+    atomic_write_text(report, "\n".join(parts + sections))
+    write_html(report)
     return report

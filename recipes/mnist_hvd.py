@@ -33,26 +33,72 @@ from tfperf.models import get_net
 from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 from tfperf.train import accuracy
 
-# The technique: data parallelism in a handful of Horovod calls -----------------------------------------
-# Horovod's recipe for data parallelism fits in a handful of lines, tagged `# Horovod:` below. Keras 3
-# broke `horovod.tensorflow.keras` (horovod issue 4290), so this script uses `horovod.tensorflow` in a
-# custom training loop; `tfperf.hvd` hands Horovod the `tf.Variable` under each Keras variable. The global
-# batch is `size` times the per-rank batch, so the learning rate scales with `size`, after a warm-up. At
-# the end every rank checks that it holds exactly rank 0's weights.
+# Keras 3 broke `horovod.tensorflow.keras` (horovod issue 4290), so this script uses `horovod.tensorflow` in
+# a custom training loop; `tfperf.hvd` hands Horovod the `tf.Variable` under each Keras variable. Each line
+# of Horovod's recipe is tagged `# Horovod:`.
+
+
+def train(args, stopwatch) -> "Trained":
+    """Train on this rank's shard of the data. horovodrun starts one process per rank; each runs this.
+    `stopwatch(step, steps, epoch, epochs)` runs an epoch's steps and returns their times (the measuring)."""
+    # Horovod: initialize Horovod (rank and size come from horovodrun).
+    hvd.init()
+    # Horovod: pin one GPU to each process; on a CPU host each gets its share of the cores.
+    devices = thvd.pin_to_local_gpu()
+    rank, size = hvd.rank(), hvd.size()
+
+    data = load_arrays(args.dataset, seed=args.seed)
+    model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    # Horovod: each rank reads its own shard, and all ranks take the same number of steps (a rank that
+    # finished early would leave the others waiting in their next all-reduce forever).
+    batches = input_batches(data, args.batch_size, args.seed, rank, size)
+    steps_per_epoch = steps_every_rank_takes(len(data.x_train), args.batch_size, size, args.max_steps)
+    # Horovod: scale the learning rate by the number of ranks (the global batch is size times larger).
+    optimizer = make_optimizer(args.lr, size, warmup_steps=round(args.warmup_epochs * steps_per_epoch))
+    optimizer.build(model.trainable_variables)
+    # Horovod: wrap the gradient tape, so that each step applies the gradients averaged over all ranks.
+    train_step = make_train_step(model, optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
+    run_dir = resume(checkpoint, args) if rank == 0 else None  # with --resume, rank 0 restores
+    # Horovod: broadcast rank 0's weights and optimizer state (and what it restored), so that all ranks
+    # start alike.
+    thvd.broadcast(model.variables + optimizer.variables + [epoch], root_rank=0)
+    manager = tf.train.CheckpointManager(checkpoint, str(run_dir), max_to_keep=1) if rank == 0 else None
+    if rank == 0:
+        print(f"{size} rank(s), {devices} each; {steps_per_epoch} steps/epoch of {args.batch_size} per rank "
+              f"(global batch {args.batch_size * size}); lr {args.lr} -> {args.lr * size}", flush=True)
+
+    losses, step_times, mean_loss = [], [], float("nan")
+    first, started = int(epoch.numpy()), time.perf_counter()
+    step = lambda: losses.append(train_step(*next(batches)))  # noqa: E731
+    while int(epoch.numpy()) < args.epochs:
+        losses.clear()
+        # An epoch: the stopwatch takes `step` steps_per_epoch times, timing each one.
+        step_times += stopwatch(step, steps_per_epoch, int(epoch.numpy()) + 1, args.epochs)
+        # Horovod: average the metrics over all ranks.
+        mean_loss = thvd.average({"loss": float(np.mean([float(loss) for loss in losses]))})["loss"]
+        epoch.assign_add(1)
+        if rank == 0:
+            # Horovod: rank 0 alone writes checkpoints, so that ranks do not overwrite each other's.
+            manager.save(checkpoint_number=int(epoch.numpy()))
+            print(f"epoch {int(epoch.numpy())}/{args.epochs}: loss {mean_loss:.4f} "
+                  f"({time.perf_counter() - started:.1f} s)", flush=True)
+    epochs = int(epoch.numpy())
+    return Trained(model, data, step_times, mean_loss, epochs, steps_per_epoch * (epochs - first),
+                   time.perf_counter() - started, manager.latest_checkpoint if manager else None)
 
 
 def input_batches(data, batch_size: int, seed: int, rank: int, size: int):
-    """This rank's endless stream of batches."""
-    # Horovod: each rank reads its own shard (dataset.shard(size, rank)), so an epoch is split across ranks
+    """This rank's endless stream of batches: its shard of the training set (dataset.shard(size, rank))."""
     return iter(to_dataset(data.x_train, data.y_train, batch_size=batch_size, seed=seed + rank,
                            repeat=True, drop_remainder=True, shard=(size, rank)))
 
 
 def make_optimizer(lr: float, size: int, warmup_steps: int):
-    """Adam whose learning rate ramps up to lr x size."""
-    # Horovod: the global batch is size x larger, so the rate is scaled by size after a linear warm-up
-    schedule = thvd.WarmupScaledLearningRate(lr, size, warmup_steps)
-    return keras.optimizers.Adam(schedule)
+    """Adam whose learning rate ramps up linearly to lr x size over warmup_steps (Goyal et al. 2017)."""
+    return keras.optimizers.Adam(thvd.WarmupScaledLearningRate(lr, size, warmup_steps))
 
 
 def make_train_step(model, optimizer, loss_fn):
@@ -62,8 +108,7 @@ def make_train_step(model, optimizer, loss_fn):
     def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        # Horovod: gradient() returns the average over ranks
-        tape = hvd.DistributedGradientTape(tape)
+        tape = hvd.DistributedGradientTape(tape)  # gradient() now returns the average over ranks
         grads = thvd.gradients(tape, loss, model.trainable_variables)  # Keras 3: via the tf.Variables
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -71,10 +116,45 @@ def make_train_step(model, optimizer, loss_fn):
     return train_step
 
 
+def steps_every_rank_takes(examples: int, batch_size: int, size: int, max_steps: int | None) -> int:
+    """Steps per epoch, the same on every rank: full batches of the rank's shard (at most max_steps)."""
+    steps = examples // (batch_size * size)
+    if steps < 1:
+        raise RecipeError(f"{examples} training examples cannot fill one batch of {batch_size} on each of "
+                          f"{size} ranks: use a smaller --batch-size")
+    return min(steps, max_steps) if max_steps else steps
+
+
+def resume(checkpoint: tf.train.Checkpoint, args) -> Path:
+    """The run folder checkpoints go to: --resume's, after restoring its latest, or a new one."""
+    if not args.resume:
+        return Path(args.checkpoint_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    latest = tf.train.latest_checkpoint(args.resume)
+    if latest is None:
+        raise RecipeError(f"no checkpoint in {args.resume}: pass a run folder under {args.checkpoint_dir} "
+                          f"that holds ckpt-* files")
+    checkpoint.restore(latest).assert_existing_objects_matched()
+    return Path(args.resume)
+
+
 # Measuring -------------------------------------------------------------------------------------------
 
 TARGET_ACCURACY = {"mnist-5k": 0.95, "mnist": 0.98}  # after a full-size run (10 epochs)
 THROUGHPUT, RESULT = "throughput per rank and in total", "training result"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    """What a rank's training left: the model, its data, each step's time, and the run's figures."""
+
+    model: keras.Model
+    data: object
+    step_times: list[float]
+    final_loss: float
+    epochs: int
+    updates: int
+    wall_s: float
+    checkpoint: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,114 +179,77 @@ def add_flags(p) -> None:
     p.add_argument("--max-steps", type=flags.positive_int, help="at most this many steps per epoch (tests)")
 
 
+class Stopwatch:
+    """Times each training step as a sample (the first, which traces, apart); --profile traces rank 0's last
+    epoch, whose steps are then left out of the samples. Counts steps and learns who runs where, to say
+    where a failure struck and which rank left."""
+
+    def __init__(self, args):
+        self.args, self.rank, self.size, self.peers = args, hvd.rank(), hvd.size(), None
+        self.clock, self.traced, self.epoch, self.steps = None, 0, 1, 0
+
+    def __call__(self, step, steps: int, epoch: int, epochs: int) -> list[float]:
+        self.epoch = epoch
+        if self.clock is None:
+            self.peers = thvd.peer_processes()  # now that train() pinned the devices: this starts TensorFlow
+            self.clock = Timer(self._counted(step), name=f"rank {self.rank} steps, np={self.size}",
+                               items_per_call=self.args.batch_size)
+            self.clock.start(warmup=0)  # the first step: one of this epoch's, timed apart
+            steps -= 1
+        trace = bool(self.args.profile) and self.rank == 0 and epoch == epochs > 1
+        self.traced = steps if trace else self.traced
+        with profiled(self.args.profile if trace else None, f"rank0-np{self.size}"):
+            return self.clock.take(steps)
+
+    def _counted(self, step):
+        def counted():
+            self.steps += 1
+            return step()
+        return counted
+
+
 def measure(args, rec) -> Found:
-    hvd.init()  # Horovod: start the ranks' communication; rank and size come from horovodrun
-    devices = thvd.pin_to_local_gpu()  # Horovod: one GPU per rank, or a share of the CPU cores
+    hvd.init()  # train() starts Horovod too (a second call does nothing): here for rank and size
     rank, size = hvd.rank(), hvd.size()
-    chief = rank == 0  # Horovod: rank 0 alone prints, writes records and checkpoints
-    peers = thvd.peer_processes()  # Horovod: who runs where, so that a rank that dies can be named
-
-    # Setup ------------------------------------------------------------------------------------
+    stopwatch = Stopwatch(args)
     rec.args["np"] = size
-    data = load_arrays(args.dataset, seed=args.seed)
-    model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
-    # Horovod: every rank sees the same number of steps, or the last all-reduce would wait forever
-    steps_per_epoch = len(data.x_train) // (args.batch_size * size)
-    if args.max_steps:
-        steps_per_epoch = min(steps_per_epoch, args.max_steps)
-    if steps_per_epoch < 1:
-        raise RecipeError(f"{len(data.x_train)} training examples cannot fill one batch of "
-                          f"{args.batch_size} on each of {size} ranks: use a smaller --batch-size")
-    batches = input_batches(data, args.batch_size, args.seed, rank, size)
-    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
-    optimizer = make_optimizer(args.lr, size, warmup_steps)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
-    run_dir = Path(args.checkpoint_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    if args.resume and chief:  # Horovod: rank 0 restores; the broadcast below hands its state to the others
-        latest = tf.train.latest_checkpoint(args.resume)
-        if latest is None:
-            raise RecipeError(f"no checkpoint in {args.resume}: pass a run folder under "
-                              f"{args.checkpoint_dir} that holds ckpt-* files")
-        ckpt.restore(latest).assert_existing_objects_matched()
-        run_dir = Path(args.resume)
-    # Horovod: start every rank from rank 0's weights and optimizer state (random init differs per rank)
-    thvd.broadcast(model.variables + optimizer.variables + [epoch], root_rank=0)
-    manager = tf.train.CheckpointManager(ckpt, str(run_dir), max_to_keep=1) if chief else None
-    if chief:
-        print(f"{size} rank(s), {devices} each; {steps_per_epoch} steps/epoch of {args.batch_size} per rank "
-              f"(global batch {args.batch_size * size}); lr {args.lr} -> {args.lr * size} over "
-              f"{warmup_steps} steps", flush=True)
-    train_step = make_train_step(model, optimizer, loss_fn)
-
-    # Training ---------------------------------------------------------------------------------
-    losses = []
-
-    def step():
-        losses.append(train_step(*next(batches)))
-        return losses[-1]
-
-    # Each step is a sample; the very first (it traces) is timed apart, as one of the first epoch's steps.
-    clock = Timer(step, name=f"rank {rank} steps, np={size}", items_per_call=args.batch_size)
-    step_times, started, traced, finished = [], time.perf_counter(), 0, 0
     try:
-        while int(epoch.numpy()) < args.epochs:
-            finished += len(losses)
-            losses.clear()
-            todo = steps_per_epoch
-            if clock.first_call_s is None:
-                clock.start(warmup=0)
-                todo -= 1
-            # --profile traces rank 0's last epoch, whose steps are then left out of the samples.
-            trace = bool(args.profile) and chief and int(epoch.numpy()) == args.epochs - 1 and args.epochs > 1
-            traced = todo if trace else traced
-            with profiled(args.profile if trace else None, f"rank0-np{size}"):
-                step_times.extend(clock.take(todo))
-            # Horovod: metrics over all ranks
-            mean_loss = thvd.average({"loss": float(np.mean([float(loss) for loss in losses]))})["loss"]
-            epoch.assign_add(1)
-            if chief:
-                manager.save(checkpoint_number=int(epoch.numpy()))  # Horovod: one writer, no clobbering
-                print(f"epoch {int(epoch.numpy())}/{args.epochs}: loss {mean_loss:.4f} "
-                      f"({time.perf_counter() - started:.1f} s)", flush=True)
+        run = train(args, stopwatch)
     except (tf.errors.OpError, HorovodInternalError) as exc:
         # Gloo ends a collective with an error when a peer goes away; say so instead of a bare traceback.
         time.sleep(0.5)  # let the departed process finish exiting, so that its status can be read
-        print(f"mnist_hvd: error: rank {rank} of {size} lost its peers at epoch {int(epoch.numpy()) + 1}, step "
-              f"{finished + len(losses) + 1}: {thvd.describe_failure(peers)} ({type(exc).__name__})",
+        print(f"mnist_hvd: error: rank {rank} of {size} lost its peers at epoch {stopwatch.epoch}, step "
+              f"{stopwatch.steps}: {thvd.describe_failure(stopwatch.peers or [])} ({type(exc).__name__})",
               file=sys.stderr, flush=True)
         raise SystemExit(1)
 
-    # Results: every rank measures itself, rank 0 prints all -----------------------------------
-    recorded = step_times[:len(step_times) - traced]
+    # Results: every rank measures itself, rank 0 records all -----------------------------------
+    recorded = run.step_times[:len(run.step_times) - stopwatch.traced]
     timed = np.array(recorded[args.warmup:] or recorded)  # the first steps still settle (allocations, caches)
     mine = args.batch_size / float(np.median(timed))
-    per_rank = hvd.allgather(tf.constant([mine], tf.float64)).numpy()  # Horovod: collect every rank's rate
-    # Horovod: test accuracy over the whole test set, each rank scoring its own shard
-    test_x, test_y = data.x_test[rank::size], data.y_test[rank::size]
-    correct = round(accuracy(model, test_x, test_y) * len(test_y))
+    per_rank = hvd.allgather(tf.constant([mine], tf.float64)).numpy()  # every rank's rate
+    # Test accuracy over the whole test set, each rank scoring its own shard.
+    test_x, test_y = run.data.x_test[rank::size], run.data.y_test[rank::size]
+    correct = round(accuracy(run.model, test_x, test_y) * len(test_y))
     counts = thvd.total({"correct": correct, "seen": len(test_y)})
     test_accuracy = counts["correct"] / counts["seen"]
-    drift = thvd.max_weight_difference(model.variables)  # Horovod: must be exactly 0 on every rank
-    if not chief:
-        raise SystemExit(0 if drift == 0.0 else 1)  # Horovod: the other ranks neither record nor print
+    drift = thvd.max_weight_difference(run.model.variables)  # must be exactly 0 on every rank
+    if rank != 0:
+        raise SystemExit(0 if drift == 0.0 else 1)  # the other ranks neither record nor print
     for r, rate in enumerate(per_rank):
         rec.add(THROUGHPUT, f"rank {r}", {"samples_per_s": rate, "ms_per_step": args.batch_size / rate * 1e3},
                 primary="samples_per_s", lower_is_better=False)
     # Rank 0's steps stand for the spread of all: the total's interval is theirs, scaled.
-    steps = Measurement(clock.name, tuple(float(t) for t in timed), items_per_call=args.batch_size,
-                        first_call_s=clock.first_call_s)
+    steps = Measurement(stopwatch.clock.name, tuple(float(t) for t in timed), items_per_call=args.batch_size,
+                        first_call_s=stopwatch.clock.first_call_s)
     rec.add(THROUGHPUT, f"total, np={size}", {"samples_per_s": float(per_rank.sum()),
                                                "ms_per_step": float(np.median(timed)) * 1e3},
             primary="samples_per_s", lower_is_better=False, measurement=steps)
     rec.add(RESULT, f"np={size}", {
-        "test_accuracy": test_accuracy, "final_loss": mean_loss, "weight_drift": drift, "epochs": int(epoch.numpy()),
-        "global_batch": args.batch_size * size, "updates": finished + len(losses), "wall_s": time.perf_counter() - started},
+        "test_accuracy": test_accuracy, "final_loss": run.final_loss, "weight_drift": drift, "epochs": run.epochs,
+        "global_batch": args.batch_size * size, "updates": run.updates, "wall_s": run.wall_s},
         primary="test_accuracy", lower_is_better=False)
-    return Found(size, per_rank.tolist(), test_accuracy, int(counts["seen"]), manager.latest_checkpoint, drift,
-                 int(epoch.numpy()))
+    return Found(size, per_rank.tolist(), test_accuracy, int(counts["seen"]), run.checkpoint, drift, run.epochs)
 
 
 def conclude(args, rec, found: Found) -> Conclusion:

@@ -32,7 +32,7 @@ def main() -> int:
     from tfperf.deploy.inputs import make_inputs
     from tfperf.deploy.layout import export_subject
     from tfperf.deploy.loader import cookbook_subject
-    from tfperf.records.records import Recorder
+    from tfperf.records.jsonl import Recorder
     from tfperf.serving.configs import one_row_requests
     from tfperf.serving.measure import ANCHOR, Bench, Sizes, batch_function_config
     from tfperf.serving.search import Budget, Space, ranked, search

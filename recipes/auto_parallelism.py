@@ -20,7 +20,7 @@ from tfperf.devices import compute_devices, usable_cores
 from tfperf.measure import Timer, one_after_another
 from tfperf.measure.stats import FASTER, Comparison
 from tfperf.recipe import Conclusion, Headline, Recipe
-from tfperf.records.records import race_table
+from tfperf.records.jsonl import race_table
 
 # The technique: put independent work in one graph, and nothing has to order it ---------------------
 

@@ -20,7 +20,7 @@ from tfperf import flags
 from tfperf.measure import Timer, peak_matmul_flops_per_s, timing_ms
 from tfperf.models import flops, get_net
 from tfperf.recipe import Conclusion, Headline, Recipe
-from tfperf.records.records import Raced, race_table
+from tfperf.records.jsonl import Raced, race_table
 
 # The technique: the same forward pass, each rung taking away a layer of per-call overhead -----------
 # Eager runs each op as Python reaches it: every op pays for the interpreter and the op dispatcher.

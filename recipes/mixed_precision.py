@@ -30,7 +30,7 @@ from tfperf.measure.timer import matmul_flops_per_s
 from tfperf.models import activation_bytes, get_net
 from tfperf.precision import dtype_policy, hardware_summary
 from tfperf.recipe import Conclusion, Headline, Recipe
-from tfperf.records.records import race_table
+from tfperf.records.jsonl import race_table
 from tfperf.train import accuracy
 
 # The technique: one dtype policy before the model is built -----------------------------------------

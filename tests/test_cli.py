@@ -11,7 +11,7 @@ from conftest import recipe, run
 from tfperf import flags
 from tfperf.cli import RECIPES_DIR
 from tfperf.recipe import Conclusion, Recipe, RecipeError, read_declaration
-from tfperf.records.records import make_record, read_records, write_records
+from tfperf.records.jsonl import make_record, read_records, write_records
 
 ENV = {"cpu": "c", "cores": 2, "gpus": []}
 
@@ -153,7 +153,7 @@ STUB = textwrap.dedent('''
 
     from tfperf.measure import Timer
     from tfperf.recipe import Conclusion, Recipe
-    from tfperf.records.records import race_table
+    from tfperf.records.jsonl import race_table
 
 
     def measure(args, rec):

@@ -6,7 +6,7 @@ import pytest
 
 from tfperf.measure import Measurement
 from tfperf.records.compare import IMPROVED, NOT_JUDGED, REGRESSED, UNCHANGED, compare_runs
-from tfperf.records.records import make_record, write_records
+from tfperf.records.jsonl import make_record, write_records
 
 ENV = {"cpu": "test cpu", "cores": 2, "gpus": [], "python": "3.11", "tensorflow": "2.21.0", "keras": "3",
        "tfperf": "0.1.0", "git_commit": None}

@@ -19,7 +19,7 @@ from tfperf.doctor.options import TRACE_BATCHES
 from tfperf.doctor.retracing import count_traces, retraces, retracing
 from tfperf.doctor.training import training
 from tfperf.cli import main
-from tfperf.records.records import read_records
+from tfperf.records.jsonl import read_records
 from tfperf.measure.stats import FASTER, NO_DIFFERENCE, SLOWER
 
 VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE)
@@ -295,7 +295,7 @@ def test_the_retracing_table_counts_traces_of_a_model(tmp_path):
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
     model.save(tmp_path / "m.keras")
     subject = load_subject(str(tmp_path / "m.keras"))
-    from tfperf.records.records import Recorder
+    from tfperf.records.jsonl import Recorder
 
     rec = Recorder("doctor", {})
     findings, _ = retracing(subject, rec, doctor.Options(**TINY))

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import BIN, REPO, recipe, run
-from tfperf.records.records import read_records
+from tfperf.records.jsonl import read_records
 
 TESTS = REPO / "tests"
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import recipe, run
 from tfperf.records.findings import headline_path, read_headline
-from tfperf.records.records import read_records
+from tfperf.records.jsonl import read_records
 
 TINY = ["--quick", "--steps", "2", "--warmup", "0"]
 
@@ -71,7 +71,7 @@ def test_hybridize_on_a_gpu_reads_the_chain_against_a_copy_in_gpu_memory():
 
 def test_compare_finds_no_change_in_a_run_against_itself_and_names_a_slowed_copy(hybridize_run, tmp_path, capsys):
     from tfperf.cli import main
-    from tfperf.records.records import write_records
+    from tfperf.records.jsonl import write_records
 
     records = hybridize_run[-1]
     assert main(["compare", str(records), str(records)]) == 0 and " 0 regressed" in capsys.readouterr().out

@@ -6,7 +6,7 @@ import pytest
 
 from tfperf.measure import Measurement, versus
 from tfperf.records.report import bar_chart, build_report, markdown_table, speedup, write_conclusion
-from tfperf.records.records import Recorder, environment, make_record, read_records, write_records
+from tfperf.records.jsonl import Recorder, environment, make_record, read_records, write_records
 from tfperf.measure.stats import compare_times
 
 ENV = {"cpu": "test cpu", "cores": 2, "gpus": [], "python": "3.11", "tensorflow": "2.21.0",

@@ -1,5 +1,5 @@
-"""The `tfperf` command: run the cookbook, build its report, compare runs; deploy (tfperf.deploy.commands) and
-diagnose (tfperf.doctor.command) models."""
+"""The `tfperf` command: run the cookbook, build its report, compare runs, train a cookbook net; deploy
+(tfperf.deploy.commands), diagnose (tfperf.doctor.command) and load-test (tfperf.serving.command) models."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _records(path: str) -> list[dict]:
-    from tfperf.records.records import read_records
+    from tfperf.records.jsonl import read_records
 
     try:
         return read_records(path)
@@ -182,6 +182,55 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a get_net model with checkpoints (resuming from the latest), optionally export it."""
+    from tfperf.data import DatasetUnavailable, load_arrays
+    from tfperf.deploy.layout import CALIBRATION_ROWS, export_subject
+    from tfperf.deploy.loader import COOKBOOK_INPUT, cookbook_subject
+    from tfperf.models import get_net
+    from tfperf.train import CheckpointError, train
+
+    try:
+        data = load_arrays(args.dataset, seed=args.seed)
+        model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
+    except (DatasetUnavailable, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    ckpt_dir = Path(args.checkpoint_dir or Path("checkpoints") / f"{args.model}-{args.dataset}")
+    every = max(1, args.steps // 20)
+
+    def progress(step: int, loss: float) -> None:
+        if step % every == 0 or step == args.steps:
+            print(f"step {step}/{args.steps} loss {loss:.4f}", flush=True)
+
+    try:
+        result = train(model, data, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
+                       seed=args.seed, checkpoint_dir=ckpt_dir, checkpoint_every=args.checkpoint_every,
+                       keep=args.keep, on_step=progress)
+    except CheckpointError as exc:
+        raise UserError(str(exc)) from None
+    for prefix, why in result.skipped:
+        print(f"skipped checkpoint {prefix}: it cannot be restored ({why})", file=sys.stderr)
+    start = f"resumed from step {result.resumed_from}" if result.resumed_from else "started from scratch"
+    print(f"done: {result.steps} steps ({start}), loss {result.final_loss:.4f}, "
+          f"test accuracy {result.test_accuracy:.4f}, checkpoint {result.checkpoint}")
+    if args.export:
+        subject = cookbook_subject(args.model, model=model)
+        calibration = ({COOKBOOK_INPUT: data.x_train[:CALIBRATION_ROWS]},
+                       f"{CALIBRATION_ROWS} training rows of {args.dataset}")
+        try:
+            exported = export_subject(
+                subject, args.root, name=args.name or f"{args.model}-{args.dataset}", format=args.format,
+                quantize=args.quantize, select_tf_ops=args.select_tf_ops, sample={COOKBOOK_INPUT: data.x_test},
+                calibration=calibration, metadata={"training": {
+                    "dataset": args.dataset, "steps": result.steps, "test_accuracy": result.test_accuracy,
+                    "final_loss": result.final_loss, "checkpoint": result.checkpoint}})
+        except deploy_commands.model_errors() as exc:
+            raise UserError(str(exc)) from None
+        print("exported: ", end="")
+        deploy_commands.print_export(exported)
+    return 0
+
+
 def fraction(text: str) -> float:
     """A non-negative fraction such as 0.05."""
     try:
@@ -220,6 +269,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help="smallest change that counts, as a fraction (default 0.05: 5%%)")
     comp.set_defaults(func=cmd_compare)
 
+    train = sub.add_parser("train", help="train a cookbook net with checkpoints; a rerun resumes from the latest")
+    flags.add_model_flag(train, "cnn")
+    flags.add_dataset_flag(train, "mnist-5k")
+    train.add_argument("--steps", type=flags.positive_int, default=300, help="total training steps")
+    train.add_argument("--batch-size", type=flags.positive_int, default=64)
+    train.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--checkpoint-dir", help="default: checkpoints/<model>-<dataset>")
+    train.add_argument("--checkpoint-every", type=flags.positive_int, default=50, help="steps between checkpoints")
+    train.add_argument("--keep", type=flags.positive_int, default=3, help="checkpoints kept")
+    train.add_argument("--export", action="store_true", help="export the trained model when done")
+    train.add_argument("--name", help="export name (default <model>-<dataset>)")
+    train.add_argument("--root", default="saved_models", help="folder of exports")
+    deploy_commands.add_format_flags(train)
+    train.set_defaults(func=cmd_train)
     deploy_commands.add_commands(sub)
     doctor_command.add_command(sub)
     load_command.add_command(sub)

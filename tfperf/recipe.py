@@ -15,7 +15,7 @@ from typing import Any
 
 from tfperf import flags
 from tfperf.records.findings import Headline, headline_path
-from tfperf.records.records import Recorder
+from tfperf.records.jsonl import Recorder
 
 # The shared flags a recipe may declare it uses, with what they mean when it does.
 SHARED_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {

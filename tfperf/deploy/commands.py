@@ -1,4 +1,4 @@
-"""The deployment commands of `tfperf`: train, export (SavedModel, LiteRT, ONNX), predict, inspect.
+"""The deployment commands of `tfperf`: export (SavedModel, LiteRT, ONNX), predict, inspect.
 
 Every command takes the same MODEL (`tfperf.deploy.loader`): a cookbook net, a .keras or .h5 file, a
 SavedModel folder, or module:factory; `predict` and `inspect` take any export of the three formats.
@@ -72,7 +72,7 @@ def ceilings(command: str, time_s: float | None, memory_bytes: int | None, poll_
         thread.join()
 
 
-def _model_errors():
+def model_errors():
     from tfperf.deploy.errors import ExportError, InputError, ModelError
 
     return (ExportError, InputError, ModelError)
@@ -108,55 +108,6 @@ def print_export(exported) -> None:
               f"can load this model", file=sys.stderr)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    """Train a get_net model with checkpoints (resuming from the latest), optionally export it."""
-    from tfperf.data import DatasetUnavailable, load_arrays
-    from tfperf.deploy.layout import CALIBRATION_ROWS, export_subject
-    from tfperf.deploy.loader import COOKBOOK_INPUT, cookbook_subject
-    from tfperf.models import get_net
-    from tfperf.train import CheckpointError, train
-
-    try:
-        data = load_arrays(args.dataset, seed=args.seed)
-        model = get_net(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
-    except (DatasetUnavailable, ValueError) as exc:
-        raise UserError(str(exc)) from None
-    ckpt_dir = Path(args.checkpoint_dir or Path("checkpoints") / f"{args.model}-{args.dataset}")
-    every = max(1, args.steps // 20)
-
-    def progress(step: int, loss: float) -> None:
-        if step % every == 0 or step == args.steps:
-            print(f"step {step}/{args.steps} loss {loss:.4f}", flush=True)
-
-    try:
-        result = train(model, data, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
-                       seed=args.seed, checkpoint_dir=ckpt_dir, checkpoint_every=args.checkpoint_every,
-                       keep=args.keep, on_step=progress)
-    except CheckpointError as exc:
-        raise UserError(str(exc)) from None
-    for prefix, why in result.skipped:
-        print(f"skipped checkpoint {prefix}: it cannot be restored ({why})", file=sys.stderr)
-    start = f"resumed from step {result.resumed_from}" if result.resumed_from else "started from scratch"
-    print(f"done: {result.steps} steps ({start}), loss {result.final_loss:.4f}, "
-          f"test accuracy {result.test_accuracy:.4f}, checkpoint {result.checkpoint}")
-    if args.export:
-        subject = cookbook_subject(args.model, model=model)
-        calibration = ({COOKBOOK_INPUT: data.x_train[:CALIBRATION_ROWS]},
-                       f"{CALIBRATION_ROWS} training rows of {args.dataset}")
-        try:
-            exported = export_subject(
-                subject, args.root, name=args.name or f"{args.model}-{args.dataset}", format=args.format,
-                quantize=args.quantize, select_tf_ops=args.select_tf_ops, sample={COOKBOOK_INPUT: data.x_test},
-                calibration=calibration, metadata={"training": {
-                    "dataset": args.dataset, "steps": result.steps, "test_accuracy": result.test_accuracy,
-                    "final_loss": result.final_loss, "checkpoint": result.checkpoint}})
-        except _model_errors() as exc:
-            raise UserError(str(exc)) from None
-        print("exported: ", end="")
-        print_export(exported)
-    return 0
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     """Export any model the loader reads, checked against the model, as a versioned export."""
     from tfperf.deploy.inputs import read_sample
@@ -185,7 +136,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                   quantize=args.quantize, sample=sample, calibration=calibration,
                                   select_tf_ops=args.select_tf_ops,
                                   metadata={"weights": args.weights} if args.weights else None)
-    except _model_errors() as exc:
+    except model_errors() as exc:
         raise UserError(str(exc)) from None
     print_export(exported)
     return 0
@@ -236,7 +187,7 @@ def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
     import numpy as np
 
     from tfperf.deploy.errors import InputError
-    from tfperf.records.records import atomic_write_bytes
+    from tfperf.records.jsonl import atomic_write_bytes
 
     buf = io.BytesIO()
     if path.suffix == ".npz":
@@ -277,7 +228,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                   f"the rows holding them are not meaningful", file=sys.stderr)
         if args.output:
             print(f"wrote {args.output}: {write_outputs(Path(args.output), outputs, classifier)}")
-    except _model_errors() as exc:
+    except model_errors() as exc:
         raise UserError(str(exc)) from None
     for line in summarize(outputs, classifier):
         print(line)
@@ -290,7 +241,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     try:
         report = inspect_model(args.model_dir)
-    except _model_errors() as exc:
+    except model_errors() as exc:
         raise UserError(str(exc)) from None
     print(format_report(report))
     return 0 if report.safe else 1
@@ -314,22 +265,7 @@ MODEL_HELP = (f"a cookbook net ({', '.join(MODEL_NAMES)}), a .keras or .h5 file,
 
 
 def add_commands(sub) -> None:
-    """Add train, export, predict and inspect to the `tfperf` subcommands."""
-    train = sub.add_parser("train", help="train a cookbook net with checkpoints; a rerun resumes from the latest")
-    flags.add_model_flag(train, "cnn")
-    flags.add_dataset_flag(train, "mnist-5k")
-    train.add_argument("--steps", type=flags.positive_int, default=300, help="total training steps")
-    train.add_argument("--batch-size", type=flags.positive_int, default=64)
-    train.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--checkpoint-dir", help="default: checkpoints/<model>-<dataset>")
-    train.add_argument("--checkpoint-every", type=flags.positive_int, default=50, help="steps between checkpoints")
-    train.add_argument("--keep", type=flags.positive_int, default=3, help="checkpoints kept")
-    train.add_argument("--export", action="store_true", help="export the trained model when done")
-    train.add_argument("--name", help="export name (default <model>-<dataset>)")
-    train.add_argument("--root", default="saved_models", help="folder of exports")
-    add_format_flags(train)
-    train.set_defaults(func=cmd_train)
+    """Add export, predict and inspect to the `tfperf` subcommands."""
 
     exp = sub.add_parser("export", help="write saved_models/<name>/<version>/ (TF Serving layout) in a format, "
                                         "checked against the model")

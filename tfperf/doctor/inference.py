@@ -110,7 +110,7 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
     import tensorflow as tf
 
     from tfperf.measure import Timer, versus
-    from tfperf.records.records import race_table
+    from tfperf.records.jsonl import race_table
 
     findings, skipped = [], {}
     runtimes, commands = {}, {}

@@ -187,7 +187,7 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
     from tfperf.doctor.inference import mfu
     from tfperf.doctor.training import training_loss
     from tfperf.measure import Timer
-    from tfperf.records.records import race_table
+    from tfperf.records.jsonl import race_table
     from tfperf.train import StepMarker, fit_epochs
 
     progress("input pipeline")

@@ -50,7 +50,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     """Every experiment in turn, each skipped (and said so) once the budget is spent; the pitfalls
     (retracing) last, as what matters least to the model as it is used. The profile pass writes its
     traces under `traces` (default: workdir/traces)."""
-    from tfperf.records.records import Recorder
+    from tfperf.records.jsonl import Recorder
 
     started = time.perf_counter()
     args = {"model": subject.source, "batch_sizes": list(options.batch_sizes), "rounds": options.rounds,

@@ -30,7 +30,7 @@ def thread_batches(subject: Subject, options: Options) -> list[int]:
 def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Finding], dict]:
     """Thread pools swept in processes of their own (they are fixed when TensorFlow starts), interleaved."""
     from tfperf.measure import TimerServer
-    from tfperf.records.records import race_table
+    from tfperf.records.jsonl import race_table
 
     from tfperf.deploy.commands import MEMORY_SHARE
     from tfperf.flags import available_memory

@@ -64,7 +64,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
     import keras
 
     from tfperf.measure import Timer
-    from tfperf.records.records import race_table
+    from tfperf.records.jsonl import race_table
     from tfperf.train import StepMarker, fit_epochs
 
     if subject.fresh is None:

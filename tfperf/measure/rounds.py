@@ -3,8 +3,8 @@
 `interleave` gives every timer its share of samples in each round, in a shuffled order, so that a
 slow phase of the machine falls on all of them alike; `race` compares each timer with the first and
 adds rounds while a comparison's interval straddles a verdict's bar. Timers are anything with
-`name`, `start`, `take`, `profile` and `_measurement`: a `Timer` here, or a `RemoteTimer` whose
-samples are taken in another process (no TensorFlow is needed in this one).
+`name`, `start`, `take`, `profile` and `_measurement` (a `SampleSource`): a `Timer`, or a `RemoteTimer`
+whose samples are taken in another process (no TensorFlow is needed in this one).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tfperf.measure import stats
 from tfperf.measure.measurement import Measurement, versus
 
 
-class Timer(Protocol):
+class SampleSource(Protocol):
     """What `interleave` needs of a timer: a `Timer`, or a `RemoteTimer` served by another process."""
 
     name: str
@@ -32,7 +32,7 @@ class Timer(Protocol):
     def _measurement(self, samples: Sequence[float], *, rounds: int) -> Measurement: ...
 
 
-def _share(timer: Timer, per_round_s: float) -> int:
+def _share(timer: SampleSource, per_round_s: float) -> int:
     """Samples a timer takes per round to fill `per_round_s`: one when a single call already does (a slow
     call is not made three times just to be timed), else from the median of three calls."""
     first = timer.take(1)[0]
@@ -42,7 +42,7 @@ def _share(timer: Timer, per_round_s: float) -> int:
     return max(1, round(per_round_s / max(typical, 1e-9)))
 
 
-def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None = None,
+def interleave(timers: Sequence[SampleSource], *, rounds: int = 10, samples: int | None = None,
                warmup: int = 1, min_time_s: float = 0.5, seed: int = 0,
                profile_dir: str | None = None, profile_steps: int = 10,
                after: Sequence[Measurement] = ()) -> list[Measurement]:
@@ -89,7 +89,7 @@ def interleave(timers: Sequence[Timer], *, rounds: int = 10, samples: int | None
 Baseline = str | Callable[[Mapping[str, Measurement]], Measurement]
 
 
-def race(timers: Sequence[Timer], *, rounds: int, samples: int | None = None, threshold: float = 0.0,
+def race(timers: Sequence[SampleSource], *, rounds: int, samples: int | None = None, threshold: float = 0.0,
          max_extensions: int = 2, seed: int = 0, warmup: int = 1, min_time_s: float = 0.5,
          profile_dir: str | None = None, profile_steps: int = 10,
          on_first_rounds: Callable[[list[Measurement]], None] | None = None,

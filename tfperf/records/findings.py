@@ -11,7 +11,7 @@ from typing import Any
 
 from tfperf import jsonio
 from tfperf.measure import stats
-from tfperf.records.records import atomic_write_text
+from tfperf.records.jsonl import atomic_write_text
 
 def headline_path(out: Path | str, recipe: str) -> Path:
     """Where a recipe leaves its headline for the report."""

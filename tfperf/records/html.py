@@ -12,7 +12,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-from tfperf.records.records import atomic_write_text
+from tfperf.records.jsonl import atomic_write_text
 
 # What the Markdown of a report turns into, and the attributes each may keep.
 ALLOWED = {

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf.measure import stats
-from tfperf.records.records import atomic_write_text, read_records
+from tfperf.records.jsonl import atomic_write_text, read_records
 
 Record = Mapping[str, Any]
 # `tfperf run --repeat N` writes runs 2..N under <out>/repeats/<run>/; the report reads them from there.

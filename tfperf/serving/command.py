@@ -194,7 +194,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
     """The whole serving question on exported runtimes: the anchors, the search, the best re-searched in open loop,
     the winner validated, LoadGen's ceiling and overhead; report.md, load.jsonl and the chart in `out`. Ctrl-C or
     SIGTERM stops the measuring and still writes them, marked partial. Returns the `Found`."""
-    from tfperf.records.records import Recorder
+    from tfperf.records.jsonl import Recorder
     from tfperf.serving.measure import ANCHOR, Bench, Sizes, batch_function_config
     from tfperf.serving.report import Found, write_report
     from tfperf.serving.search import Space, ranked, search

@@ -79,7 +79,7 @@ def serve_command(config: ServingConfig, export_command: list[str] | None) -> li
 
 def write_report(found: Found, out: Path) -> Path:
     """report.md (and throughput_vs_latency.png) in `out`."""
-    from tfperf.records.records import atomic_write_text
+    from tfperf.records.jsonl import atomic_write_text
 
     budget, p = found.budget, found.budget.percentile
     lines = [f"# tfperf load: {found.model}", ""]

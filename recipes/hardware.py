@@ -199,9 +199,18 @@ def measure_gpu(args, rec, device: str, gpu: Gpu) -> dict:
 
 
 def measure_host(args, rec) -> Found:
-    caches = cache_sizes()
+    bandwidth, copy_gb_per_s = memory_bandwidth(args, rec)
+    cache_latencies(args, rec)
+    clock_check, size, tf_gflops, numpy_gflops, numpy_vs_tf, peak = matmul_rates(args, rec)
+    dispatch = dispatch_costs(rec)
+    figure, ridge = roofline(args, rec, peak, bandwidth)
+    at_level = latency_table(rec, copy_gb_per_s)
+    return Found(clock_check, size, tf_gflops, numpy_gflops, numpy_vs_tf, str(figure), ridge, bandwidth, peak,
+                 at_level, dispatch)
 
-    # Memory bandwidth: stream a large array that no cache can hold -------------------------------
+
+def memory_bandwidth(args, rec) -> tuple[float, float]:
+    """Stream a large array that no cache can hold: (the faster stream in bytes/s, NumPy's copy in GB/s)."""
     n = args.stream_mb * 2**20 // 4
     src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
     numpy_copy = best_of(lambda: np.copyto(dst, src), args.steps)
@@ -215,8 +224,12 @@ def measure_host(args, rec) -> Found:
     rec.add(MEMORY, "TensorFlow reduce_sum (all cores, read)", {"gb_per_s": 4 * n / tf_stream / 1e9,
                                                                 "mb": args.stream_mb}, primary="gb_per_s",
             lower_is_better=False)
-    bandwidth = max(4 * n / tf_stream, 2 * 4 * n / numpy_copy)
+    return max(4 * n / tf_stream, 2 * 4 * n / numpy_copy), 2 * 4 * n / numpy_copy / 1e9
 
+
+def cache_latencies(args, rec) -> None:
+    """The time of one dependent load in tables of growing size, each named by the level it fits in."""
+    caches = cache_sizes()
     # The working-set sweep: follow a random cycle through ever larger tables, one load after another.
     # Each load's address is the previous load's value, so nothing overlaps: the time per step is the latency
     # of the level the table fits in (plus about 3 ns of loop, compiled by XLA).
@@ -236,7 +249,10 @@ def measure_host(args, rec) -> Found:
         rec.add(CACHE, f"{kib:,} KiB", {"ns_per_load": latency[kib] * 1e9, "fits_in": level},
                 primary="ns_per_load", lower_is_better=True, versus_first=False)
 
-    # Matmul FLOP/s per dtype and size, and NumPy's BLAS at the same size ---------------------------
+
+def matmul_rates(args, rec):
+    """Matmul FLOP/s per dtype and size, the clock checked against chained matmuls read back, NumPy's BLAS
+    beside TensorFlow, and the float32 peak: (clock check, size, TF and NumPy GFLOP/s, NumPy vs TF, peak)."""
     sizes = [256, 1024, 2048] if args.quick else [256, 512, 1024, 2048]
     for dtype in (tf.float32, tf.bfloat16, tf.float16, tf.float64):
         for size in sizes:
@@ -264,8 +280,11 @@ def measure_host(args, rec) -> Found:
     clock_check = versus(chain, per_call, threshold=AGREEMENT)
     # The compute roof: the best float32 rate any implementation reached here (NumPy's BLAS counts too).
     peak = max(r["metrics"]["gflops"] for r in rec.table(FLOPS) if "float32" in r["row"]) * 1e9
+    return clock_check, size, tf_gflops, numpy_gflops, numpy_vs_tf, peak
 
-    # Dispatch overhead: the cost of one call, whatever it computes ------------------------------------
+
+def dispatch_costs(rec) -> dict[str, float]:
+    """The cost of one call, whatever it computes: seconds per call of Python, NumPy, an eager op, a graph."""
     one = tf.constant(1.0)
     graph_add = tf.function(lambda a: a + a)
     graph_add(one)
@@ -278,8 +297,11 @@ def measure_host(args, rec) -> Found:
         reps = 2000
         dispatch[row] = best_of(lambda: [fn() for _ in range(reps)], 3) / reps
         rec.add(DISPATCH, row, {"us_per_call": dispatch[row] * 1e6}, primary="us_per_call", lower_is_better=True)
+    return dispatch
 
-    # The roofline: where each model's forward pass sits -------------------------------------------
+
+def roofline(args, rec, peak: float, bandwidth: float) -> tuple[Path, float]:
+    """Where each model's forward pass sits under this machine's roofs: (the chart, the ridge point)."""
     ridge = peak / bandwidth
     points = []
     for name in MODEL_NAMES:
@@ -300,12 +322,16 @@ def measure_host(args, rec) -> Found:
                                  "bound": "memory" if intensity < ridge else "compute"},
                 primary="achieved_gflops", lower_is_better=False, versus_first=False)
     figure = roofline_plot(points, peak, bandwidth, Path(args.out) / "figures" / "hardware-roofline.png")
+    return figure, ridge
 
-    # Latency numbers: the classic table with this machine's measurements next to it ------------------
+
+def latency_table(rec, copy_gb_per_s: float) -> dict[str, float]:
+    """The classic latency table with this machine's measurements next to it; returns the seconds of a
+    dependent load in each level (the first table that fits it)."""
     at_level = {}
     for r in rec.table(CACHE):
         at_level.setdefault(r["metrics"]["fits_in"], r["metrics"]["ns_per_load"] / 1e9)  # the first fit
-    dram_gbs = 2 * 4 * n / numpy_copy / 1e9 / 2  # one direction of the copy
+    dram_gbs = copy_gb_per_s / 2  # one direction of the copy
     kb = os.urandom(512) * 2
     with tempfile.NamedTemporaryFile() as f:
         f.write(os.urandom(1 << 20) * 16)
@@ -326,9 +352,7 @@ def measure_host(args, rec) -> Found:
                                "measured_here_ns": measured[row] * 1e9 if measured.get(row) else None,
                                "how": notes.get(row, "measured") if measured.get(row) else "not measured"},
                 primary="classic_ns", lower_is_better=True, versus_first=False)
-
-    return Found(clock_check, size, tf_gflops, numpy_gflops, numpy_vs_tf, str(figure), ridge, bandwidth, peak,
-                 at_level, dispatch)
+    return at_level
 
 
 def conclude(args, rec, found: Found) -> Conclusion:

@@ -400,8 +400,8 @@ def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, cap
                       cwd=tmp_path)
     assert "Doctor took" in proc.stdout and "goal for --quick" in proc.stdout
     assert "doctor [" in proc.stderr and "threads at batch 8" in proc.stderr  # the progress bar
-    assert sorted(p.name for p in out.iterdir()) == ["doctor.conclusion.md", "doctor.jsonl", "figures", "report.md",
-                                                     "traces"]
+    assert sorted(p.name for p in out.iterdir()) == ["doctor.conclusion.md", "doctor.headline.json", "doctor.jsonl",
+                                                     "figures", "report.html", "report.md", "traces"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "small.keras"]
     # The top-operations table it printed is XProf's own framework_op_stats of the trace it left in --out.
     from tfperf.measure.profiles import tool, trace_files

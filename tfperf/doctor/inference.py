@@ -102,6 +102,57 @@ def mfu(examples_per_s: float, facts: Mapping[str, Any], *, passes: float = 1.0)
     return {"mfu": share}
 
 
+Call = tuple[Callable[[], Any], bool, str, str]
+
+
+def candidate_calls(subject: Subject, batch: int, flat, tensors, graph, xla, runtimes: Mapping[str, Any],
+                    commands: Mapping[str, str]) -> dict[str, Call]:
+    """The rows at one batch size. Each: the call, whether it answers in the model's structure (named by the
+    subject's head) or by name already (an exported runtime), the code that applies it, and what it costs."""
+    calls: dict[str, Call] = {}
+    if subject.kind == "keras":
+        packed, model = subject.pack(flat), subject.model
+        calls["predict()"] = (lambda: model.predict(packed, batch_size=batch, verbose=0), True, "", "")
+        calls["model(x)"] = (lambda: model(tensors, training=False), True,
+                             "y = model(x, training=False)   # instead of model.predict(x) for small batches",
+                             "none: the same model in eager mode")
+    else:
+        calls["signature"] = (lambda: subject.call(tensors), True, "", "")
+    calls["tf.function"] = (
+        lambda: graph(tensors), True,
+        "serve = tf.function(lambda x: model(x, training=False), input_signature=[...])  # None batch axis",
+        "one trace per input signature (see retracing)")
+    calls["tf.function, jit_compile=True"] = (
+        lambda: xla(tensors), True,
+        "serve = tf.function(lambda x: model(x, training=False), jit_compile=True, input_signature=[...])",
+        "an XLA compile for every new input shape (first call below)")
+    for row, runner in runtimes.items():
+        calls[row] = ((lambda runner=runner: runner(flat)), False, commands[row],
+                      "a converted copy to ship and keep in step with the model; float32, checked against it")
+    return calls
+
+
+def checked_timers(subject: Subject, calls: dict[str, Call], batch: int, reference,
+                   skipped: dict[str, str]) -> tuple[dict[str, float], list]:
+    """A Timer per row whose first call (tracing, compiling: timed apart) answered, and how far each answer
+    is from the reference; a row that fails is dropped from `calls` and named in `skipped`."""
+    from tfperf.measure import Timer
+
+    diffs, timers = {}, []
+    for row, (fn, structured, _, _) in list(calls.items()):
+        timer = Timer(fn, name=row, items_per_call=batch)
+        try:
+            out = timer.first_call()
+            got = to_numpy(subject.head(out)) if structured else out
+            diffs[row] = max((a["relative"] for a in agreement(reference, got).values()), default=0.0)
+        except Exception as exc:
+            skipped[f"{row} at batch {batch}"] = f"{type(exc).__name__}: {first_line(exc)}"
+            del calls[row]
+            continue
+        timers.append(timer)
+    return diffs, timers
+
+
 def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
               facts: Mapping[str, Any], profiler=None) -> tuple[list[Finding], dict]:
     """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size; `profiler` (a
@@ -109,7 +160,7 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
     TensorFlow row at the largest."""
     import tensorflow as tf
 
-    from tfperf.measure import Timer, versus
+    from tfperf.measure import versus
     from tfperf.records.jsonl import race_table
 
     findings, skipped = [], {}
@@ -136,41 +187,8 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
         tensors = subject.pack(to_tensors(flat))
         with exact_float32():  # the reference is float32 itself, not TF32 (Ampere GPUs' default)
             reference = check_runs(subject, flat)
-        # Each row: the call, whether it answers in the model's structure (named by the subject's head) or
-        # by name already (an exported runtime), the code that applies it, and what it costs.
-        calls: dict[str, tuple[Callable[[], Any], bool, str, str]] = {}
-        if subject.kind == "keras":
-            packed, model = subject.pack(flat), subject.model
-            calls["predict()"] = (lambda: model.predict(packed, batch_size=batch, verbose=0), True, "", "")
-            calls["model(x)"] = (lambda: model(tensors, training=False), True,
-                                 "y = model(x, training=False)   # instead of model.predict(x) for small batches",
-                                 "none: the same model in eager mode")
-        else:
-            calls["signature"] = (lambda: subject.call(tensors), True, "", "")
-        calls["tf.function"] = (
-            lambda: graph(tensors), True,
-            "serve = tf.function(lambda x: model(x, training=False), input_signature=[...])  # None batch axis",
-            "one trace per input signature (see retracing)")
-        calls["tf.function, jit_compile=True"] = (
-            lambda: xla(tensors), True,
-            "serve = tf.function(lambda x: model(x, training=False), jit_compile=True, input_signature=[...])",
-            "an XLA compile for every new input shape (first call below)")
-        for row, runner in runtimes.items():
-            calls[row] = ((lambda runner=runner: runner(flat)), False, commands[row],
-                          "a converted copy to ship and keep in step with the model; float32, checked against it")
-        # Each row's first call (tracing, compiling: timed apart) is the call whose answer is checked.
-        diffs, timers = {}, []
-        for row, (fn, structured, _, _) in list(calls.items()):
-            timer = Timer(fn, name=row, items_per_call=batch)
-            try:
-                out = timer.first_call()
-                got = to_numpy(subject.head(out)) if structured else out
-                diffs[row] = max((a["relative"] for a in agreement(reference, got).values()), default=0.0)
-            except Exception as exc:
-                skipped[f"{row} at batch {batch}"] = f"{type(exc).__name__}: {first_line(exc)}"
-                del calls[row]
-                continue
-            timers.append(timer)
+        calls = candidate_calls(subject, batch, flat, tensors, graph, xla, runtimes, commands)
+        diffs, timers = checked_timers(subject, calls, batch, reference, skipped)
         table = "batch 1 latency" if batch == 1 else f"throughput at batch {batch}"
         raced = race_table(
             rec, table, timers,

@@ -16,6 +16,9 @@ from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding
 from tfperf.gpus import mixed_policy_here
 
 
+PLAIN_BATCH = 32  # Keras' default batch size: what model.fit(x, y) uses
+
+
 def training_labels(subject: Subject, loss: str, outputs: Sequence[np.ndarray], examples: int,
                     rng: np.random.Generator) -> list[np.ndarray]:
     """Targets for each output that the loss accepts: class ids, one-hot rows, 0/1, or real values."""
@@ -55,49 +58,41 @@ def training_loss(name: str | None, from_logits: bool) -> Callable:
     return on_logits
 
 
-def training(subject: Subject, rec, options: Options, progress, facts: Mapping[str, Any] | None = None,
-             profiler=None) -> tuple[list[Finding], dict]:
-    """Plain fit against steps_per_execution, jit_compile, mixed precision and larger batches, epoch for
-    epoch from the same weights, on synthetic arrays or the user's pipeline (`options.data`); final losses
-    checked finite and in agreement. `profiler` (a ProfilePass) then traces plain fit's epoch and the peak
-    memory of each."""
-    import keras
-
-    from tfperf.measure import Timer
-    from tfperf.records.jsonl import race_table
-    from tfperf.train import StepMarker, fit_epochs
-
-    if subject.fresh is None:
-        raise DoctorError("training experiments need the Keras model: give a .keras file or module:factory, "
-                          "not a SavedModel")
-    progress("training")
+def training_configs(options: Options, examples: int) -> tuple[list[tuple], dict[str, str]]:
+    """What is tried against plain fit: (row, mixed policy, compile options, batch, code, cost) each, and
+    what is not tried and why."""
     data = options.data
-    if data is not None:  # the user's pipeline: its batches, its batch size
-        examples, x, y = data.examples, data.dataset, None
-    else:
-        examples = options.train_examples
-        x = subject.pack(make_inputs(subject, examples, seed=options.seed, sample=options.sample))
-        y = synthetic_targets(subject, options, examples)
-    loss_fn = training_loss(options.loss, options.from_logits)
-    plain_batch = 32  # Keras' default batch size: what model.fit(x, y) uses
     mixed = mixed_policy_here()  # float16 from compute capability 7.0, bfloat16 from 8.0 and on CPUs
-    configs = [("plain fit (batch 32)", None, {}, plain_batch, "", ""),
-               ("steps_per_execution=16", None, {"steps_per_execution": 16}, plain_batch,
+    configs = [(f"plain fit (batch {PLAIN_BATCH})", None, {}, PLAIN_BATCH, "", ""),
+               ("steps_per_execution=16", None, {"steps_per_execution": 16}, PLAIN_BATCH,
                 "model.compile(..., steps_per_execution=16)",
                 "callbacks and the progress bar see every 16th step"),
-               ("jit_compile=True", None, {"jit_compile": True}, plain_batch,
+               ("jit_compile=True", None, {"jit_compile": True}, PLAIN_BATCH,
                 "model.compile(..., jit_compile=True)", "an XLA compile before the first epoch (first call below)"),
-               (mixed, mixed, {}, plain_batch, f"keras.mixed_precision.set_global_policy({mixed!r})  # before building",
+               (mixed, mixed, {}, PLAIN_BATCH, f"keras.mixed_precision.set_global_policy({mixed!r})  # before building",
                 "lower-precision activations: check accuracy; keep the last layer float32")][:4 if mixed else 3]
     skipped = {} if mixed else {"training: mixed precision": "these GPUs have no tensor cores (compute capability "
                                                                   "below 7.0): lower precision would gain nothing"}
     if data is None:
         configs += [(f"batch {b}", None, {}, b, f"model.fit(x, y, batch_size={b})",
                      "fewer optimizer steps per epoch: retune the learning rate; more activation memory")
-                    for b in sorted(set(options.batch_sizes)) if b > plain_batch and b <= examples]
+                    for b in sorted(set(options.batch_sizes)) if b > PLAIN_BATCH and b <= examples]
     else:
         configs[0] = (f"plain fit (batch {data.batch})", *configs[0][1:3], data.batch, "", "")
         skipped["training: batch sizes"] = f"set by {data.source} (batch {data.batch}): batch it otherwise to compare"
+    return configs, skipped
+
+
+def started_trainers(subject: Subject, configs: Sequence[tuple], options: Options, x, y, loss_fn, examples: int,
+                     skipped: dict[str, str]) -> list[tuple]:
+    """A fresh model per configuration, compiled and its first epoch run (timed apart): (row, timer, its
+    losses, code, cost) each. A configuration that fails is named in `skipped`; plain fit failing is an error."""
+    import keras
+
+    from tfperf.measure import Timer
+    from tfperf.train import StepMarker, fit_epochs
+
+    data = options.data
     trainers = []
     for row, policy, compile_options, batch, code, cost in configs:
         try:
@@ -120,6 +115,31 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
             skipped[f"training: {row}"] = f"{type(exc).__name__}: {first_line(exc)}"
             continue
         trainers.append((row, timer, losses, code, cost))
+    return trainers
+
+
+def training(subject: Subject, rec, options: Options, progress, facts: Mapping[str, Any] | None = None,
+             profiler=None) -> tuple[list[Finding], dict]:
+    """Plain fit against steps_per_execution, jit_compile, mixed precision and larger batches, epoch for
+    epoch from the same weights, on synthetic arrays or the user's pipeline (`options.data`); final losses
+    checked finite and in agreement. `profiler` (a ProfilePass) then traces plain fit's epoch and the peak
+    memory of each."""
+    from tfperf.records.jsonl import race_table
+
+    if subject.fresh is None:
+        raise DoctorError("training experiments need the Keras model: give a .keras file or module:factory, "
+                          "not a SavedModel")
+    progress("training")
+    data = options.data
+    if data is not None:  # the user's pipeline: its batches, its batch size
+        examples, x, y = data.examples, data.dataset, None
+    else:
+        examples = options.train_examples
+        x = subject.pack(make_inputs(subject, examples, seed=options.seed, sample=options.sample))
+        y = synthetic_targets(subject, options, examples)
+    loss_fn = training_loss(options.loss, options.from_logits)
+    configs, skipped = training_configs(options, examples)
+    trainers = started_trainers(subject, configs, options, x, y, loss_fn, examples, skipped)
     final_losses: dict[str, float] = {}
 
     def read_losses(_):
@@ -149,7 +169,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
         flops = facts.get("flops_per_example") if facts else None
         if data is None:  # on the user's pipeline, plain fit was traced by the input pipeline check
             profiler.trace(trainers[0][1], f"training: {plain}", "training", call_s=raced[plain].median_s, calls=1,
-                           steps_per_call=math.ceil(examples / plain_batch),
+                           steps_per_call=math.ceil(examples / PLAIN_BATCH),
                            flops_per_call=3 * flops * examples if flops else None)
         for row, timer, _, _, _ in trainers[1:]:
             profiler.peak(timer, f"training: {row}", "training")

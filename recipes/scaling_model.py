@@ -140,10 +140,15 @@ def train_and_probe(args) -> dict | None:
             run.take(PROBE_BLOCK)
     per_rank = hvd.allgather(tf.constant([args.batch_size / float(np.median(steps))], tf.float64)).numpy()
     all_blocks = hvd.allgather(tf.constant(blocks, tf.float64)).numpy()
+    gradient_bytes = 4 * model.count_params()
+    # t2 for the model's own gradients at this rank count, once training is done (in the same processes: no
+    # second job to start): with more ranks than cores a ring step also waits for its neighbour to be
+    # scheduled, which no fit can know.
+    t2 = probe_allreduce([gradient_bytes], args.reps) if size > 1 else []
     if rank != 0:
         return None
     return {"steps_s": steps, "first_step_s": first, "per_rank": per_rank.tolist(), "t1_blocks_s": all_blocks.tolist(),
-            "gradient_bytes": 4 * model.count_params()}
+            "gradient_bytes": gradient_bytes, "t2": t2[0] if t2 else None}
 
 
 def launch(cmd: list) -> str:
@@ -168,7 +173,6 @@ def add_flags(p) -> None:
                    help=f"blocks of {PROBE_BLOCK} training steps per run, each followed by a t1 probe block")
     # Internal: the probes and runs are processes of this script under horovodrun.
     p.add_argument("--role", choices=["allreduce", "run"], help=argparse.SUPPRESS)
-    p.add_argument("--probe-bytes", type=int, nargs="+", help=argparse.SUPPRESS)
 
 
 def task(args) -> int:
@@ -178,7 +182,7 @@ def task(args) -> int:
         if found is not None:
             print(reply(found), flush=True)
         return 0
-    for row in probe_allreduce(args.probe_bytes or sweep_sizes(args.quick), args.reps):
+    for row in probe_allreduce(sweep_sizes(args.quick), args.reps):
         print(reply(row))
     return 0
 
@@ -225,12 +229,8 @@ def measure(args, rec) -> Found:
             step_samples += found["steps_s"]
             t1_samples += [s / PROBE_BLOCK for s in found["t1_blocks_s"]]
             gradient_bytes = found["gradient_bytes"]
-            if n > 1 and pair == 0:
-                # t2 for the model's own gradients, measured at this rank count: with more ranks than
-                # cores a ring step also waits for its neighbour to be scheduled, which no fit can know.
-                out = launch([BIN / "horovodrun", "-np", n, *me, "--role", "allreduce",
-                              "--probe-bytes", gradient_bytes])
-                probe = rank0_replies(out)[0]
+            if n > 1 and pair == 0:  # t2 for the model's own gradients, measured by the run at this rank count
+                probe = found["t2"]
                 t2_of[n], t2_ci = probe["s"], tuple(probe["ci95_s"])
                 print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
                       f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)

@@ -252,9 +252,12 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
     tiny = Sizes(window_s=0.05, max_windows=3, warmup_s=0.02, probe_s=0.3, probes=2, validation_s=0.5,
                  max_concurrency=4, concurrency_factor=4, instances=(1, 2), batch_sizes=(8,), all_thread_counts=False)
     monkeypatch.setattr(Sizes, "quick", classmethod(lambda cls: tiny))
-    code, out, err = tfperf("load", "cnn", "--quick", "--runtimes", "litert", "--out", tmp_path / "run")
+    # The servers in a process of their own: the path every configuration takes through the pipe.
+    code, out, err = tfperf("load", "cnn", "--quick", "--runtimes", "litert", "--server-process",
+                            "--out", tmp_path / "run")
     assert code == 0, err[-2000:]
     report = (tmp_path / "run" / "report.md").read_text()
+    assert "The servers ran in a process of their own (--server-process)" in report
     assert "## Answer" in report and "Best within the budget" in report and "LoadGen Server validation" in report
     assert "the SavedModel signature, one request at a time" in report and "BatchFunction" in report
     assert (tmp_path / "run" / "throughput_vs_latency.png").stat().st_size > 1000
@@ -313,6 +316,33 @@ def tiny_sizes(monkeypatch):
     tiny = Sizes(window_s=0.05, max_windows=3, warmup_s=0.02, probe_s=0.3, probes=2, validation_s=0.5,
                  max_concurrency=4, concurrency_factor=4, instances=(1,), batch_sizes=(8,), all_thread_counts=False)
     monkeypatch.setattr(Sizes, "quick", classmethod(lambda cls: tiny))
+
+
+def test_a_server_process_answers_as_served_here_names_what_fails_and_fails_requests_when_it_dies(tmp_path):
+    from tfperf.deploy.layout import export_subject, load
+    from tfperf.deploy.loader import cookbook_subject
+    from tfperf.serving.configs import ServingConfig
+    from tfperf.serving.remote import ServerProcess
+
+    from tfperf.deploy.inputs import make_inputs
+
+    subject = cookbook_subject("mlp")
+    exported = export_subject(subject, tmp_path / "exports", name="mlp", format="onnx")
+    requests = one_row_requests(make_inputs(subject, 8, seed=0))
+    config = ServingConfig("onnx", 1, 1, BatchingOptions(max_batch_size=4, batch_timeout_micros=1000))
+    with ServerProcess() as process:
+        with pytest.raises(RuntimeError, match="ModelError: no model at"):  # named, not a traceback
+            process.open(config, tmp_path / "missing", requests[0])
+        with process.open(config, exported.path, requests[0]) as server:
+            assert check_agreement(server, load(exported.path), requests) is None  # batched there, as here
+            before = server.cpu_s()
+            closed_loop(lambda i: server(requests[i]), 2, window_s=0.05, max_windows=2, warmup_s=0.01)
+            assert server.cpu_s() > before  # the child's CPU is read, for the clients' share
+        process._process.kill()
+        process._process.join()
+        failed = process.submit(requests[0])
+        with pytest.raises(RuntimeError, match="the server process ended"):
+            failed.result(timeout=10)
 
 
 def test_a_budget_nothing_meets_says_so_with_the_lowest_seen(tmp_path, monkeypatch):

@@ -67,7 +67,7 @@ class LoadLevel:
     windows: tuple[Window, ...] = ()
     stable: bool = True
     client_cpu_s: float = 0.0  # CPU time the clients' threads used over the measured windows
-    process_cpu_s: float = 0.0  # CPU time of the whole process over the same time
+    process_cpu_s: float = 0.0  # CPU time of the process (and of a server process, if any) over the same time
     errors: tuple[str, ...] = ()  # why requests failed (the first few), if any did
 
     @property
@@ -88,7 +88,7 @@ class LoadLevel:
 
     @property
     def client_share(self) -> float:
-        """The clients' share of the CPU time this process used while they ran."""
+        """The clients' share of the CPU time this process (and the server's, when apart) used while they ran."""
         return self.client_cpu_s / self.process_cpu_s if self.process_cpu_s > 0 else 0.0
 
     def metrics(self) -> dict[str, Any]:
@@ -106,12 +106,14 @@ class LoadLevel:
 
 
 def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float = 1.0, max_windows: int = 10,
-                warmup_s: float = 0.2, label: str | None = None) -> LoadLevel:
+                warmup_s: float = 0.2, label: str | None = None,
+                server_cpu: Callable[[], float] | None = None) -> LoadLevel:
     """N clients, each sending a request (`send(client)`, which returns when answered) and then the next.
 
     Measures in windows of `window_s` after `warmup_s`, until the last three agree (stable) or
     `max_windows` ran; the level is built from the stable windows (else from all, marked unstable).
-    A request that raises is counted as an error, not a latency.
+    A request that raises is counted as an error, not a latency. `server_cpu`: the CPU seconds of a
+    server in another process, so far (its share is counted with this process's).
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
@@ -143,7 +145,7 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
     windows: list[Window] = []
     try:
         time.sleep(warmup_s)
-        begin, cpu_begin = time.perf_counter(), time.process_time()
+        begin, cpu_begin = time.perf_counter(), time.process_time() + (server_cpu() if server_cpu else 0.0)
         edge = begin
         while len(windows) < max_windows and not (windows and stable(windows)):
             time.sleep(max(edge + window_s - time.perf_counter(), 0.0))
@@ -154,7 +156,7 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
             edge = end
             if errors and not any(w.latencies_s for w in windows):
                 break  # every request fails: nothing to wait for
-        cpu_end = time.process_time()
+        cpu_end = time.process_time() + (server_cpu() if server_cpu else 0.0)
     finally:
         stop.set()
         for thread in threads:

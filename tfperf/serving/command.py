@@ -92,6 +92,9 @@ def add_command(sub) -> None:
                                                         f"in under {QUICK_GOAL_S // 60} minutes on 2 cores")
     p.add_argument("--out", help="folder for report.md, load.jsonl and the chart (default load/<model name>/)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--server-process", action="store_true",
+                   help="serve from a process of its own, the clients staying in this one: no client thread waits for "
+                        "the server's GIL (requests then cross a pipe, as they would a socket)")
     p.set_defaults(func=cmd_load)
 
 
@@ -182,7 +185,8 @@ def cmd_load(args: argparse.Namespace) -> int:
 
     found = answer(args.model, exports, requests, out, budget=Budget(args.latency_budget, args.percentile),
                    quick=args.quick, runtimes=args.runtimes, commands=commands, failed=failed,
-                   concurrency=args.concurrency, rates=args.rate or (), record_args=vars(args), say=say)
+                   concurrency=args.concurrency, rates=args.rate or (), record_args=vars(args), say=say,
+                   server_process=args.server_process)
     report = out / "report.md"
     _print_summary(found, report, out)
     return 130 if found.partial else 0
@@ -190,20 +194,24 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quick: bool, runtimes=RUNTIMES,
            commands: dict | None = None, failed: dict | None = None, concurrency: list[int] | None = None,
-           rates=(), record_args: dict | None = None, say=lambda what: None):
+           rates=(), record_args: dict | None = None, say=lambda what: None, server_process: bool = False):
     """The whole serving question on exported runtimes: the anchors, the search, the best re-searched in open loop,
     the winner validated, LoadGen's ceiling and overhead; report.md, load.jsonl and the chart in `out`. Ctrl-C or
-    SIGTERM stops the measuring and still writes them, marked partial. Returns the `Found`."""
+    SIGTERM stops the measuring and still writes them, marked partial. `server_process`: the servers run in a
+    process of their own, the clients (closed loop and LoadGen) in this one. Returns the `Found`."""
     from tfperf.records.jsonl import Recorder
     from tfperf.serving.measure import ANCHOR, Bench, Sizes, batch_function_config
     from tfperf.serving.report import Found, write_report
+    from tfperf.serving.remote import ServerProcess
     from tfperf.serving.search import Space, ranked, search
 
     started = time.perf_counter()
     sizes = Sizes.quick() if quick else Sizes()
     rec = Recorder(RECIPE, {k: v for k, v in (record_args or {"model": model}).items() if k != "func"})
-    bench = Bench(exports, requests, budget, sizes, rec, out / "loadgen")
-    found = Found(model, budget, export_commands=commands or {}, not_exported=failed or {})
+    process = ServerProcess() if server_process else None
+    bench = Bench(exports, requests, budget, sizes, rec, out / "loadgen", server_process=process)
+    found = Found(model, budget, export_commands=commands or {}, not_exported=failed or {},
+                  server_process=server_process)
     cores = os.cpu_count() or 1
     try:
         runtimes = [r for r in runtimes if r in exports] or list(exports)
@@ -250,6 +258,8 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
     except (KeyboardInterrupt, flags.Stopped):  # SIGTERM raises Stopped through the command line's handler
         found.partial = "interrupted (Ctrl-C or SIGTERM)"
     finally:
+        if process is not None:
+            process.close()
         found.seconds = time.perf_counter() - started
         for s in found.swept:
             if not s.dropped:

@@ -65,6 +65,7 @@ class Bench:
     rec: Any  # a tfperf.records.Recorder
     logs: Path  # LoadGen logs of the validation runs
     references: dict[str, Callable[[Arrays], Arrays]] = dataclasses.field(default_factory=dict)
+    server_process: Any = None  # a remote.ServerProcess: the servers run there, the clients here
     probes: list[tuple[ServingConfig, loadgen.LoadGenResult]] = dataclasses.field(default_factory=list)
 
     def reference(self, runtime: str) -> Callable[[Arrays], Arrays]:
@@ -77,7 +78,10 @@ class Bench:
         return self.references[source]
 
     def server(self, config: ServingConfig):
-        """The configuration's server (close it when done)."""
+        """The configuration's server (close it when done), in the server process when there is one."""
+        if self.server_process is not None:
+            source = "savedmodel" if config.runtime == "tf-batch-function" else config.runtime
+            return self.server_process.open(config, self.exports[source], self.requests[0])
         if config.runtime == "tf-batch-function":
             return batch_function_server(self.exports["savedmodel"], config.batching, self.requests[0])
         return config.server(self.exports[config.runtime])
@@ -88,7 +92,7 @@ class Bench:
         n = len(self.requests)
         return closed_loop(lambda client: server(self.requests[next(counters[client]) % n]), concurrency,
                            window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
-                           warmup_s=self.sizes.warmup_s)
+                           warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None))
 
     def sweep(self, config: ServingConfig, concurrencies: list[int] | None = None) -> Swept:
         """The configuration checked, then swept in closed loop (given levels, or doubling within the budget)."""

@@ -31,6 +31,7 @@ class Found:
     not_exported: dict[str, str] = dataclasses.field(default_factory=dict)
     partial: str | None = None  # why the run stopped early
     seconds: float = 0.0
+    server_process: bool = False  # the servers ran in a process of their own, the clients in this one
 
 
 def _ms(seconds: float) -> str:
@@ -176,11 +177,16 @@ def _generator(found: Found) -> list[str]:
     lines = ["## The load generator", ""]
     shares = [lv.client_share for s in found.swept for lv in s.levels]
     if shares:
-        worst = max(shares)
-        lines.append(f"Clients (Python threads in this process) used up to {worst:.0%} of the CPU this process used "
+        worst, apart = max(shares), found.server_process
+        lines.append(("The servers ran in a process of their own (--server-process), each request crossing a pipe: "
+                      "no client waited for the server's GIL. Clients" if apart else
+                      "Clients (Python threads in this process)")
+                     + f" used up to {worst:.0%} of the CPU {'both processes' if apart else 'this process'} used "
                      f"while they ran" + (f": over {GENERATOR_LIMIT:.0%}, so at the highest rates the generator "
-                                          f"competes with the server for the same cores and Python's GIL, and the "
-                                          f"rates above are a floor of what the model can do."
+                                          f"competes with the server for the same cores"
+                                          + ("" if apart else " and Python's GIL")
+                                          + ", and the rates above are a floor of what the model can do"
+                                          + ("." if apart else " (`--server-process` takes the GIL out of it).")
                                           if worst > GENERATOR_LIMIT else ": the server, not the generator, is the "
                                                                          "limit."))
     if found.overhead is not None and found.overhead.qps_without_overhead:

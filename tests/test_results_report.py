@@ -183,6 +183,7 @@ def test_the_report_opens_with_each_recipes_headline_and_cautions_one_resting_on
     assert findings.index("## What this run found") < text.index("## demo")
     demo = next(l for l in findings.splitlines() if l.startswith("| [demo](#demo)"))
     assert "fast against slow" in demo and "faster" in demo and "rests on an unstable row: fast" in demo
+    assert "may not hold in the next run: rerun with `tfperf run --repeat 3`" in findings  # said once, under it
     assert "| [other](#other) | (no headline" in findings
     headline_path(tmp_path, "other").write_text("[not a headline")  # a broken file: the report still builds
     assert "(no headline" in build_report(tmp_path).read_text().split("## demo")[0]

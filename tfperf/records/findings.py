@@ -31,19 +31,19 @@ def read_headline(path: Path | str) -> Headline | None:
         return None
 
 
-def caution(headline: Headline, records: Sequence[Mapping[str, Any]], steadier: str) -> str:
+def caution(headline: Headline, records: Sequence[Mapping[str, Any]]) -> str:
     """What weakens a headline: the unstable rows it rests on (a row of that name in any of the recipe's
     tables), or ''."""
     shaky = {r["row"] for r in records if (r.get("timing") or {}).get("warnings")}
     named = [row for row in headline.rests_on if row in shaky]
     if not named:
         return ""
-    return f"rests on {'an unstable row' if len(named) == 1 else 'unstable rows'}: {', '.join(named)}; {steadier}"
+    return f"rests on {'an unstable row' if len(named) == 1 else 'unstable rows'}: {', '.join(named)}"
 
 
-def findings_table(found: Sequence[tuple[str, Headline | None, str, Sequence[str]]]) -> str:
+def findings_table(found: Sequence[tuple[str, Headline | None, str, Sequence[str]]], steadier: str) -> str:
     """The Markdown findings table: one line per (recipe, headline, caution, verdicts in repeated runs),
-    each recipe linking to its section."""
+    each recipe linking to its section; under it, what to do about a caution (`steadier`)."""
     repeated = any(again for *_, again in found)
     header = ["recipe", "lesson", "figure (95% CI)", "verdict", *(["verdicts over runs"] if repeated else []),
               "caution"]
@@ -59,6 +59,9 @@ def findings_table(found: Sequence[tuple[str, Headline | None, str, Sequence[str
             cells.append(", ".join(f"{v} {c}/{len(again)}" for v, c in counts.items()) or "-")
         cells.append(weak or "-")
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    if any(weak for _, _, weak, _ in found):
+        lines += ["", f"A verdict that rests on an unstable row (its samples spread widely) may not hold in the "
+                      f"next run: {steadier}."]
     return "\n".join(lines)
 
 

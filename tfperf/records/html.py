@@ -30,7 +30,7 @@ details.section { border-top: 1px solid #ddd; padding: .5em 0; }
 details.section > summary { cursor: pointer; }
 section > h2 { display: block; }
 table { border-collapse: collapse; margin: .6em 0; font-size: 13px; display: block; max-width: 100%; overflow-x: auto; }
-td { overflow-wrap: anywhere; }
+td { overflow-wrap: break-word; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; cursor: pointer; user-select: none; }
 th[aria-sort="ascending"]::after { content: " \\25B2"; } th[aria-sort="descending"]::after { content: " \\25BC"; }

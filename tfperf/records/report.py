@@ -283,7 +283,7 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
         recipe = records[0]["recipe"] if records else f.stem
         headline = read_headline(headline_path(results_dir, recipe))
         again = [h.verdict for h in (read_headline(headline_path(d, recipe)) for d in reruns) if h is not None]
-        found.append((recipe, headline, caution(headline, records, steadier) if headline else "",
+        found.append((recipe, headline, caution(headline, records) if headline else "",
                       [headline.verdict, *again] if headline and again else []))
         sections += [f"## {recipe}", ""]
         if records:  # nothing measured (every step skipped, say): what it concluded still belongs here
@@ -308,7 +308,7 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
     if reruns:
         parts += [f"Each recipe ran {len(reruns) + 1} times in fresh processes: the tables show the first run, "
                   f"and a column the spread over all runs and the verdicts each reached.", ""]
-    parts += [f"## {FINDINGS}", "", findings_table(found), ""]
+    parts += [f"## {FINDINGS}", "", findings_table(found, steadier), ""]
     report = results_dir / "report.md"
     atomic_write_text(report, "\n".join(parts + sections))
     write_html(report)

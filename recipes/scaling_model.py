@@ -301,19 +301,23 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"the other, {r101['efficiency_full_overlap']:.0%} if fully overlapped. Horovod's published 90% lies "
         f"between: it starts all-reducing early layers' gradients while backpropagation is still running "
         f"and fuses small tensors into large messages, which hides most, not all, of t2."), lines,
-        headline=scaling_headline(errors, cores))
+        headline=scaling_headline(errors, {r["row"]: r["metrics"]["error_ci95"] for r in rec.table(PREDICTED)}, cores))
 
 
-def scaling_headline(errors: dict[str, float], cores: int) -> Headline:
-    """The model's largest error where each rank has a core of its own, and apart where ranks crowd the cores."""
+def scaling_headline(errors: dict[str, float], cis: dict[str, list[float]], cores: int) -> Headline:
+    """The model's largest error where each rank has a core of its own, judged by its 95% CI against the goal
+    (within, outside, or not settled when the CI spans it), and apart where ranks crowd the cores."""
     own = {row: e for row, e in errors.items() if int(row.split("=")[1]) <= cores} or errors
     worst = max(own, key=lambda row: abs(own[row]))
+    low, high = cis[worst]
     crowded = {row: e for row, e in errors.items() if row not in own}
-    figure = f"largest error {own[worst]:+.0%} ({worst})" + "".join(
+    figure = f"largest error {own[worst]:+.0%} (95% CI {low:+.0%} to {high:+.0%}, {worst})" + "".join(
         f"; {e:+.0%} at {row}, more ranks than the {cores} cores" for row, e in crowded.items())
-    held = abs(own[worst]) <= GOAL
-    return Headline("the scaling model t1 + t2 against mnist_hvd's measured throughput", figure,
-                    f"{'within' if held else 'outside'} the +-{GOAL:.0%} goal where each rank has a core")
+    within = all(abs(cis[row][0]) <= GOAL and abs(cis[row][1]) <= GOAL for row in own)
+    outside = any(cis[row][0] > GOAL or cis[row][1] < -GOAL for row in own)
+    verdict = ("within" if within else "outside" if outside else "not settled against") + \
+        f" the +-{GOAL:.0%} goal where each rank has a core"
+    return Headline("the scaling model t1 + t2 against mnist_hvd's measured throughput", figure, verdict)
 
 
 RECIPE = Recipe(name="scaling_model", doc=__doc__, order=130, measure=measure, conclude=conclude, add_flags=add_flags,

@@ -14,12 +14,17 @@ from tfperf.records.jsonl import read_records
 TINY = ["--quick", "--steps", "2", "--warmup", "0"]
 
 
-def load_recipe(name):
-    """A recipe's declaration, imported from its script: its `measure` then runs in this process."""
+def recipe_module(name):
+    """A recipe's script, imported as a module."""
     spec = importlib.util.spec_from_file_location(f"recipe_{name}", recipe(name))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.RECIPE
+    return module
+
+
+def load_recipe(name):
+    """A recipe's declaration, imported from its script: its `measure` then runs in this process."""
+    return recipe_module(name).RECIPE
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +252,20 @@ def test_scaling_model_predicts_and_measures(tmp_path):
     sweep = [r["metrics"] for r in records if r["table"].startswith("all-reduce")]
     assert len(sweep) >= 5 and sweep[-1]["ms"] > sweep[0]["ms"]  # 16 MiB takes longer than 1 KiB
     assert any("512 workers" in r["row"] for r in records if r["table"] == "projection on paper")
+    assert read_headline(headline_path(tmp_path, "scaling_model")).verdict.endswith("goal where each rank has a core")
+
+
+def test_the_scaling_models_headline_is_judged_by_its_interval_not_its_point():
+    """Two clean runs gave +14% (95% CI -9% to +38%) and +24% (+4% to +52%) at np=2: both span the 15% goal,
+    so both are 'not settled'; judged by the point, the first said 'within' and the second 'outside'."""
+    verdict = lambda errors, cis: recipe_module("scaling_model").scaling_headline(errors, cis, 2).verdict  # noqa: E731
+    assert verdict({"np=1": -0.06, "np=2": 0.14}, {"np=1": [-0.34, 0.23], "np=2": [-0.09, 0.38]}).startswith(
+        "not settled")
+    assert verdict({"np=1": 0.04, "np=2": 0.24}, {"np=1": [-0.24, 0.26], "np=2": [0.04, 0.52]}).startswith(
+        "not settled")
+    assert verdict({"np=1": 0.02, "np=2": 0.05}, {"np=1": [-0.05, 0.08], "np=2": [0.01, 0.1]}).startswith("within")
+    assert verdict({"np=1": 0.02, "np=2": 0.35, "np=4": 0.0},
+                   {"np=1": [-0.05, 0.08], "np=2": [0.2, 0.5], "np=4": [-0.01, 0.01]}).startswith("outside")
 
 
 @pytest.mark.slow

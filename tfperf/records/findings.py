@@ -13,6 +13,7 @@ from tfperf import jsonio
 from tfperf.measure import stats
 from tfperf.records.jsonl import atomic_write_text
 
+
 def headline_path(out: Path | str, recipe: str) -> Path:
     """Where a recipe leaves its headline for the report."""
     return Path(out) / f"{recipe}.headline.json"

@@ -293,9 +293,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _terminate(signum, frame):
-    flags.request_stop()
-    raise flags.Stopped()
+def _stop_handler(command: str, may_exit: bool):
+    """The SIGTERM handler: while an export is written (a conversion inside TensorFlow, where unwinding can
+    crash), undo it, say so and exit 143 at once; otherwise unwind through `finally` as Ctrl-C does."""
+
+    def terminate(signum, frame):
+        flags.request_stop()
+        cleanups = flags.pending_cleanups()
+        if may_exit and cleanups:
+            for cleanup in cleanups:
+                try:
+                    cleanup()
+                except OSError:
+                    pass  # half done by the block's own cleanup, which this signal interrupted
+            print(f"tfperf {command}: stopped by SIGTERM; what it was writing was removed", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(143)
+        raise flags.Stopped()
+
+    return terminate
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -307,7 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    # Ending the process from the handler is for a real command line only, never for a caller's process.
+    handler = _stop_handler(args.command, may_exit=argv is None)
+    previous = signal.signal(signal.SIGTERM, handler) if main_thread else None
     try:
         return args.func(args)
     except UserError as exc:

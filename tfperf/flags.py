@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
 from tfperf.catalog import DATASET_NAMES, MODEL_NAMES
@@ -12,10 +13,31 @@ from tfperf.catalog import DATASET_NAMES, MODEL_NAMES
 
 class Stopped(BaseException):
     """SIGTERM (what timeout, Kubernetes and CI send): unwinds like Ctrl-C, so that every `finally` that removes
-    a staging folder or a half-written run still runs."""
+    a half-written run or writes a partial report still runs."""
 
 
 _STOP_REQUESTED: list[bool] = []  # set by the command line's SIGTERM handler
+_CLEANUPS: list[Callable[[], None]] = []  # what a stop must undo now (innermost last)
+
+
+@contextmanager
+def cleaned_up(cleanup: Callable[[], None]) -> Iterator[None]:
+    """Run `cleanup` (removing a staging folder) when the block ends, however it ends. A SIGTERM meanwhile runs it
+    and ends the process without unwinding: an exception raised at an arbitrary point of a TensorFlow or
+    tf2onnx conversion can crash the interpreter on its way out (seen: SIGSEGV instead of exit 143)."""
+    _CLEANUPS.append(cleanup)
+    try:
+        yield
+    finally:
+        try:
+            cleanup()  # still registered: a SIGTERM in the middle of it finishes it
+        finally:
+            _CLEANUPS.remove(cleanup)
+
+
+def pending_cleanups() -> list[Callable[[], None]]:
+    """What a stop must undo now, innermost first (see `cleaned_up`)."""
+    return _CLEANUPS[::-1]
 
 
 def request_stop() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tfperf import __version__
-from tfperf.flags import check_stop
+from tfperf.flags import check_stop, cleaned_up
 from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, METADATA_FILE, SIGNATURE, Runner, Servable, agreement,
                                    check_model_dir, check_options, format_of, read_metadata, versions)
 from tfperf.deploy.errors import ExportError, ModelError, first_line
@@ -176,7 +176,16 @@ def export(servable: Servable, root: Path | str = "saved_models", *, name: str, 
     # Written beside the target, then renamed: readers and TF Serving see a whole version or none.
     staging = Path(tempfile.mkdtemp(prefix=f".{version}.partial-{socket.gethostname()}-{os.getpid()}-",
                                     dir=model_root))
-    try:
+
+    def discard() -> None:
+        """Remove the staging folder, and the folders a first export made, if nothing else is in them."""
+        shutil.rmtree(staging, ignore_errors=True)
+        if model_root.is_dir() and not any(model_root.iterdir()):
+            model_root.rmdir()
+            if made_root and not any(Path(root).iterdir()):
+                Path(root).rmdir()
+
+    with cleaned_up(discard):
         try:
             written = FORMATS[format].write(servable, staging, **options)
         except ExportError:
@@ -226,14 +235,6 @@ def export(servable: Servable, root: Path | str = "saved_models", *, name: str, 
                     raise ExportError(f"{final} appeared while exporting; the next free version is "
                                       f"{next_version(model_root)}") from None
                 version = next_version(model_root)  # another export took it: take the next free one
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-        # A first export that failed leaves no empty folders behind.
-        if model_root.is_dir() and not any(model_root.iterdir()):
-            model_root.rmdir()
-            if made_root and not any(Path(root).iterdir()):
-                Path(root).rmdir()
     return Exported(final, meta)
 
 

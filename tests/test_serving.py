@@ -345,6 +345,46 @@ def test_a_server_process_answers_as_served_here_names_what_fails_and_fails_requ
             failed.result(timeout=10)
 
 
+def test_the_savedmodel_is_searched_over_threads_only_where_each_count_has_a_process():
+    from tfperf.serving.command import searched_threads
+
+    runtimes = ["savedmodel", "litert", "onnx"]
+    assert searched_threads(runtimes, 4, True, False) == {"savedmodel": (None,), "litert": (1, 4), "onnx": (1, 4)}
+    assert searched_threads(runtimes, 4, True, True) == {"savedmodel": (1, 4), "litert": (1, 4), "onnx": (1, 4)}
+    assert searched_threads(runtimes, 2, False, True) == {"savedmodel": (None,), "litert": (2,), "onnx": (2,)}
+
+
+def test_the_serve_command_sets_tensorflows_threads_before_it_loads():
+    from tfperf.serving.configs import ServingConfig
+    from tfperf.serving.report import serve_command
+
+    lines = serve_command(ServingConfig("savedmodel", 1, 2), ["export", "cnn", "--format", "savedmodel"])
+    assert lines[0] == "tfperf export cnn --format savedmodel"
+    assert lines[1].startswith("tf.config.threading.set_intra_op_parallelism_threads(1)")
+    assert "tfperf.deploy.load(EXPORT)" in lines[2] and "2 serving thread(s)" in lines[2]
+    onnx = serve_command(ServingConfig("onnx", 2, 1, BatchingOptions(max_batch_size=4)), None)
+    assert onnx == ["Batcher(lambda size: tfperf.deploy.load(EXPORT, threads=2), BatchingOptions(max_batch_size=4, "
+                    "batch_timeout_micros=1000, num_batch_threads=1, idle_runs_now=False))  # tfperf.serving.batcher; "
+                    "TF Serving's names"]
+
+
+def test_a_savedmodel_is_served_at_the_intra_op_threads_of_its_own_process(tmp_path):
+    from tfperf.deploy.inputs import make_inputs
+    from tfperf.deploy.layout import export_subject, load
+    from tfperf.deploy.loader import cookbook_subject
+    from tfperf.serving.configs import ServingConfig
+    from tfperf.serving.remote import ServerProcess
+
+    subject = cookbook_subject("mlp")
+    exported = export_subject(subject, tmp_path / "exports", name="mlp", format="savedmodel")
+    requests = one_row_requests(make_inputs(subject, 8, seed=0))
+    with ServerProcess(intra_op_threads=1) as process:
+        with pytest.raises(RuntimeError, match="runs 1 intra-op threads in this process, not 2"):
+            process.open(ServingConfig("savedmodel", 2, 1), exported.path, requests[0])
+        with process.open(ServingConfig("savedmodel", 1, 2), exported.path, requests[0]) as server:
+            assert check_agreement(server, load(exported.path), requests) is None
+
+
 def test_a_budget_nothing_meets_says_so_with_the_lowest_seen(tmp_path, monkeypatch):
     tiny_sizes(monkeypatch)
     code, out, err = tfperf("load", "mlp", "--quick", "--runtimes", "onnx", "--latency-budget", "10us",

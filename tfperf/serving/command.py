@@ -94,7 +94,8 @@ def add_command(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-process", action="store_true",
                    help="serve from a process of its own, the clients staying in this one: no client thread waits for "
-                        "the server's GIL (requests then cross a pipe, as they would a socket)")
+                        "the server's GIL (requests then cross a pipe, as they would a socket); the SavedModel is "
+                        "then searched over TensorFlow's intra-op threads too, a process per count")
     p.set_defaults(func=cmd_load)
 
 
@@ -192,6 +193,14 @@ def cmd_load(args: argparse.Namespace) -> int:
     return 130 if found.partial else 0
 
 
+def searched_threads(runtimes, cores: int, every_count: bool, server_process: bool) -> dict[str, tuple]:
+    """The intra-op thread counts searched per runtime: 1 and every core (`every_count`), else every core.
+    TensorFlow fixes its pool when a process starts, so the SavedModel is searched over threads only with
+    `server_process` (a process per setting); here it runs at TensorFlow's default (None)."""
+    counts = tuple(sorted({1, cores})) if every_count else (cores,)
+    return {r: counts if r != "savedmodel" or (server_process and every_count) else (None,) for r in runtimes}
+
+
 def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quick: bool, runtimes=RUNTIMES,
            commands: dict | None = None, failed: dict | None = None, concurrency: list[int] | None = None,
            rates=(), record_args: dict | None = None, say=lambda what: None, server_process: bool = False):
@@ -219,8 +228,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             say("the anchors: the signature one request at a time, and TensorFlow's BatchFunction")
             found.swept.append(bench.sweep(ANCHOR, concurrency))
             found.swept.append(bench.sweep(batch_function_config(cores), concurrency))
-        threads = {r: (None,) if r == "savedmodel" else tuple(sorted({1, cores})) if sizes.all_thread_counts
-                   else (cores,) for r in runtimes}
+        threads = searched_threads(runtimes, cores, sizes.all_thread_counts, server_process)
         space = Space(tuple(runtimes), threads, instances=sizes.instances, batch_sizes=sizes.batch_sizes,
                       timeouts_us=(1000,))
 
@@ -258,6 +266,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
     except (KeyboardInterrupt, flags.Stopped):  # SIGTERM raises Stopped through the command line's handler
         found.partial = "interrupted (Ctrl-C or SIGTERM)"
     finally:
+        bench.close()
         if process is not None:
             process.close()
         found.seconds = time.perf_counter() - started

@@ -66,6 +66,7 @@ class Bench:
     logs: Path  # LoadGen logs of the validation runs
     references: dict[str, Callable[[Arrays], Arrays]] = dataclasses.field(default_factory=dict)
     server_process: Any = None  # a remote.ServerProcess: the servers run there, the clients here
+    tf_processes: dict[int, Any] = dataclasses.field(default_factory=dict)  # SavedModel children by intra-op threads
     probes: list[tuple[ServingConfig, loadgen.LoadGenResult]] = dataclasses.field(default_factory=list)
 
     def reference(self, runtime: str) -> Callable[[Arrays], Arrays]:
@@ -81,10 +82,27 @@ class Bench:
         """The configuration's server (close it when done), in the server process when there is one."""
         if self.server_process is not None:
             source = "savedmodel" if config.runtime == "tf-batch-function" else config.runtime
-            return self.server_process.open(config, self.exports[source], self.requests[0])
+            process = self.server_process
+            if config.runtime == "savedmodel" and config.threads is not None:
+                process = self._tf_process(config.threads)
+            return process.open(config, self.exports[source], self.requests[0])
         if config.runtime == "tf-batch-function":
             return batch_function_server(self.exports["savedmodel"], config.batching, self.requests[0])
         return config.server(self.exports[config.runtime])
+
+    def _tf_process(self, threads: int):
+        """A server process whose TensorFlow runs `threads` intra-op threads (started on first use)."""
+        from tfperf.serving.remote import ServerProcess
+
+        if threads not in self.tf_processes:
+            self.tf_processes[threads] = ServerProcess(intra_op_threads=threads)
+        return self.tf_processes[threads]
+
+    def close(self) -> None:
+        """End the server processes this bench started (not the one it was given)."""
+        for process in self.tf_processes.values():
+            process.close()
+        self.tf_processes.clear()
 
     def level(self, server, concurrency: int) -> LoadLevel:
         """One closed-loop level: `concurrency` clients, each cycling through the requests from its own offset."""

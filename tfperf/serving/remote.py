@@ -2,7 +2,8 @@
 server's GIL (and the server's never wait for theirs): what `tfperf load --server-process` measures.
 
 One child process (started with `spawn`: forking a process that runs TensorFlow is unsafe) serves one
-configuration at a time; requests and answers travel over a pipe, as they would over a socket to a real
+configuration at a time (a SavedModel at a set number of intra-op threads gets a child of its own:
+TensorFlow fixes its thread pools when a process starts); requests and answers travel over a pipe, as they would over a socket to a real
 server, so the figures include that hop. The child answers each request from its server's own threads
 (the batcher's, or a thread per request) and reports its CPU time, so that the clients' share of the
 machine is still known.
@@ -10,6 +11,7 @@ machine is still known.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import multiprocessing
 import threading
@@ -21,10 +23,15 @@ from typing import Any
 from tfperf.serving.batcher import Arrays
 
 
-def _serve(connection) -> None:
-    """The child: build the server it is asked for, answer requests, say its CPU time, until told to quit."""
+def _serve(connection, intra_op_threads: int | None = None) -> None:
+    """The child: build the server it is asked for, answer requests, say its CPU time, until told to quit.
+    `intra_op_threads`: TensorFlow's, set before anything runs (they are fixed for a process once it starts)."""
     sending = threading.Lock()
     server = None
+    if intra_op_threads is not None:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
 
     def send(message: tuple) -> None:
         with sending:
@@ -55,6 +62,15 @@ def _serve(connection) -> None:
                     from tfperf.serving.configs import batch_function_server
 
                     server = batch_function_server(export, config.batching, example, signature=signature)
+                elif config.runtime == "savedmodel" and config.threads is not None:
+                    import tensorflow as tf
+
+                    running = tf.config.threading.get_intra_op_parallelism_threads()
+                    if running != config.threads:
+                        raise ValueError(f"TensorFlow runs {running or 'its default'} intra-op threads in this "
+                                         f"process, not {config.threads}: serve it from ServerProcess(intra_op_"
+                                         f"threads={config.threads})")
+                    server = dataclasses.replace(config, threads=None).server(export)  # the process's pool has them
                 else:
                     server = config.server(export)
                 send(("opened", None))
@@ -74,12 +90,15 @@ def _serve(connection) -> None:
 
 
 class ServerProcess:
-    """A child process that serves one configuration at a time (open one, close it, open the next)."""
+    """A child process that serves one configuration at a time (open one, close it, open the next);
+    `intra_op_threads` fixes TensorFlow's pool there, for SavedModel configurations of that many threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, intra_op_threads: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")
+        self.intra_op_threads = intra_op_threads
         self._connection, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child,), daemon=True, name="tfperf-server")
+        self._process = context.Process(target=_serve, args=(child, intra_op_threads), daemon=True,
+                                        name="tfperf-server")
         self._process.start()
         child.close()
         self._sending = threading.Lock()

@@ -65,7 +65,10 @@ def serve_command(config: ServingConfig, export_command: list[str] | None) -> li
                      f"{b.max_batch_size}, batch_timeout_micros={b.batch_timeout_micros}) around the signature, "
                      f"inside a tf.function")
         return lines
-    threads = f", threads={config.threads}" if config.threads else ""
+    if config.runtime == "savedmodel" and config.threads:
+        lines.append(f"tf.config.threading.set_intra_op_parallelism_threads({config.threads})  # before TensorFlow "
+                     f"runs anything")
+    threads = f", threads={config.threads}" if config.threads and config.runtime != "savedmodel" else ""
     load = f"tfperf.deploy.load(EXPORT{threads})"
     if config.batching is None:
         lines.append(f"{config.instances} serving thread(s), each calling {load} one request at a time "

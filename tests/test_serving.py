@@ -208,6 +208,38 @@ def test_loadgen_server_and_offline_on_a_tiny_server():
     assert not over.valid and not over.latency_met and "the latency percentile is over its bound" in over.reasons
 
 
+def test_validation_runs_longer_when_only_early_stopping_failed_and_slower_when_latency_did(tmp_path):
+    import contextlib
+
+    from tfperf.records.jsonl import Recorder
+    from tfperf.serving.configs import ServingConfig
+    from tfperf.serving.measure import Bench, Sizes
+
+    words = (" * Run unsuccessful.  * Processed 1011 queries.  * Would need to run at least 442 more queries,  with "
+             "the run being successful if every additional  query were under latency.")  # LoadGen's, from a real run
+
+    def detail(valid, latency_met, early_met):
+        return {"result_validity": "VALID" if valid else "INVALID", "result_perf_constraints_met": latency_met,
+                "early_stopping_met": early_met, "early_stopping_result": "" if early_met else words,
+                "result_query_count": 1011}
+
+    script = [detail(False, False, False), detail(False, True, False), detail(True, True, True)]
+    asked = []
+
+    def offered(server, rate, *, seconds, min_queries, log_dir):
+        asked.append((round(rate), min_queries))
+        return loadgen._result("Server", rate, script[len(asked) - 1], [], str(log_dir))
+
+    bench = Bench({}, [{}], Budget(), Sizes(validation_s=2.0), Recorder("load", {}), tmp_path)
+    bench.server = lambda config: contextlib.nullcontext()
+    bench.offered = offered
+    attempts = bench.validate(ServingConfig("onnx", 1, 1), 500.0)
+    assert [a.valid for a in attempts] == [False, False, True]
+    assert not attempts[0].too_short and attempts[1].too_short and attempts[1].more_queries_needed == 442
+    # Over the bound: 15% slower. Only too few queries to claim p99: the same rate, twice what LoadGen asked for.
+    assert asked == [(500, 1000), (425, 920), (425, 2 * (1011 + 442))]
+
+
 def test_a_server_that_answers_wrong_or_fails_is_named():
     requests = one_row_requests({"x": np.arange(8, dtype=np.float32).reshape(8, 1)})
     reference = lambda r: {"y": r["x"] * 2.0}  # noqa: E731

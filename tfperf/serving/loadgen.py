@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tempfile
 import threading
 import time
@@ -47,6 +48,14 @@ class LoadGenResult:
     qps_without_overhead: float | None  # LoadGen's "QPS w/o loadgen overhead", where its scenario reports it
     errors: tuple[str, ...]
     log_dir: str | None
+    more_queries_needed: int = 0  # early stopping's "would need to run at least N more queries" (0: it was met)
+
+    @property
+    def too_short(self) -> bool:
+        """INVALID only because early stopping could not claim the percentile from this many queries: the same
+        rate run longer may be VALID, while a lower rate run as long would not help."""
+        return not self.valid and self.latency_met and not self.errors and self.more_queries_needed > 0 and \
+            self.reasons == ("early stopping: too few queries to claim the percentile",)
 
     def metrics(self) -> dict[str, Any]:
         """Figures for a record."""
@@ -94,7 +103,15 @@ def _result(scenario: str, target_qps: float, detail: dict[str, Any], errors: li
                          bool(detail.get("result_perf_constraints_met", True)), tuple(reasons), float(completed or 0),
                          int(detail.get("result_query_count", 0) or 0),
                          int(detail.get("result_overlatency_query_count", 0) or 0), percentiles, without,
-                         tuple(errors[:5]), log_dir)
+                         tuple(errors[:5]), log_dir, _more_queries_needed(detail))
+
+
+def _more_queries_needed(detail: dict[str, Any]) -> int:
+    """The queries LoadGen's early stopping says it would still need, from its own words (0 when met)."""
+    if detail.get("early_stopping_met") is not False:
+        return 0
+    match = re.search(r"at least (\d+) more quer", str(detail.get("early_stopping_result", "")))
+    return int(match[1]) if match else 0
 
 
 def run(serve: Callable[[int], Future], samples: int, *, scenario: str = "Server", rate: float = 100.0,

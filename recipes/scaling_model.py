@@ -292,7 +292,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
     return Conclusion((
         f"On this {cores}-core host the model t1 + t2 predicted mnist_hvd's throughput within "
         f"{', '.join(f'{e:+.0%} ({row})' for row, e in errors.items())}: judged by their 95% intervals, "
-        f"{headline.verdict}.{crowding} t1 dominates here: {', '.join(f'{t1_of[n] * 1e3:.0f} ms at np={n}' for n in t1_of)}, "
+        f"{headline.verdict}.{crowding} t1 dominates here: "
+        f"{', '.join(f'{t1_of[n] * 1e3:.0f} ms at np={n}' for n in t1_of)}, "
         f"growing as ranks share the same cores; t2 for this CNN's {gradient_bytes / 1e6:.1f} MB of gradients is "
         f"small over loopback (alpha {alpha * 1e6:.0f} us, beta {beta / 1e9:.2f} GB/s). On paper, ResNet-101 "
         f"on 512 GPUs over 25 Gbit/s would spend {r101['t2_ms']:.0f} ms in the all-reduce against a "

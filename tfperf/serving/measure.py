@@ -180,9 +180,9 @@ class Bench:
                 result = self.offered(server, rate, seconds=self.sizes.validation_s, min_queries=queries,
                                       log_dir=folder)
                 attempts.append(result)
-                self.rec.add("validation", f"{config.name} at {rate:.0f}/s, {queries} queries", {**result.metrics(), **config.settings(),
-                             "log_dir": str(folder)}, primary="completed_qps", lower_is_better=False,
-                             versus_first=False)
+                self.rec.add("validation", f"{config.name} at {rate:.0f}/s, {queries} queries",
+                             {**result.metrics(), **config.settings(), "log_dir": str(folder)},
+                             primary="completed_qps", lower_is_better=False, versus_first=False)
                 if result.valid:
                     break
                 if result.too_short:

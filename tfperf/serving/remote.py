@@ -2,10 +2,10 @@
 server's GIL (and the server's never wait for theirs): what `tfperf load --server-process` measures.
 
 One child process (started with `spawn`: forking a process that runs TensorFlow is unsafe) serves one
-configuration at a time (a SavedModel at a set number of intra-op threads gets a child of its own:
-TensorFlow fixes its thread pools when a process starts); requests and answers travel over a pipe, as they would over a socket to a real
-server, so the figures include that hop. The child answers each request from its server's own threads
-(the batcher's, or a thread per request) and reports its CPU time, so that the clients' share of the
+configuration at a time (a SavedModel at a set number of intra-op threads gets a child of its own: TensorFlow
+fixes its thread pools when a process starts); requests and answers travel over a pipe, as they would over a
+socket to a real server, so the figures include that hop. The child answers each request from its server's own
+threads (the batcher's, or a thread per request) and reports its CPU time, so that the clients' share of the
 machine is still known.
 """
 

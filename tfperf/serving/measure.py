@@ -172,8 +172,10 @@ class Bench:
         """LoadGen Server runs long enough for its early stopping to claim the percentile; when INVALID, again at
         the same rate with twice the queries early stopping asked for if that was all it lacked, else at a 15%
         lower rate; `tries` runs at most: every attempt, the last decides. Their logs are kept."""
-        attempts = []
-        queries = max(int(rate * self.sizes.validation_s), 2 * loadgen.MIN_QUERIES_FOR_P99)
+        def enough(rate: float) -> int:
+            return max(int(rate * self.sizes.validation_s), 2 * loadgen.MIN_QUERIES_FOR_P99)
+
+        attempts, queries = [], enough(rate)
         with self.server(config) as server:
             for attempt in range(tries):
                 folder = self.logs / f"{time.strftime('%H%M%S')}-{attempt}"
@@ -189,7 +191,7 @@ class Bench:
                     queries = 2 * (result.query_count + result.more_queries_needed)
                 else:
                     rate *= 0.85
-                    queries = max(int(rate * self.sizes.validation_s), 2 * loadgen.MIN_QUERIES_FOR_P99)
+                    queries = enough(rate)
         return attempts
 
     def generator_overhead(self, config: ServingConfig) -> loadgen.LoadGenResult:

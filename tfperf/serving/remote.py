@@ -95,7 +95,6 @@ class ServerProcess:
 
     def __init__(self, intra_op_threads: int | None = None) -> None:
         context = multiprocessing.get_context("spawn")
-        self.intra_op_threads = intra_op_threads
         self._connection, child = context.Pipe()
         self._process = context.Process(target=_serve, args=(child, intra_op_threads), daemon=True,
                                         name="tfperf-server")

@@ -133,6 +133,49 @@ def test_a_recipe_refuses_a_bad_flag_without_a_traceback():
     assert "--loop-iters: must be a positive integer" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_every_command_and_recipe_answers_help(capsys):
+    """--help is what a person reads first: every command's and every recipe's prints and exits 0 (a percent
+    sign in a help string that argparse formats once made `tfperf predict --help` a traceback)."""
+    import argparse
+
+    from test_recipes import recipe_module
+    from tfperf.cli import build_parser, recipe_declarations
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    helps = {f"tfperf {name}": sub.format_help() for name, sub in commands.items()}
+    helps["tfperf"] = parser.format_help()
+    helps.update({d.name: recipe_module(d.name).RECIPE.parser().format_help() for d in recipe_declarations()})
+    for name, text in helps.items():
+        assert text.startswith("usage:") and len(text) > 100, name
+    assert {"tfperf predict", "tfperf load", "tfperf doctor", "hybridize", "mnist_hvd"} <= set(helps)
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["predict", "--help"])
+    assert done.value.code == 0 and "80% of what" in capsys.readouterr().out
+
+
+def test_an_error_about_what_a_file_holds_stays_one_short_line(tmp_path):
+    """An .npz of thousands of long-named members is refused in one line that names a few and counts the rest."""
+    import zipfile
+
+    import numpy as np
+
+    from tfperf.deploy.errors import InputError
+    from tfperf.deploy.inputs import fit_inputs, read_arrays
+
+    many = tmp_path / "many.npz"
+    with zipfile.ZipFile(many, "w") as archive:
+        for k in range(3000):
+            with archive.open(f"{'member' * 30}{k}.npy", "w") as f:
+                np.lib.format.write_array(f, np.zeros((1, 4), np.float32))
+    with pytest.raises(InputError) as refused:
+        fit_inputs(read_arrays(many), [("inputs", "float32", (4,))], "the input")
+    message = str(refused.value)
+    assert "and 2,995 more" in message and len(message) < flags.MAX_ERROR_CHARS
+    assert flags.one_line("x" * 10_000).endswith("(9,640 characters more)")
+    assert len(flags.one_line("x" * 10_000)) <= flags.MAX_ERROR_CHARS
+
+
 def test_version(tfperf_cli):
     assert tfperf_cli("--version").stdout.startswith("tfperf ")
 

@@ -290,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = sub.add_parser("env", help="print the environment recorded with each measurement")
     env.set_defaults(func=cmd_env)
+    for listed in sub._choices_actions:  # each command's --help opens with what it does
+        command = sub.choices[listed.dest]
+        command.description = command.description or listed.help
     return p
 
 
@@ -330,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"tfperf {args.command}: error: {exc}", file=sys.stderr)
+        print(f"tfperf {args.command}: error: {flags.one_line(exc)}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, flags.Stopped) as exc:
         how = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"

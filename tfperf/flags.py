@@ -52,6 +52,16 @@ def check_stop() -> None:
         raise Stopped()
 
 
+# An error is read in a terminal: a line longer than this says too much, whatever the input it quotes.
+MAX_ERROR_CHARS = 400
+
+
+def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """A message as one line of at most `limit` characters (the rest counted, not shown)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else f"{text[:limit - 40]}... ({len(text) - limit + 40:,} characters more)"
+
+
 class UserError(Exception):
     """Bad input from the user: a command reports it in one line, with exit code 2."""
 
@@ -60,7 +70,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports bad flags in one line with exit code 2, no usage dump."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
 
 
 def positive_int(text: str) -> int:

@@ -143,7 +143,7 @@ class Recipe:
             rec.save(args.out)
             conclusion = self.conclude(args, rec, measured)
         except (RecipeError, DatasetUnavailable) as exc:
-            print(f"{self.name}: error: {exc}", file=sys.stderr)
+            print(f"{self.name}: error: {flags.one_line(exc)}", file=sys.stderr)
             return 2
         except ChildError as exc:  # a failed run, not bad input: the message names what failed
             print(f"{self.name}: failed: {exc}", file=sys.stderr)

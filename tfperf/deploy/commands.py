@@ -163,11 +163,11 @@ def npz_bytes(arrays: dict) -> bytes:
 
     import numpy as np
 
-    from tfperf.deploy.errors import InputError
+    from tfperf.deploy.errors import InputError, listed
 
     bad = [k for k in arrays if not k or not k.isprintable() or k.startswith("/") or ".." in k.split("/")]
     if bad:
-        raise InputError(f"the export names outputs {', '.join(map(repr, bad))}, which cannot be array names in a "
+        raise InputError(f"the export names outputs {listed(map(repr, bad))}, which cannot be array names in a "
                          f".npz file: write one output with --output FILE.npy")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
@@ -186,7 +186,7 @@ def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
     what was written."""
     import numpy as np
 
-    from tfperf.deploy.errors import InputError
+    from tfperf.deploy.errors import InputError, listed
     from tfperf.records.jsonl import atomic_write_bytes
 
     buf = io.BytesIO()
@@ -196,7 +196,7 @@ def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
     elif path.suffix == ".npy":
         name = next(iter(outputs)) if len(outputs) == 1 else classifier
         if name not in outputs:
-            raise InputError(f"the export answers {len(outputs)} outputs ({', '.join(outputs)}): write them all "
+            raise InputError(f"the export answers {len(outputs)} outputs ({listed(outputs)}): write them all "
                              f"with --output FILE.npz")
         np.save(buf, outputs[name])
         what = f"{name} {list(outputs[name].shape)}"
@@ -305,7 +305,7 @@ def add_commands(sub) -> None:
                       help=f"stop with one line if loading and running the model take longer (default {TIME_LIMIT_S:g})")
     pred.add_argument("--memory-limit", type=flags.byte_size, metavar="SIZE",
                       help=f"stop with one line if the process's memory passes SIZE while the model loads and runs "
-                           f"(default: {MEMORY_SHARE:.0%} of what it could take when it began)")
+                           f"(default: {MEMORY_SHARE:.0%}% of what it could take when it began)")
     pred.set_defaults(func=cmd_predict)
 
     insp = sub.add_parser("inspect", help="describe an export's inputs, outputs and ops without running it")

@@ -22,7 +22,7 @@ import numpy as np
 
 from tfperf.deploy.converters import (ONNX_OPSET, SIGNATURE, litert_flex_ops, litert_from_saved_model,
                                       onnx_from_function)
-from tfperf.deploy.errors import ExportError, ModelError, first_line
+from tfperf.deploy.errors import ExportError, ModelError, first_line, listed
 
 # Keras' own model.export() names its endpoint `serve` (and aliases it serving_default); other tools name
 # theirs as they like. A runner takes, in this order: the signature asked for, serving_default, serve, the only one.
@@ -93,14 +93,14 @@ def choose_signature(available: list[str], asked: str | None, where: str) -> str
     """The signature a runner serves: `asked`, else serving_default, else serve, else the only one."""
     if asked is not None:
         if asked not in available:
-            raise ModelError(f"{where} has no signature {asked!r}: it has {', '.join(sorted(available)) or 'none'}")
+            raise ModelError(f"{where} has no signature {asked!r}: it has {listed(sorted(available)) or 'none'}")
         return asked
     for key in PREFERRED_SIGNATURES:
         if key in available:
             return key
     if len(available) == 1:
         return available[0]
-    raise ModelError(f"{where} has signatures {', '.join(sorted(available)) or 'none'} and none is "
+    raise ModelError(f"{where} has signatures {listed(sorted(available)) or 'none'} and none is "
                      f"{SIGNATURE!r}: choose one with --signature")
 
 

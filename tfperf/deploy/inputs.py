@@ -10,7 +10,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from tfperf.deploy.errors import InputError, first_line
+from tfperf.deploy.errors import InputError, first_line, listed
 from tfperf.deploy.loader import Subject
 
 TARGETS = "y"  # the array of a sample file that holds training targets, not an input
@@ -98,8 +98,8 @@ def fit_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[tuple[str, str,
         given = {names[0]: next(iter(given.values()))}
     missing = [n for n in names if n not in given]
     if missing:
-        held = ", ".join(sorted(k or "one unnamed array" for k in given)) or "nothing"
-        raise InputError(f"{where} lacks {', '.join(missing)} (it holds {held}); the model takes {takes}")
+        held = listed(sorted(k or "one unnamed array" for k in given)) or "nothing"
+        raise InputError(f"{where} lacks {listed(missing)} (it holds {held}); the model takes {takes}")
     fitted = {}
     for name, dtype, shape in specs:
         a = np.asarray(given[name])

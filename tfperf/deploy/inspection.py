@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tfperf.deploy.allowlist import ALLOWED_OPS, NOT_REVIEWED, RESTORE_OPS, SAVE_OPS, why_not_allowed
 from tfperf.deploy.formats import check_model_dir, format_of
-from tfperf.deploy.errors import ModelError, first_line
+from tfperf.deploy.errors import ModelError, first_line, listed
 
 
 
@@ -383,7 +383,7 @@ def check_safe(path: Path | str, trust: bool = False) -> Report:
     declare more bytes than the memory this process can take (refused before anything is allocated)."""
     report = inspect_model(path)
     if report.escapes:
-        found = "; ".join(f"{what} {why}" for what, why in report.escapes.items())
+        found = listed((f"{what} {why}" for what, why in report.escapes.items()), limit=3, width=120)
         raise ModelError(f"{report.path} reads files from outside its folder: {found}; refused even with --trust "
                          f"(a model's files belong in its folder)")
     from tfperf.flags import available_memory
@@ -393,7 +393,7 @@ def check_safe(path: Path | str, trust: bool = False) -> Report:
         raise ModelError(f"{report.path} declares {_size(report.variable_bytes)} of weights, more than the "
                          f"{_size(free)} of memory this process can take: it cannot be loaded here")
     if not report.safe and not trust:
-        ops = ", ".join(f"{op} ({why})" for op, why in report.flagged.items())
+        ops = listed((f"{op} ({why})" for op, why in report.flagged.items()), limit=4, width=100)
         raise ModelError(f"{report.path} reaches ops off the allowlist: {ops}; see `tfperf inspect {report.path}`, "
                          f"and pass --trust only if you trust whoever made it")
     return report

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf import jsonio
-from tfperf.deploy.errors import ModelError, first_line
+from tfperf.deploy.errors import ModelError, first_line, listed
 
 KERAS_SUFFIXES = (".keras", ".h5")
 _NEEDS = ("give module:factory instead (a Python function that builds the model and loads its weights), or "
@@ -72,7 +72,7 @@ def load_keras_file(path: Path, *, trust: bool = False):
     risky = python_code_layers(read_config(path))
     if risky and not trust:
         raise ModelError(f"{path} holds Python code that Keras' safe mode will not run on load (a lambda in "
-                         f"layer {', '.join(repr(r) for r in risky)}): {_NEEDS}")
+                         f"layer {listed(map(repr, risky))}): {_NEEDS}")
     try:
         return keras.saving.load_model(str(path), compile=False, safe_mode=not trust)
     except (TypeError, ValueError) as exc:

@@ -22,7 +22,7 @@ from tfperf import __version__
 from tfperf.flags import check_stop, cleaned_up
 from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, METADATA_FILE, SIGNATURE, Runner, Servable, agreement,
                                    check_model_dir, check_options, format_of, read_metadata, versions)
-from tfperf.deploy.errors import ExportError, ModelError, first_line
+from tfperf.deploy.errors import ExportError, ModelError, first_line, listed
 from tfperf.deploy.inputs import fit_inputs
 from tfperf.gpus import exact_float32
 
@@ -109,8 +109,8 @@ def compare_with_model(runner: Runner, check: Check, quantized: bool) -> dict[st
     got = runner(fit_inputs(check.inputs, [(s.name, s.dtype, s.shape[1:]) for s in runner.inputs], "check inputs"))
     missing = sorted(set(check.reference) - set(got))
     if missing:
-        raise ExportError(f"the {runner.format} export lacks outputs {', '.join(missing)} (it has "
-                          f"{', '.join(got)}); nothing was written")
+        raise ExportError(f"the {runner.format} export lacks outputs {listed(missing)} (it has "
+                          f"{listed(got)}); nothing was written")
     found: dict[str, Any] = {"on": f"{len(next(iter(check.inputs.values())))} rows of {check.source}",
                              "outputs": agreement(check.reference, got), "tolerance": FLOAT_TOLERANCE}
     if check.classifier in check.reference:

@@ -367,6 +367,20 @@ def test_an_op_a_converter_lacks_is_named_and_nothing_is_left(tmp_path):
         load(exported.path)
 
 
+def test_exact_gelu_converts_to_onnx_and_agrees_with_keras(tmp_path):
+    """Keras' exact GELU computes erfc, which tf2onnx lacks: converted as 1 - erf, checked like any export."""
+    from tfperf.deploy.layout import export_subject, load, predict
+    from tfperf.deploy.loader import keras_subject
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="gelu")(inputs)))
+    exported = export_subject(keras_subject(model, "gelu", factory=None), tmp_path, format="onnx")
+    x = np.linspace(-6, 6, 8 * 5, dtype=np.float32).reshape(5, 8)  # erfc's range where 1 - erf loses digits
+    got = predict(load(exported.path), {"x": x})["output_0"]
+    assert np.abs(got - model(x).numpy()).max() <= 1e-4 * np.abs(model(x).numpy()).max()
+
+
 def test_the_cookbook_nets_keep_their_contract(tmp_path):
     from tfperf.deploy.layout import export_subject, load, predict
     from tfperf.deploy.loader import cookbook_subject

@@ -132,6 +132,23 @@ def onnx_from_function(function, input_signature) -> Any:
     return proto
 
 
+def erfc_as_one_minus_erf(ctx, node, name, args) -> None:
+    """tf2onnx's handler for TensorFlow's Erfc, which it lacks (Keras' exact GELU, `tf.nn.gelu`, computes
+    0.5 x erfc(-x / sqrt 2)): ONNX has Erf, and erfc(x) = 1 - erf(x). The node arrives as a Sub."""
+    from tf2onnx import utils
+
+    x = node.input[0]
+    erf = ctx.make_node("Erf", [x], op_name_scope=name)
+    one = ctx.make_const(utils.make_name(f"{name}_one"), np.array(1, dtype=utils.map_onnx_to_numpy_type(
+        ctx.get_dtype(x))))
+    ctx.replace_inputs(node, [one.output[0], erf.output[0]])
+
+
+# TensorFlow ops tf2onnx cannot convert by itself, converted per call (its custom_op_handlers: nothing is
+# registered in tf2onnx for the rest of the process): {op: (handler, [the ONNX op the node becomes])}.
+ONNX_HANDLERS = {"Erfc": (erfc_as_one_minus_erf, ["Sub"])}
+
+
 def _tf2onnx_convert(function, input_signature):
     """tf2onnx's from_function, without the copy of the whole graph (weights included) it makes before each
     optimizer pass so as to roll back a pass that fails: that copy is half of a large model's conversion
@@ -144,10 +161,12 @@ def _tf2onnx_convert(function, input_signature):
     before = os.environ.get(variable)
     os.environ[variable] = "FALSE"
     try:
-        proto, _ = tf2onnx.convert.from_function(function, input_signature=list(input_signature), opset=ONNX_OPSET)
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=list(input_signature), opset=ONNX_OPSET,
+                                                 custom_op_handlers=dict(ONNX_HANDLERS))
     except Exception:
         os.environ[variable] = "TRUE"
-        proto, _ = tf2onnx.convert.from_function(function, input_signature=list(input_signature), opset=ONNX_OPSET)
+        proto, _ = tf2onnx.convert.from_function(function, input_signature=list(input_signature), opset=ONNX_OPSET,
+                                                 custom_op_handlers=dict(ONNX_HANDLERS))
     finally:
         if before is None:
             os.environ.pop(variable, None)

@@ -238,9 +238,10 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"which is why tfperf's Timer waits for the devices (never copying the result to the host) before it "
         f"reads the clock. {same_work} {wait_text} So in TensorFlow only graph calls and raw ops really run "
         f"ahead. {memory}"), [line],
-        headline=Headline("a clock read without a sync after queued graph calls",
-                          wrong.describe().replace("faster", "too fast"),
-                          "too fast" if wrong.verdict == FASTER else wrong.verdict, ("tf.function, asynchronous",)))
+        headline=Headline.compared("a clock read without a sync after queued graph calls", wrong,
+                                   figure=wrong.describe().replace("faster", "too fast"),
+                                   verdict="too fast" if wrong.verdict == FASTER else wrong.verdict,
+                                   rests_on=("tf.function, asynchronous",)))
 
 
 # --steps here is the length of the loop of calls whose clock is read before and after the sync.

@@ -390,7 +390,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
         Headline("this machine's roofline: float32 matmul peak, memory bandwidth, ridge point",
                  f"{peak / 1e9:.0f} GFLOP/s, {bandwidth / 1e9:.1f} GB/s, ridge {ridge:.0f} FLOP/byte",
                  "per-call clock agrees with chained matmuls" if agree else "per-call clock DISAGREES",
-                 (clock_check.baseline, clock_check.candidate)))
+                 (clock_check.baseline, clock_check.candidate), value=peak / 1e9, unit="GFLOP/s"))
 
 
 def gpu_text(gpu: dict | None, host_bandwidth: float) -> str:

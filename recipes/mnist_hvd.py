@@ -275,7 +275,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"(largest difference {drift:g})."), lines, "" if drift == 0.0 else "ranks ended with different weights",
         Headline(f"Horovod data parallelism on {size} rank(s) of this host",
                  f"{per_rank.sum():.0f} samples/s in total, test accuracy {test_accuracy:.3f}",
-                 "weights identical on all ranks" if drift == 0.0 else "ranks DIFFER"))
+                 "weights identical on all ranks" if drift == 0.0 else "ranks DIFFER",
+                 value=float(per_rank.sum()), unit="samples/s"))
 
 
 # Horovod's ranks are separate processes that its launcher starts. The main job runs two: enough for a real

@@ -225,8 +225,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"global batches (weights within {weight_diff:.2g} after {AGREEMENT_STEPS} steps; workers identical to "
         f"{between:g}). Against one process: {speed.describe()}. {why}{ring}"), [line],
         "" if agrees else "the workers did not train like one process",
-        Headline(f"MultiWorkerMirroredStrategy, {args.workers} worker processes against 1, same global batch",
-                 speed.describe(), speed.verdict))
+        Headline.compared(f"MultiWorkerMirroredStrategy, {args.workers} worker processes against 1, same global "
+                          f"batch", speed, rests_on=()))
 
 
 def task(args) -> int:

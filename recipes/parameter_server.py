@@ -237,8 +237,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"accuracy {many['test_accuracy']:.3f} against {one['test_accuracy']:.3f} after the same number of steps; "
         f"asynchronous workers apply gradients computed on parameters that others have since changed, and one "
         f"short run is noisy). {why}{traffic}"), [line],
-        headline=Headline(f"ParameterServerStrategy, {args.workers} asynchronous workers against 1",
-                          speed.describe(), speed.verdict))
+        headline=Headline.compared(f"ParameterServerStrategy, {args.workers} asynchronous workers against 1",
+                                   speed, rests_on=()))
 
 
 # --steps here is the length of the timed training run, in blocks (asynchronous workers have no common step).

@@ -322,7 +322,8 @@ def scaling_headline(errors: dict[str, float], cis: dict[str, list[float]], core
     figure = f"largest error {own[worst]:+.0%} (95% CI {low:+.0%} to {high:+.0%}, {worst})" + "".join(
         f"; {e:+.0%} at {row}, more ranks than the {cores} cores" for row, e in crowded.items())
     verdict = f"{judged([cis[row] for row in own], GOAL)} the +-{GOAL:.0%} goal where each rank has a core"
-    return Headline("the scaling model t1 + t2 against mnist_hvd's measured throughput", figure, verdict)
+    return Headline("the scaling model t1 + t2 against mnist_hvd's measured throughput", figure, verdict,
+                    value=1 + own[worst], unit="error", ci95=(1 + low, 1 + high))
 
 
 RECIPE = Recipe(name="scaling_model", doc=__doc__, order=130, measure=measure, conclude=conclude, add_flags=add_flags,

@@ -312,9 +312,10 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"layers are small, so per-step dispatch, the optimizer update and memory-bound ops weigh; the kept rungs "
         f"attack exactly that. {found.mixed}: {hardware_summary()}."), [line], "" if not frozen else
         f"{', '.join(frozen)} replayed one order every epoch: a cache after the shuffle freezes it",
-        Headline(f"the best training configuration ({' + '.join(kept)}, {top['mfu']:.1%} MFU) against plain fit",
-                 summary, headline.verdict if headline else "no measurable difference",
-                 (headline.baseline, headline.candidate) if headline else ()))
+        Headline.compared(f"the best training configuration ({' + '.join(kept)}, {top['mfu']:.1%} MFU) against "
+                          f"plain fit", headline, figure=summary) if headline else
+        Headline(f"the best training configuration ({' + '.join(kept)}) against plain fit", summary,
+                 "no measurable difference"))
 
 
 RECIPE = Recipe(name="training_ladder", doc=__doc__, order=20, measure=measure, conclude=conclude,

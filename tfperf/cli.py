@@ -18,9 +18,12 @@ from tfperf.doctor import command as doctor_command
 from tfperf.serving import command as load_command
 from tfperf.flags import UserError
 from tfperf.recipe import Declaration, declarations
-from tfperf.records.report import REPEATS
+from tfperf.records.noise import NOISE_FILE
+from tfperf.records.runs import REPEATS
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+# Where `tfperf run --repeat 3 --out calibration` leaves a calibration of run-to-run noise, read by default.
+CALIBRATION = "calibration"
 
 
 def recipe_declarations(only: Sequence[str] = (), folder: Path = RECIPES_DIR) -> list[Declaration]:
@@ -65,9 +68,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    recipes = recipe_declarations(args.only, Path(args.recipes))
+    # A folder of repeated runs is its own calibration; a single run uses the one given (read before running).
+    own = args.repeat > 1 or Path(args.calibration).resolve() == out.resolve()
+    calibration = None if own else _calibration(args.calibration, default=args.calibration == CALIBRATION)
     if (out / REPEATS).exists():  # spreads from an earlier run's repeats would be mixed with this run's
         shutil.rmtree(out / REPEATS)
-    recipes = recipe_declarations(args.only, Path(args.recipes))
+    (out / NOISE_FILE).unlink(missing_ok=True)  # an earlier run's noise would speak for this one
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     failed = []
     started = time.perf_counter()
@@ -90,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print("    " + "\n    ".join(tail), file=sys.stderr)
     runs = f"{len(recipes) * args.repeat - len(failed)}/{len(recipes) * args.repeat} runs"
     try:
-        report = build_report(out, order=recipe_order(Path(args.recipes)))
+        report = build_report(out, order=recipe_order(Path(args.recipes)), calibration=calibration)
     except FileNotFoundError:  # every run failed before it recorded a row: there is nothing to report
         print(f"report: not written, no recipe recorded anything ({runs}, "
               f"{time.perf_counter() - started:.0f} s)")
@@ -107,55 +114,117 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild the report from the records already in a folder."""
     from tfperf.records.report import build_report
 
+    calibration = _calibration(args.calibration, default=args.calibration == CALIBRATION)
     try:
-        print(build_report(args.dir, order=recipe_order()))
+        print(build_report(args.dir, order=recipe_order(), calibration=calibration))
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from None
     return 0
 
 
-def _records(path: str) -> list[dict]:
-    from tfperf.records.jsonl import read_records
+def _runs(path: str) -> list:
+    """The runs at `path` (a results folder with its repeats, or a records file), or one line."""
+    from tfperf.records.runs import read_runs
 
     try:
-        return read_records(path)
-    except FileNotFoundError:
-        raise UserError(f"no such records file: {path}") from None
+        return read_runs(path)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc).strip("'\"")) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(str(exc)) from None
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Row by row, how run B compares with run A; exit 1 when a row regressed significantly."""
-    from tfperf.records.compare import IMPROVED, compare_runs
+def _calibration(path: str | None, *, default: bool = False):
+    """The calibration at `path`; None when there is none and `path` is only the default place to look."""
+    from tfperf.records.noise import load_calibration
+
+    if path is None or path.lower() == "none" or (default and not Path(path).exists()):
+        return None
+    try:
+        return load_calibration(path)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _pick_calibration(args: argparse.Namespace, a: list, b: list):
+    """What judges the rows: --calibration; else A's or B's own repeated runs; else ./calibration."""
+    from tfperf.records.noise import measure_noise
+
+    if args.calibration is not None:
+        return _calibration(args.calibration)
+    for path, runs in ((args.a, a), (args.b, b)):
+        if len(runs) >= 2:
+            return measure_noise(runs, path)
+    return _calibration(CALIBRATION, default=True)
+
+
+def print_comparison(result, a: str, b: str) -> None:
+    """The comparison as `tfperf compare` prints it: what judges, the rows, the headlines, the sums."""
+    from tfperf.records.compare import IMPROVED
     from tfperf.records.report import fmt
 
-    a, b = _records(args.a), _records(args.b)
-    result = compare_runs(a, b, threshold=args.threshold)
-    if not result.rows and not result.metric_mismatches:
-        raise UserError(f"{args.a} and {args.b} share no (recipe, table, row): nothing to compare")
+    if result.noise is not None:
+        print(f"calibration: {result.noise.describe()}: a row changed only beyond what runs of the same code "
+              f"differ by there (false discoveries held at 5% over all rows) and by more than "
+              f"{result.threshold:.0%}")
+    else:
+        print(f"no calibration: rows judged by the samples within each run, which do not see run-to-run noise, so "
+              f"a change counts only beyond {result.threshold:.0%} (`tfperf run --repeat 3 --out {CALIBRATION}` "
+              f"measures this machine's noise, and compare then uses it)")
     for name, (va, vb) in {**result.env_differences, **result.args_differences}.items():
-        print(f"warning: {name} differs: {va!r} in A, {vb!r} in B", file=sys.stderr)
-    print("| table | row | metric | A | B | B vs A (95% CI) | p | change |\n|---|---|---|---|---|---|---|---|")
+        print(f"warning: {name} differs: {va!r} in A, {vb!r} in B; the rows are judged all the same", file=sys.stderr)
+    for name, (vc, vb) in result.calibration_differences.items():
+        print(f"warning: {name} differs: {vc!r} in the calibration, {vb!r} in B: its noise may not be this "
+              f"machine's", file=sys.stderr)
+    runs = "" if result.runs == (1, 1) else f" (geometric means over {result.runs[0]} and {result.runs[1]} runs)"
+    print(f"\n| table | row | metric | A | B{runs} | B vs A (95%) | noise (A/A 95%) | p | change |\n"
+          f"|---|---|---|---|---|---|---|---|---|")
     for r in result.rows:
         ci = f" ({r.ci95[0]:.2f}-{r.ci95[1]:.2f})" if r.ci95 else ""
         p = f"{r.p_value:.3g}" if r.p_value is not None else "-"
+        noise = (f"+-{r.noise - 1:.0%}; the change is {r.share_of_noise:.1f} of it" if r.share_of_noise is not None
+                 else "-")
         status = r.status + (" (no samples)" if r.ci95 is None else "")
         print(f"| {r.key[0]}: {r.key[1]} | {r.key[2]} | {r.metric} | {fmt(r.a)} | {fmt(r.b)} | "
-              f"{r.ratio:.3f}x{ci} | {p} | {status} |")
+              f"{r.ratio:.3f}x{ci} | {noise} | {p} | {status} |")
     for label, keys in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
         for key in keys:
             print(f"{label}: {' / '.join(key)}")
     for line in result.metric_mismatches:
         print(f"not compared: {line}")
+    if result.headlines:
+        print("\n| recipe | A | B | A's rerun range | B inside it | verdicts |\n|---|---|---|---|---|---|")
+        for h in result.headlines:
+            value = lambda x: x.value_text(x.value) if x.value is not None else x.figure  # noqa: E731
+            rerun = h.a.range_text(*h.rerun) if h.rerun else "-"
+            inside = {True: "yes", False: "NO", None: "-"}[h.inside]
+            verdicts = h.a.verdict if h.verdicts_agree else f"{h.a.verdict} / {h.b.verdict}"
+            print(f"| {h.recipe} | {value(h.a)} | {value(h.b)} | {rerun} | {inside} | {verdicts} |")
+        judged = [h for h in result.headlines if h.inside is not None]
+        agree = sum(h.verdicts_agree for h in result.headlines)
+        print(f"headlines: B's figure inside A's rerun range for {sum(h.inside for h in judged)} of {len(judged)}; "
+              f"verdicts agree for {agree} of {len(result.headlines)}")
     if result.geometric_mean is not None:
         print(f"geometric mean of B vs A: {result.geometric_mean:.3f}x over {len(result.rows)} rows")
     improved = [r for r in result.rows if r.status == IMPROVED]
-    print(f"{len(improved)} improved, {len(result.regressions)} regressed beyond {args.threshold:.0%} "
-          f"(significance {0.05}), {len(result.rows) - len(improved) - len(result.regressions)} without a "
-          f"significant change")
+    print(f"{len(improved)} improved, {len(result.regressions)} regressed beyond "
+          f"{'the noise and ' if result.noise is not None else ''}{result.threshold:.0%}, "
+          f"{len(result.rows) - len(improved) - len(result.regressions)} without a change that counts")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Row by row, how run B compares with run A; exit 1 when a row regressed beyond the noise."""
+    from tfperf.records.compare import compare_runs
+
+    a, b = _runs(args.a), _runs(args.b)
+    result = compare_runs(a, b, threshold=args.threshold, noise=_pick_calibration(args, a, b))
+    if not result.rows and not result.metric_mismatches:
+        recipes = lambda runs: sorted({r["recipe"] for r in runs[0].records})  # noqa: E731
+        raise UserError(f"{args.a} ({', '.join(recipes(a))}) and {args.b} ({', '.join(recipes(b))}) share no "
+                        f"(recipe, table, row): nothing to compare")
+    print_comparison(result, args.a, args.b)
     if result.regressions:
-        print("regressed: " + "; ".join(f"{r.key[1]} / {r.key[2]} ({1 / r.ratio:.2f}x worse)"
+        print("regressed: " + "; ".join(f"{r.key[0]}: {r.key[1]} / {r.key[2]} ({1 / r.ratio:.2f}x worse)"
                                         for r in result.regressions), file=sys.stderr)
         return 1
     return 0
@@ -255,18 +324,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--recipes", default=str(RECIPES_DIR), metavar="DIR",
                      help="run the recipes of another folder (default: the cookbook's)")
     run.add_argument("--repeat", type=flags.positive_int, default=1,
-                     help="run each recipe N times in fresh processes; the report shows the run-to-run spread")
+                     help="run each recipe N times in fresh processes; the report shows the run-to-run spread, and "
+                          "the folder becomes a calibration of this machine's noise (3 is enough)")
+    calibration_help = (f"a calibration of run-to-run noise: the --out folder of `tfperf run --repeat 3` "
+                        f"(default: ./{CALIBRATION} when it exists; none: do without)")
+    run.add_argument("--calibration", default=CALIBRATION, metavar="DIR",
+                     help=calibration_help + "; the report gives each figure the range a rerun lands in")
     run.set_defaults(func=cmd_run)
 
     report = sub.add_parser("report", help="rebuild report.md and report.html from the records in a folder")
     report.add_argument("dir", nargs="?", default="results")
+    report.add_argument("--calibration", default=CALIBRATION, metavar="DIR", help=calibration_help)
     report.set_defaults(func=cmd_report)
 
-    comp = sub.add_parser("compare", help="two runs' records row by row, with CIs; exit 1 on a significant regression")
-    comp.add_argument("a", help="records of run A, the baseline (.jsonl)")
-    comp.add_argument("b", help="records of run B (.jsonl)")
-    comp.add_argument("--threshold", type=fraction, default=0.05,
-                      help="smallest change that counts, as a fraction (default 0.05: 5%%)")
+    comp = sub.add_parser("compare", help="two runs row by row; exit 1 when a row regressed beyond the run-to-run "
+                                          "noise")
+    comp.add_argument("a", help="run A, the baseline: a results folder (with its repeats) or a .jsonl file")
+    comp.add_argument("b", help="run B: a results folder or a .jsonl file")
+    comp.add_argument("--calibration", metavar="DIR",
+                      help=f"the noise that judges the rows: the --out folder of `tfperf run --repeat 3` (default: A "
+                           f"or B when it holds repeated runs, else ./{CALIBRATION} when it exists; none: do "
+                           f"without)")
+    comp.add_argument("--threshold", type=fraction, default=None,
+                      help="smallest change that counts, as a fraction (default 0.05 with a calibration, 0.25 "
+                           "without)")
     comp.set_defaults(func=cmd_compare)
 
     train = sub.add_parser("train", help="train a cookbook net with checkpoints; a rerun resumes from the latest")

@@ -3,16 +3,12 @@ logical CPU devices (`gpus.plan_devices` decides; this applies it to TensorFlow)
 
 from __future__ import annotations
 
-import os
-
 import tensorflow as tf
 
 from tfperf.gpus import DevicePlan, driver_gpus, plan_devices, tensorflow_gpus
+from tfperf.records.environment import usable_cores
 
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
-    return len(os.sched_getaffinity(0))
+__all__ = ["compute_devices", "device_plan", "usable_cores"]
 
 
 def device_plan(count: int) -> DevicePlan:

@@ -1,6 +1,6 @@
 """Statistics for timings: confidence intervals of medians and ratios, a rank test, and verdicts.
 
-NumPy only, no TensorFlow: `tfperf compare` uses it on stored samples and answers at once.
+NumPy (and SciPy's Student t), no TensorFlow: `tfperf compare` uses it on stored samples and answers at once.
 Timings are skewed (a floor, and a tail of interruptions), so everything here is built on medians
 and ranks, never on means and standard deviations.
 """
@@ -228,3 +228,84 @@ def geometric_mean(values: Sequence[float]) -> float:
     if len(v) == 0 or np.any(v <= 0):
         raise ValueError("a geometric mean needs positive values")
     return float(np.exp(np.log(v).mean()))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (the normal's when df is infinite)."""
+    from scipy.special import ndtri, stdtrit
+
+    return float(ndtri(p) if math.isinf(df) else stdtrit(df, p))
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with `df` degrees of freedom."""
+    from scipy.special import ndtr, stdtr
+
+    tail = ndtr(-abs(t)) if math.isinf(df) else stdtr(df, -abs(t))
+    return float(min(1.0, 2 * tail))
+
+
+def moderated_variance(variance: float, df: float, prior_variance: float, prior_df: float) -> tuple[float, float]:
+    """A variance estimated from few runs, pulled toward a prior one (limma's moderated variance): the
+    prior counts as `prior_df` more degrees of freedom (infinite: the prior alone). Returns (variance, df)."""
+    if math.isinf(prior_df):
+        return prior_variance, math.inf
+    total = df + prior_df
+    if total <= 0:
+        raise ValueError("a variance needs at least one degree of freedom")
+    return (df * variance + prior_df * prior_variance) / total, total
+
+
+def _trigamma_inverse(x: float) -> float:
+    """y with trigamma(y) = x, by Newton's method from limma's starting point (x > 0)."""
+    from scipy.special import polygamma
+
+    if x > 1e7:
+        return 1 / math.sqrt(x)
+    if x < 1e-6:
+        return 1 / x
+    y = 0.5 + 1 / x
+    for _ in range(50):
+        tri = float(polygamma(1, y))
+        step = tri * (1 - tri / x) / float(polygamma(2, y))
+        y += step
+        if -step / y < 1e-8:
+            break
+    return y
+
+
+def variance_prior(variances: Sequence[float], dfs: Sequence[float], *,
+                   prior_df: float | None = None) -> tuple[float, float]:
+    """The prior of many figures' variances, each estimated from few degrees of freedom (Smyth 2004, as
+    limma's squeezeVar): (prior variance, prior degrees of freedom). The more alike the variances, the
+    more degrees of freedom the prior earns (infinite when they differ no more than sampling explains);
+    the more they differ, the more each figure keeps its own. Given `prior_df`, only the variance is
+    estimated (a group's, with the degrees of freedom learnt from all groups). Zero variances are left out."""
+    from scipy.special import digamma, polygamma
+
+    pairs = [(v, d) for v, d in zip(variances, dfs) if v > 0 and d > 0]
+    if not pairs:
+        raise ValueError("a variance prior needs at least one positive variance")
+    v, d = np.array(pairs).T
+    e = np.log(v) - digamma(d / 2) + np.log(d / 2)
+    mean = float(e.mean())
+    if prior_df is None:
+        excess = float(e.var(ddof=1) - np.mean(polygamma(1, d / 2))) if len(e) > 1 else 0.0
+        prior_df = 2 * _trigamma_inverse(excess) if excess > 0 else math.inf
+    if math.isinf(prior_df):
+        return math.exp(mean), math.inf
+    return math.exp(mean + float(digamma(prior_df / 2)) - math.log(prior_df / 2)), prior_df
+
+
+def benjamini_hochberg(p_values: Sequence[float], q: float = 0.05) -> list[bool]:
+    """Which hypotheses to reject with the false discovery rate at `q` (Benjamini-Hochberg). When every
+    hypothesis is true (an A/A comparison), the chance of rejecting any is at most q."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    largest = 0
+    for rank, i in enumerate(order, start=1):
+        if p_values[i] <= q * rank / m:
+            largest = rank
+    rejected = set(order[:largest])
+    return [i in rejected for i in range(m)]
+

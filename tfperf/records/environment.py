@@ -45,6 +45,14 @@ def git_dirty(path: Path | None = None) -> bool | None:
     return bool(out.stdout.strip()) if out.returncode == 0 else None
 
 
+def usable_cores() -> int | None:
+    """The cores this process may run on (its CPU affinity: `taskset` and container limits narrow it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
 def load_average() -> list[float] | None:
     """The 1, 5 and 15 minute load averages: a busy machine explains slow or noisy figures."""
     try:
@@ -124,6 +132,7 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
         "tf_xla_flags": os.environ.get("TF_XLA_FLAGS"),
         "load_average": load_average(),
         "cpu_frequency": cpu_frequency(),

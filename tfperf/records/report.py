@@ -10,10 +10,10 @@ from typing import Any
 
 from tfperf.measure import stats
 from tfperf.records.jsonl import atomic_write_text, read_records
+from tfperf.records.noise import Noise, measure_noise, rerun_range
+from tfperf.records.runs import read_runs, repeat_dirs
 
 Record = Mapping[str, Any]
-# `tfperf run --repeat N` writes runs 2..N under <out>/repeats/<run>/; the report reads them from there.
-REPEATS = "repeats"
 # The report's first section: one line per recipe (its headline).
 FINDINGS = "What this run found"
 # What a reader can do about a verdict that rests on an unstable row.
@@ -78,13 +78,16 @@ def per_call_samples(record: Record) -> list[float]:
 
 
 def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = None, *,
-                   reruns: Sequence[Sequence[Record]] = (), fold: bool = False, steadier: str = STEADIER) -> str:
+                   reruns: Sequence[Sequence[Record]] = (), noise: Noise | None = None, fold: bool = False,
+                   steadier: str = STEADIER) -> str:
     """A Markdown table of one recipe table: metrics, the primary metric's 95% CI, and each row against
     the row it was compared with (or the first row) with the ratio's CI and verdict.
 
     Args:
         reruns: the same table from other runs in fresh processes (`tfperf run --repeat`): a column then
             shows each row's primary metric across all runs and how often each verdict came out.
+        noise: a calibration of run-to-run noise: a column then shows where each row's primary metric lands
+            in a rerun on this machine (95%).
         fold: put each unstable row's warnings in an HTML <details> under the table's one-line summary
             (a report); otherwise list them (a terminal).
         steadier: what to do when a verdict rests on an unstable row.
@@ -96,7 +99,10 @@ def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = No
     ratios = len(records) > 1 and records[0].get("versus_first", True)
     with_ci = any(r.get("ci95") for r in records)
     compared = any(r.get("verdict") for r in records)
-    header = ["", *columns, *([f"{records[0]['primary']} 95% CI"] if with_ci else []),
+    rerun = {r["row"]: rerun_cell(r, noise) for r in records} if noise is not None else {}
+    with_rerun = any(rerun.values())
+    header = ["", *columns, *([f"{records[0]['primary']} 95% CI (this run)"] if with_ci else []),
+              *([f"{records[0]['primary']} rerun (95%)"] if with_rerun else []),
               *([f"speedup vs {records[0]['row']}"] if ratios and not compared else []),
               *(["speedup (95% CI): verdict"] if compared else []),
               *([f"{records[0]['primary']} across {len(reruns) + 1} runs"] if reruns else [])]
@@ -107,6 +113,8 @@ def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = No
         cells = [name, *(fmt(r["metrics"].get(c)) for c in columns)]
         if with_ci:
             cells.append(f"{fmt(r['ci95'][0])}-{fmt(r['ci95'][1])}" if r.get("ci95") else "-")
+        if with_rerun:
+            cells.append(rerun[r["row"]] or "-")
         if compared:
             base = by_row.get(r.get("versus")) if r.get("versus") else None
             cells.append(_ratio_cell(r, base, name_baseline=True) if base is not None else "-")
@@ -140,6 +148,16 @@ def instability(records: Sequence[Record], steadier: str = STEADIER) -> tuple[st
     summary += (f"; the verdicts of {', '.join(weak)} rest on one: {steadier}."
                 if weak else "; no verdict rests on them.")
     return summary, [f"- {row}: {'; '.join(w)}" for row, w in warned.items()]
+
+
+def rerun_cell(record: Record, noise: Noise) -> str:
+    """'5.2-6.9': where the row's primary metric lands in a rerun on this machine (95%), or ''."""
+    spread = noise.spread((record["recipe"], record["table"], record["row"], "primary"))
+    value = record["metrics"].get(record["primary"])
+    if not isinstance(value, (int, float)) or not value > 0:
+        return ""
+    low, high = rerun_range(float(value), spread, record.get("ci95"))
+    return f"{fmt(low)}-{fmt(high)}"
 
 
 def run_to_run(record: Record, others: Sequence[Record]) -> str:
@@ -262,10 +280,36 @@ def write_conclusion(out: Path | str, recipe: str, text: str) -> Path:
     return path
 
 
+def run_noise(results_dir: Path, calibration: Noise | None) -> Noise | None:
+    """The noise a report's rerun ranges come from: the folder's own runs when it holds repeats (saved beside
+    them as noise.json, a calibration for later runs), else the calibration given, else None."""
+    if repeat_dirs(results_dir):
+        runs = read_runs(results_dir)
+        if len(runs) >= 2:
+            noise = measure_noise(runs, str(results_dir))
+            noise.save(results_dir)
+            return noise
+    return calibration
+
+
+def intervals_note(noise: Noise | None, results_dir: Path) -> str:
+    """What the report's intervals are: within one run, and where a rerun lands, measured from what."""
+    within = ("\"95% CI\" is the interval within this run: the spread of samples inside its processes, which "
+              "does not see what changes from one process to the next.")
+    if noise is None:
+        return (f"{within} No rerun ranges: no calibration of run-to-run noise on this machine was given "
+                f"(`tfperf run --repeat 3` measures one; `tfperf run --calibration DIR` uses it).")
+    own = Path(noise.where) == results_dir
+    source = f"this folder's own {noise.runs} runs" if own else f"the calibration {noise.describe()}"
+    return (f"{within} \"rerun\" is where the same figure lands in another run on this machine (95%), from "
+            f"the spread between runs of the same code in fresh processes ({source}).")
+
+
 def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: str = "tfperf report",
-                 steadier: str = STEADIER) -> Path:
+                 steadier: str = STEADIER, calibration: Noise | None = None) -> Path:
     """Write results_dir/report.md and report.html: the findings table (each recipe's headline), then per
-    recipe its tables, charts, extra figures and conclusion. `steadier`: what to do about unstable rows."""
+    recipe its tables, charts, extra figures and conclusion. `steadier`: what to do about unstable rows;
+    `calibration`: run-to-run noise for the rerun ranges of a folder that holds one run."""
     from tfperf.records.findings import caution, findings_table, headline_path, read_headline
     from tfperf.records.html import write_html
 
@@ -276,7 +320,8 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
     rank = {name: i for i, name in enumerate(order)}
     files.sort(key=lambda f: (rank.get(f.stem, len(rank)), f.stem))
     figures = results_dir / "figures"
-    reruns = sorted((results_dir / REPEATS).glob("*/"), key=lambda d: (len(d.name), d.name))
+    reruns = repeat_dirs(results_dir)
+    noise = run_noise(results_dir, calibration)
     sections, found = [], []
     for f in files:
         records = read_records(f)
@@ -284,7 +329,8 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
         headline = read_headline(headline_path(results_dir, recipe))
         again = [h.verdict for h in (read_headline(headline_path(d, recipe)) for d in reruns) if h is not None]
         found.append((recipe, headline, caution(headline, records) if headline else "",
-                      [headline.verdict, *again] if headline and again else []))
+                      [headline.verdict, *again] if headline and again else [],
+                      noise.headline_rerun(recipe, headline) if headline and noise else None))
         sections += [f"## {recipe}", ""]
         if records:  # nothing measured (every step skipped, say): what it concluded still belongs here
             sections += [f"Measured on {environment_summary(records[0]['env'])}.", ""]
@@ -292,7 +338,8 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
         others = [group_tables(read_records(d / f.name)) for d in reruns if (d / f.name).exists()]
         for (_, table), rows in tables.items():
             again_rows = [o.get((recipe, table), []) for o in others]
-            sections += [f"### {table}", "", markdown_table(rows, reruns=again_rows, fold=True, steadier=steadier), ""]
+            sections += [f"### {table}", "", markdown_table(rows, reruns=again_rows, noise=noise, fold=True,
+                                                            steadier=steadier), ""]
             if len(rows) > 1:  # one bar compares nothing
                 chart = bar_chart(rows, figures / f"{recipe}-{slug(table)}.png")
                 sections += [f"![{table}](figures/{chart.name})", ""]
@@ -308,7 +355,7 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
     if reruns:
         parts += [f"Each recipe ran {len(reruns) + 1} times in fresh processes: the tables show the first run, "
                   f"and a column the spread over all runs and the verdicts each reached.", ""]
-    parts += [f"## {FINDINGS}", "", findings_table(found, steadier), ""]
+    parts += [f"## {FINDINGS}", "", findings_table(found, steadier), "", intervals_note(noise, results_dir), ""]
     report = results_dir / "report.md"
     atomic_write_text(report, "\n".join(parts + sections))
     write_html(report)

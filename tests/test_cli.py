@@ -172,7 +172,7 @@ def test_an_error_about_what_a_file_holds_stays_one_short_line(tmp_path):
         fit_inputs(read_arrays(many), [("inputs", "float32", (4,))], "the input")
     message = str(refused.value)
     assert "and 2,995 more" in message and len(message) < flags.MAX_ERROR_CHARS
-    assert flags.one_line("x" * 10_000).endswith("(9,640 characters more)")
+    assert "...(9,640 characters cut)..." in flags.one_line("x" * 10_000)
     assert len(flags.one_line("x" * 10_000)) <= flags.MAX_ERROR_CHARS
 
 

@@ -381,6 +381,51 @@ def test_exact_gelu_converts_to_onnx_and_agrees_with_keras(tmp_path):
     assert np.abs(got - model(x).numpy()).max() <= 1e-4 * np.abs(model(x).numpy()).max()
 
 
+def encoder():
+    """A keras-io style Transformer encoder: token ids and a padding mask of any length, exact GELU."""
+    from keras import layers, ops
+
+    tokens = keras.Input((None,), dtype="int32", name="token_ids")
+    mask = keras.Input((None,), dtype="int32", name="padding_mask")
+    x = layers.Embedding(50, 16)(tokens)
+    x = layers.LayerNormalization()(x + layers.MultiHeadAttention(2, 8)(
+        x, x, attention_mask=ops.expand_dims(ops.cast(mask, "bool"), 1)))
+    x = layers.LayerNormalization()(x + layers.Dense(16)(layers.Dense(32, activation="gelu")(x)))
+    weights = ops.expand_dims(ops.cast(mask, "float32"), -1)
+    pooled = ops.sum(x * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1.0)
+    return keras.Model([tokens, mask], layers.Dense(3)(pooled), name="encoder")
+
+
+def test_a_free_sequence_axis_stays_free_in_every_format_and_answers_at_any_length(tmp_path):
+    """No --input-shape: each export keeps the length free (ONNX names it), is checked at two lengths, and
+    answers requests of 5 and 40 tokens as Keras does (LiteRT, if its converter fixes the length, says so)."""
+    import onnx
+
+    from tfperf.deploy.layout import export_subject, load, predict
+    from tfperf.deploy.loader import keras_subject
+
+    keras.utils.set_random_seed(1)
+    model = encoder()
+    subject = keras_subject(model, "encoder", factory=None)
+    assert subject.free and str(subject.inputs[0]) == "token_ids: int32[batch, 32 (free)]"
+    rng = np.random.default_rng(0)
+    for fmt in ("savedmodel", "onnx", "litert"):
+        exported = export_subject(subject, tmp_path, format=fmt)
+        assert "17 long where the model leaves sizes free" in exported.metadata["agreement"]["on"] or \
+            exported.metadata.get("fixed_sizes"), fmt
+        runner = load(exported.path)
+        lengths = (5, 40) if not exported.metadata.get("fixed_sizes") else (32,)
+        for length in lengths:
+            ids = rng.integers(1, 50, size=(3, length)).astype(np.int32)
+            mask = (np.arange(length)[None, :] < [[length], [length // 2], [1]]).astype(np.int32)
+            want = model([ids, mask]).numpy()
+            got = predict(runner, {"token_ids": ids, "padding_mask": mask})["output_0"]
+            assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (fmt, length)
+        if fmt == "onnx":
+            dims = onnx.load(exported.path / "model.onnx").graph.input[0].type.tensor_type.shape.dim
+            assert len(dims) == 2 and all(d.dim_param and not d.dim_value for d in dims)
+
+
 def test_the_cookbook_nets_keep_their_contract(tmp_path):
     from tfperf.deploy.layout import export_subject, load, predict
     from tfperf.deploy.loader import cookbook_subject

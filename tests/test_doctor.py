@@ -359,7 +359,6 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path, capsys, factories):
 
     inputs = keras.Input((None, 6))
     keras.Model(inputs, keras.layers.Dense(2)(inputs)).save(tmp_path / "ragged.keras")
-    one_line_error(capsys, [tmp_path / "ragged.keras"], "--input-shape")
     one_line_error(capsys, [tmp_path / "ragged.keras", "--input-shape", "7,7"], "declares")
 
     text = keras.Input((1,), dtype="string", name="text")

@@ -57,9 +57,13 @@ MAX_ERROR_CHARS = 400
 
 
 def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """A message as one line of at most `limit` characters (the rest counted, not shown)."""
+    """A message as one line of at most `limit` characters: a longer one loses its middle (counted, not shown),
+    since it opens with what was wrong and ends with what to do."""
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else f"{text[:limit - 40]}... ({len(text) - limit + 40:,} characters more)"
+    if len(text) <= limit:
+        return text
+    head, tail = (limit - 40) * 2 // 3, (limit - 40) // 3
+    return f"{text[:head]} ...({len(text) - head - tail:,} characters cut)... {text[len(text) - tail:]}"
 
 
 class UserError(Exception):

@@ -156,37 +156,13 @@ def summarize(outputs: dict, classifier: str | None) -> list[str]:
     return lines
 
 
-def npz_bytes(arrays: dict) -> bytes:
-    """Arrays as an .npz file (np.load reads it) with every array under its own name. np.savez(file, **arrays)
-    cannot: a name such as `file` or `allow_pickle` collides with its own parameters."""
-    import zipfile
-
-    import numpy as np
-
-    from tfperf.deploy.errors import InputError, listed
-
-    bad = [k for k in arrays if not k or not k.isprintable() or k.startswith("/") or ".." in k.split("/")]
-    if bad:
-        raise InputError(f"the export names outputs {listed(map(repr, bad))}, which cannot be array names in a "
-                         f".npz file: write one output with --output FILE.npy")
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for name, array in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
-    with np.load(io.BytesIO(buf.getvalue()), allow_pickle=False) as back:  # every output reads back by its name
-        if sorted(back.files) != sorted(arrays):
-            raise InputError(f"the outputs {sorted(arrays)} do not read back from .npz by name: write one with "
-                             f"--output FILE.npy")
-    return buf.getvalue()
-
-
 def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
     """Outputs to .npz (every output by name) or .npy (the one output, or a classifier's scores), atomically;
     what was written."""
     import numpy as np
 
     from tfperf.deploy.errors import InputError, listed
+    from tfperf.deploy.inputs import npz_bytes
     from tfperf.records.jsonl import atomic_write_bytes
 
     buf = io.BytesIO()
@@ -277,7 +253,8 @@ def add_commands(sub) -> None:
     exp.add_argument("--max-input-size", type=flags.byte_size, metavar="SIZE",
                      help="largest --sample, once read, that export accepts (default: half the memory available)")
     exp.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
-                     help="sizes (without the batch axis) for an input the model leaves unknown; repeat per input")
+                     help="sizes (without the batch axis) to make, check and time inputs at where the model leaves "
+                          "them free (default 32); exports keep such axes free; repeat per input")
     exp.add_argument("--signature", help="the SavedModel signature to export (default serving_default, serve, or "
                                          "the only one)")
     exp.add_argument("--trust", action="store_true",

@@ -3,6 +3,7 @@ synthetic ones that respect what the model declares; and its outputs by name."""
 
 from __future__ import annotations
 
+import io
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -77,6 +78,25 @@ def read_arrays(path: Path | str, max_bytes: int | None = None) -> dict[str, np.
         raise InputError(f"cannot read {path} as NumPy arrays ({first_line(exc)}); {_FIX}") from None
 
 
+def npz_bytes(arrays: dict) -> bytes:
+    """Arrays as an .npz file (np.load reads it) with every array under its own name. np.savez(file, **arrays)
+    cannot: a name such as `file` or `allow_pickle` collides with its own parameters."""
+    bad = [k for k in arrays if not k or not k.isprintable() or k.startswith("/") or ".." in k.split("/")]
+    if bad:
+        raise InputError(f"the export names outputs {listed(map(repr, bad))}, which cannot be array names in a "
+                         f".npz file: write one output with --output FILE.npy")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(array), allow_pickle=False)
+    with np.load(io.BytesIO(buf.getvalue()), allow_pickle=False) as back:  # every output reads back by its name
+        if sorted(back.files) != sorted(arrays):
+            raise InputError(f"the outputs {sorted(arrays)} do not read back from .npz by name: write one with "
+                             f"--output FILE.npy")
+    return buf.getvalue()
+
+
 def _within(needed: int, limit: int, path: Path, default: bool) -> None:
     if needed > limit:
         why = "half the memory this process can still take" if default else "--max-input-size"
@@ -127,7 +147,7 @@ def read_sample(path: Path | str, max_bytes: int | None = None) -> dict[str, np.
 
 def sample_inputs(subject: Subject, sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The sample's arrays for each input, checked against the input's shape and dtype."""
-    return fit_inputs(sample, [(i.name, i.dtype, i.shape) for i in subject.inputs], "the sample")
+    return fit_inputs(sample, [(i.name, i.dtype, i.declared) for i in subject.inputs], "the sample")
 
 
 def make_inputs(subject: Subject, batch: int, *, seed: int = 0,

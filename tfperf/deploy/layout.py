@@ -12,7 +12,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from tfperf.flags import check_stop, cleaned_up
 from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, METADATA_FILE, SIGNATURE, Runner, Servable, agreement,
                                    check_model_dir, check_options, format_of, read_metadata, versions)
 from tfperf.deploy.errors import ExportError, ModelError, first_line, listed
-from tfperf.deploy.inputs import fit_inputs
+from tfperf.deploy.inputs import fit_inputs, npz_bytes, read_arrays
 from tfperf.gpus import exact_float32
 
 
@@ -102,20 +102,31 @@ class Check:
     classifier: str | None = None
 
 
-def compare_with_model(runner: Runner, check: Check, quantized: bool) -> dict[str, Any]:
-    """How the loaded export answers against the model on the check inputs: per output the largest
-    difference (absolute and relative to the output's scale), and for classifiers how often the top class
-    is the same; ExportError when a float32 export disagrees beyond FLOAT_TOLERANCE."""
-    got = runner(fit_inputs(check.inputs, [(s.name, s.dtype, s.shape[1:]) for s in runner.inputs], "check inputs"))
-    missing = sorted(set(check.reference) - set(got))
-    if missing:
-        raise ExportError(f"the {runner.format} export lacks outputs {listed(missing)} (it has "
-                          f"{listed(got)}); nothing was written")
-    found: dict[str, Any] = {"on": f"{len(next(iter(check.inputs.values())))} rows of {check.source}",
-                             "outputs": agreement(check.reference, got), "tolerance": FLOAT_TOLERANCE}
-    if check.classifier in check.reference:
-        ref, out = np.asarray(check.reference[check.classifier]), np.asarray(got[check.classifier])
-        found["top_class_agreement"] = float(np.mean(ref.argmax(-1) == out.argmax(-1)))
+def compare_with_model(runner: Runner, checks: Sequence[Check], quantized: bool) -> dict[str, Any]:
+    """How the loaded export answers against the model on each check's inputs (several when the model leaves
+    a size free: each at another size): per output the largest difference (absolute and relative to the
+    output's scale), and for classifiers how often the top class is the same; ExportError when a float32
+    export disagrees beyond FLOAT_TOLERANCE."""
+    specs = [(s.name, s.dtype, s.shape[1:]) for s in runner.inputs]
+    outputs: dict[str, dict[str, float]] = {}
+    top, rows = [], 0
+    for check in checks:
+        got = runner(fit_inputs(check.inputs, specs, "check inputs"))
+        missing = sorted(set(check.reference) - set(got))
+        if missing:
+            raise ExportError(f"the {runner.format} export lacks outputs {listed(missing)} (it has "
+                              f"{listed(got)}); nothing was written")
+        for name, found in agreement(check.reference, got).items():
+            if name not in outputs or found["relative"] > outputs[name]["relative"]:
+                outputs[name] = found
+        if check.classifier in check.reference:
+            ref, out = np.asarray(check.reference[check.classifier]), np.asarray(got[check.classifier])
+            top += list(ref.argmax(-1) == out.argmax(-1))
+        rows += len(next(iter(check.inputs.values())))
+    found = {"on": f"{rows} rows of " + " and ".join(c.source for c in checks), "outputs": outputs,
+             "tolerance": FLOAT_TOLERANCE}
+    if top:
+        found["top_class_agreement"] = float(np.mean(top))
     bad = {n: a for n, a in found["outputs"].items() if a["relative"] > FLOAT_TOLERANCE}
     if bad and not quantized:
         worst = max(bad, key=lambda n: bad[n]["relative"])
@@ -123,6 +134,9 @@ def compare_with_model(runner: Runner, check: Check, quantized: bool) -> dict[st
                           f"{bad[worst]['max_abs_diff']:.3g} ({bad[worst]['relative']:.3g} of its scale, over "
                           f"{FLOAT_TOLERANCE:g}) on {found['on']}; nothing was written")
     return found
+
+
+CHECK_FILE = "check.npz"  # beside the model: the rows the export was checked on and the model's answers
 
 
 def _no_space(exc: BaseException) -> bool:
@@ -139,7 +153,7 @@ class Exported:
 
 def export(servable: Servable, root: Path | str = "saved_models", *, name: str, version: int | None = None,
            format: str = "savedmodel", quantize: str = "none", representative: Mapping[str, np.ndarray] | None = None,
-           select_tf_ops: bool = False, check: Check | None = None,
+           select_tf_ops: bool = False, checks: Sequence[Check] = (),
            metadata: Mapping[str, Any] | None = None) -> Exported:
     """Write root/<name>/<version>/ atomically in `format`, checked against the model before it is renamed
     into place; an asked-for version that exists is an error naming a free one, and a version taken by a
@@ -149,7 +163,8 @@ def export(servable: Servable, root: Path | str = "saved_models", *, name: str, 
       quantize: LiteRT only: none, dynamic (int8 weights) or int8 (weights and activations).
       representative: input rows by name that int8 quantization calibrates its ranges on.
       select_tf_ops: LiteRT only: run ops LiteRT lacks as TensorFlow ops (needs the Flex delegate).
-      check: the inputs and the model's outputs the export must reproduce (float32 within FLOAT_TOLERANCE).
+      checks: the inputs and the model's outputs the export must reproduce (float32 within FLOAT_TOLERANCE),
+        several when the model leaves a size free (each at another size).
     """
     import tensorflow as tf
 
@@ -208,15 +223,17 @@ def export(servable: Servable, root: Path | str = "saved_models", *, name: str, 
             "inputs": {s.name: {"dtype": s.dtype, "shape": list(s.shape)} for s in runner.inputs} if runner else {
                 s.name: {"dtype": s.dtype.name, "shape": s.shape.as_list()} for s in servable.input_signature},
             "outputs": list(runner.outputs) if runner else sorted(concrete.structured_outputs),
-            "classifier": check.classifier if check else None,
+            "classifier": checks[0].classifier if checks else None,
             "tfperf": __version__, "tensorflow": tf.__version__, **written, **dict(metadata or {}),
         }
-        if check is not None and runner is not None:
+        if checks and runner is not None:
             with exact_float32():
-                meta["agreement"] = compare_with_model(runner, check, quantized=quantize != "none")
-        elif check is not None:
+                meta["agreement"] = compare_with_model(runner, checks, quantized=quantize != "none")
+        elif checks:
             meta["agreement"] = {"not_checked": f"the installed LiteRT interpreter cannot run Flex ops "
                                                 f"{', '.join(written['flex_ops'])}"}
+        if checks:  # what a server checks a new version against before it swaps it in (tfperf serve)
+            (staging / CHECK_FILE).write_bytes(check_bytes(checks))
         for _ in range(1000):
             final = model_root / str(version)
             meta["version"] = version
@@ -260,6 +277,36 @@ def predict(runner: Runner, arrays: Mapping[str, np.ndarray]) -> dict[str, np.nd
                          f"{first_line(exc)})") from None
 
 
+def check_bytes(checks: Sequence[Check]) -> bytes:
+    """The checks as an .npz: `<k>/inputs/<name>` and `<k>/outputs/<name>` for the k-th set of check rows."""
+    arrays = {}
+    for k, check in enumerate(checks):
+        arrays.update({f"{k}/inputs/{n}": a for n, a in check.inputs.items()})
+        arrays.update({f"{k}/outputs/{n}": a for n, a in check.reference.items()})
+    return npz_bytes(arrays)
+
+
+def read_checks(path: Path | str) -> list[Check]:
+    """The check rows an export was written with (its check.npz), [] when it has none (an export made
+    elsewhere); ModelError when the file is there but unreadable."""
+    from tfperf.deploy.errors import InputError
+
+    path = Path(path) / CHECK_FILE
+    if not path.is_file():
+        return []
+    try:
+        arrays = read_arrays(path)
+    except InputError as exc:
+        raise ModelError(str(exc)) from None
+    found: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    for key, array in arrays.items():
+        k, _, rest = key.partition("/")
+        kind, _, name = rest.partition("/")
+        found.setdefault(k, {"inputs": {}, "outputs": {}}).setdefault(kind, {})[name] = array
+    return [Check(v["inputs"], v["outputs"], "the export's own check rows") for _, v in sorted(found.items())
+            if v.get("inputs") and v.get("outputs")]
+
+
 CHECK_ROWS, CALIBRATION_ROWS = 16, 256  # rows an export is checked on; rows int8 quantization calibrates on
 
 
@@ -268,32 +315,59 @@ def export_subject(subject, root: Path | str = "saved_models", *, name: str | No
                    calibration: tuple[Mapping[str, np.ndarray], str] | None = None, select_tf_ops: bool = False,
                    seed: int = 0, metadata: Mapping[str, Any] | None = None) -> Exported:
     """Export a loaded model (`tfperf.deploy.loader.Subject`), checked on rows of `sample` or on synthetic
-    inputs; int8 calibrates on `calibration` (rows by input name, and where they came from), else on the
-    sample, else on synthetic inputs (said so in the metadata: real rows calibrate better)."""
+    inputs, and at a second size where the model leaves one free (exports keep such axes free); int8
+    calibrates on `calibration` (rows by input name, and where they came from), else on the sample, else on
+    synthetic inputs (said so in the metadata: real rows calibrate better). A LiteRT conversion that fails
+    with sizes free is made again at the sizes the inputs are made at, and says so in the metadata."""
     from tfperf.deploy.inputs import check_runs, make_inputs, sample_inputs
 
     check_options(format, quantize, select_tf_ops, representative=True)
-    if sample is not None:
-        inputs, source = {n: a[:CHECK_ROWS] for n, a in sample_inputs(subject, sample).items()}, "the sample"
-    else:
-        inputs, source = make_inputs(subject, CHECK_ROWS, seed=seed), "synthetic inputs"
-    with exact_float32():  # the reference is float32 itself, not TF32 (Ampere GPUs' default)
-        reference = check_runs(subject, inputs)
-    representative, calibrated_on = None, None
-    if quantize == "int8":
-        if calibration is not None:
-            representative, calibrated_on = calibration
-        elif sample is not None:
-            representative = {n: a[:CALIBRATION_ROWS] for n, a in sample_inputs(subject, sample).items()}
-            calibrated_on = f"{len(next(iter(representative.values())))} rows of the sample"
+
+    def attempt(subject, fixed: Mapping[str, Any]) -> Exported:
+        if sample is not None:
+            checked = [({n: a[:CHECK_ROWS] for n, a in sample_inputs(subject, sample).items()}, "the sample")]
         else:
-            representative = make_inputs(subject, CALIBRATION_ROWS // 4, seed=seed + 1)
-            calibrated_on = "synthetic inputs: pass --sample FILE.npz of real inputs for ranges that fit your data"
-    described = {"model": subject.source, **({"source_signature": subject.signature} if subject.signature else {}),
-                 **({"calibrated_on": calibrated_on} if calibrated_on else {}), **dict(metadata or {})}
-    return export(subject.servable(), root, name=name or subject.name, version=version, format=format,
-                  quantize=quantize, representative=representative, select_tf_ops=select_tf_ops,
-                  check=Check(inputs, reference, source, subject.classifier), metadata=described)
+            checked = [(make_inputs(subject, CHECK_ROWS, seed=seed), "synthetic inputs")]
+        if subject.free and all(i.dtype != "string" for i in subject.inputs):
+            size = other_size(subject)  # an axis left free stays free: the export must answer at another size
+            checked.append((make_inputs(subject.at(size), CHECK_ROWS, seed=seed + 2),
+                            f"synthetic inputs {size} long where the model leaves sizes free"))
+        with exact_float32():  # the reference is float32 itself, not TF32 (Ampere GPUs' default)
+            checks = [Check(inputs, check_runs(subject, inputs), source, subject.classifier)
+                      for inputs, source in checked]
+        representative, calibrated_on = None, None
+        if quantize == "int8":
+            if calibration is not None:
+                representative, calibrated_on = calibration
+            elif sample is not None:
+                representative = {n: a[:CALIBRATION_ROWS] for n, a in sample_inputs(subject, sample).items()}
+                calibrated_on = f"{len(next(iter(representative.values())))} rows of the sample"
+            else:
+                representative = make_inputs(subject, CALIBRATION_ROWS // 4, seed=seed + 1)
+                calibrated_on = "synthetic inputs: pass --sample FILE.npz of real inputs for ranges that fit your data"
+        described = {"model": subject.source, **({"source_signature": subject.signature} if subject.signature else {}),
+                     **({"calibrated_on": calibrated_on} if calibrated_on else {}), **dict(fixed),
+                     **dict(metadata or {})}
+        return export(subject.servable(), root, name=name or subject.name, version=version, format=format,
+                      quantize=quantize, representative=representative, select_tf_ops=select_tf_ops,
+                      checks=checks, metadata=described)
+
+    try:
+        return attempt(subject, {})
+    except ExportError as exc:
+        if format != "litert" or not subject.free or "LiteRT" not in str(exc):
+            raise
+        # LiteRT resizes inputs per call, but its converter lowers some ops (a slice that adds an axis, say)
+        # only at known sizes: then the model is exported at the sizes its inputs are made at, and says so.
+        sizes = {i.name: list(i.shape) for i in subject.inputs if i.free}
+        return attempt(subject.fixed(), {"fixed_sizes": sizes, "why_fixed": f"with sizes free: {exc}"})
+
+
+def other_size(subject) -> int:
+    """A second size for the axes a model leaves free, other than the one its inputs are made at (half of
+    it, plus one: odd where the first is even, as a real request's length would be)."""
+    sizes = [s for i in subject.inputs for s, d in zip(i.shape, i.declared) if d is None]
+    return max(1, min(sizes) // 2 + 1)
 
 
 def describe_check(meta: Mapping[str, Any]) -> list[str]:
@@ -309,4 +383,7 @@ def describe_check(meta: Mapping[str, Any]) -> list[str]:
                      f"float32 exports must stay within {found['tolerance']:g})")
     if "top_class_agreement" in found:
         lines.append(f"  top class the same as the model's on {found['top_class_agreement']:.0%} of rows")
+    if meta.get("fixed_sizes"):
+        sizes = "; ".join(f"{n} {shape}" for n, shape in meta["fixed_sizes"].items())
+        lines.append(f"sizes fixed at {sizes}: requests must be padded to them (the converter failed {meta['why_fixed']})")
     return lines

@@ -26,18 +26,37 @@ from tfperf.deploy.errors import ModelError, first_line
 from tfperf.deploy.keras_files import KERAS_SUFFIXES, load_keras_file
 
 COOKBOOK_INPUT = "inputs"  # the cookbook nets' exports take `inputs` and answer `logits` and `probabilities`
+# The size synthetic inputs take on an axis the model leaves free (a sequence's length), unless --input-shape
+# gives one; exports keep such an axis free whatever size it was checked at.
+FREE_SIZE = 32
 
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
-    """One model input: its name, dtype (NumPy's name) and shape without the batch axis."""
+    """One model input: its name, dtype (NumPy's name), the sizes inputs are made and timed at (without the
+    batch axis), and the shape the model declares (None on an axis it leaves free; default: `shape`)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
+    declared: tuple[int | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.declared is None:
+            object.__setattr__(self, "declared", tuple(self.shape))
+
+    @property
+    def free(self) -> bool:
+        """True when the model leaves a size of this input free (any length)."""
+        return None in self.declared
+
+    def at(self, size: int) -> InputSpec:
+        """The same input made at `size` on every axis the model leaves free."""
+        return dataclasses.replace(self, shape=tuple(size if d is None else s for s, d in zip(self.shape, self.declared)))
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.dtype}[batch, {', '.join(map(str, self.shape))}]".replace(", ]", "]")
+        dims = ", ".join(str(s) if d is not None else f"{s} (free)" for s, d in zip(self.shape, self.declared))
+        return f"{self.name}: {self.dtype}[batch, {dims}]".replace(", ]", "]")
 
 
 def name_outputs(outputs: Any) -> dict[str, Any]:
@@ -98,11 +117,26 @@ class Subject:
         return self.head(self.call(self.pack(flat)))
 
     def input_signature(self, batch: int | None = None) -> list:
-        """One tf.TensorSpec per input, named after it, with `batch` rows (None: any; a fixed signature's own)."""
+        """One tf.TensorSpec per input, named after it, with `batch` rows (None: any; a fixed signature's own)
+        and the model's own shape: an axis it leaves free stays free in every export."""
         import tensorflow as tf
 
         rows = self.fixed_batch if self.fixed_batch is not None else batch
-        return [tf.TensorSpec((rows, *i.shape), tf.as_dtype(i.dtype), name=i.name) for i in self.inputs]
+        return [tf.TensorSpec((rows, *i.declared), tf.as_dtype(i.dtype), name=i.name) for i in self.inputs]
+
+    def at(self, size: int) -> Subject:
+        """The same model with inputs made at `size` on every axis it leaves free (another sequence length)."""
+        return dataclasses.replace(self, inputs=tuple(i.at(size) for i in self.inputs))
+
+    def fixed(self) -> Subject:
+        """The same model with every free size fixed at the size its inputs are made at (for a converter that
+        cannot leave them free)."""
+        return dataclasses.replace(self, inputs=tuple(dataclasses.replace(i, declared=i.shape) for i in self.inputs))
+
+    @property
+    def free(self) -> bool:
+        """True when the model leaves a size of some input free."""
+        return any(i.free for i in self.inputs)
 
     def function(self, batch: int | None = None):
         """The model as a tf.function of its inputs, flat and named, returning its outputs by name."""
@@ -143,21 +177,17 @@ def parse_input_shapes(texts: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 def _resolve_shape(name: str, dtype: str, shape: Sequence[int | None], given: Mapping[str, tuple[int, ...]],
                    single: bool) -> InputSpec:
-    """An input's shape with the sizes the model leaves unknown filled from --input-shape."""
-    shape = tuple(shape)
+    """An input as the model declares it, made at the sizes --input-shape gives where it leaves them free
+    (else FREE_SIZE); the free axes stay free in what is exported."""
+    declared = tuple(None if d is None else int(d) for d in shape)
     override = given.get(name, given.get("") if single else None)
     if override is not None:
-        if len(override) != len(shape) or any(d is not None and d != o for d, o in zip(shape, override)):
-            model_shape = ", ".join("?" if d is None else str(d) for d in shape)
+        if len(override) != len(declared) or any(d is not None and d != o for d, o in zip(declared, override)):
+            model_shape = ", ".join("?" if d is None else str(d) for d in declared)
             raise ModelError(f"--input-shape for {name!r} is {list(override)}, but the model declares "
                              f"[{model_shape}] (without the batch axis): give sizes only where it has '?'")
-        shape = override
-    if any(d is None for d in shape):
-        model_shape = ", ".join("?" if d is None else str(d) for d in shape)
-        raise ModelError(f"input {name!r} has sizes the model leaves unknown: [{model_shape}] after the batch "
-                         f"axis; give them with --input-shape {name}=" + ",".join(
-                             "N" if d is None else str(d) for d in shape))
-    return InputSpec(name, dtype, tuple(int(d) for d in shape))
+        return InputSpec(name, dtype, tuple(override), declared)
+    return InputSpec(name, dtype, tuple(FREE_SIZE if d is None else d for d in declared), declared)
 
 
 def load_subject(source: str, *, input_shapes: Mapping[str, tuple[int, ...]] | None = None,

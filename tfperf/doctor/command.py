@@ -52,7 +52,8 @@ def add_command(sub) -> None:
     p.add_argument("model", help="a .keras file, a SavedModel folder, or module:factory (a function returning a "
                                  "Keras model, for custom layers)")
     p.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
-                   help="sizes (without the batch axis) for an input the model leaves unknown; repeat per input")
+                   help="sizes (without the batch axis) to make, check and time inputs at where the model leaves "
+                          "them free (default 32); exports keep such axes free; repeat per input")
     p.add_argument("--sample", metavar="FILE.npz", help="real inputs, arrays named after the model's inputs "
                                                          "(and 'y', targets for --train)")
     p.add_argument("--train", action="store_true", help="also run the training experiments (needs --loss)")

@@ -1,8 +1,8 @@
 """tfperf doctor: the cookbook's experiments run on the user's own model, and advice ranked by measured gain.
 
 A model is loaded from a Keras file, a SavedModel folder or `module:factory` (`load_subject`); its
-inputs are read from it (unknown sizes from --input-shape, real values from --sample), and synthetic
-inputs respect what it declares: dtypes, integer tokens within the embeddings' vocabulary, padding
+inputs are read from it (sizes it leaves free from --input-shape, else 32; real values from --sample),
+and synthetic inputs respect what it declares: dtypes, integer tokens within the embeddings' vocabulary, padding
 where an embedding masks zeros, several inputs in lists or dicts. Then, each through tfperf.bench
 (interleaved rounds, verdicts from confidence intervals): inference (predict(), model(x),
 tf.function, XLA, LiteRT, ONNX Runtime) at batch 1 and over a batch sweep with outputs checked

@@ -16,6 +16,7 @@ from tfperf import __version__, flags
 from tfperf.deploy import commands as deploy_commands
 from tfperf.doctor import command as doctor_command
 from tfperf.serving import command as load_command
+from tfperf.serving import serve_command
 from tfperf.flags import UserError
 from tfperf.recipe import Declaration, declarations
 from tfperf.records.noise import NOISE_FILE
@@ -368,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy_commands.add_commands(sub)
     doctor_command.add_command(sub)
     load_command.add_command(sub)
+    serve_command.add_command(sub)
 
     env = sub.add_parser("env", help="print the environment recorded with each measurement")
     env.set_defaults(func=cmd_env)

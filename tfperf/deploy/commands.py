@@ -182,6 +182,17 @@ def write_outputs(path: Path, outputs: dict, classifier: str | None) -> str:
     return what
 
 
+def loading_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that say how a model was loaded (sizes, trust, signature), for a command printed to reproduce a
+    result: without them, the printed command fails or loads another model."""
+    found = [a for text in getattr(args, "input_shape", None) or [] for a in ("--input-shape", text)]
+    if getattr(args, "trust", False):
+        found.append("--trust")
+    if getattr(args, "signature", None):
+        found += ["--signature", args.signature]
+    return found
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     """Load an export in its format's runtime, check the inputs against its specs, run it."""
     from tfperf.deploy.inputs import non_finite, read_arrays

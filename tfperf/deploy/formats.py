@@ -29,6 +29,11 @@ from tfperf.deploy.errors import ExportError, ModelError, first_line, listed
 PREFERRED_SIGNATURES = (SIGNATURE, "serve")
 QUANTIZATIONS = ("none", "dynamic", "int8")
 FLOAT_TOLERANCE = 1e-4  # a float32 export answers as the model does within this, relative to the output's scale
+# An output that moves less than this across its rows (relative to its scale) does not depend on its input: an
+# export that agrees with it has shown nothing (Keras Applications' MobileNetV2 with weights=None answers 0.1 for
+# every class on every input).
+CONSTANT = 1e-6
+NOT_EVIDENCE = "the model's outputs do not depend on these inputs; agreement is not evidence"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,15 +109,33 @@ def choose_signature(available: list[str], asked: str | None, where: str) -> str
                      f"{SIGNATURE!r}: choose one with --signature")
 
 
+def variation(reference: np.ndarray) -> float | None:
+    """How much an output moves across its rows: the largest range over rows of any of its values, relative to
+    its scale (as agreement's differences are); None with fewer than two rows."""
+    ref = np.asarray(reference, np.float64)
+    if ref.ndim == 0 or len(ref) < 2 or not ref.size:
+        return None
+    scale = max(float(np.max(np.abs(ref))), 1.0)
+    return float(np.max(np.ptp(ref, axis=0))) / scale
+
+
+def constant(reference: Mapping[str, np.ndarray]) -> bool:
+    """True when every output moves less than CONSTANT across the rows (two or more): agreement on them proves
+    nothing."""
+    moves = [variation(r) for r in reference.values() if np.asarray(r).dtype.kind == "f"]
+    return bool(moves) and all(m is not None and m < CONSTANT for m in moves)
+
+
 def agreement(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
     """Per output, the largest absolute difference from the reference and that difference relative to the
-    output's scale (its largest magnitude, at least 1, so that outputs near zero are judged absolutely)."""
+    output's scale (its largest magnitude, at least 1, so that outputs near zero are judged absolutely), and
+    how much the reference itself moves across the rows (`varies`, on the same scale)."""
     found = {}
     for name, ref in reference.items():
         ref, out = np.asarray(ref, np.float64), np.asarray(got[name], np.float64)
         diff = float(np.max(np.abs(out - ref))) if ref.size else 0.0
         scale = max(float(np.max(np.abs(ref))) if ref.size else 0.0, 1.0)
-        found[name] = {"max_abs_diff": diff, "relative": diff / scale}
+        found[name] = {"max_abs_diff": diff, "relative": diff / scale, "varies": variation(ref)}
     return found
 
 

@@ -150,15 +150,46 @@ def sample_inputs(subject: Subject, sample: Mapping[str, np.ndarray]) -> dict[st
     return fit_inputs(sample, [(i.name, i.dtype, i.declared) for i in subject.inputs], "the sample")
 
 
-def make_inputs(subject: Subject, batch: int, *, seed: int = 0,
-                sample: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+# What an integer or boolean input of a Transformer holds, by its name: KerasHub's token_ids, padding_mask and
+# segment_ids, Hugging Face's input_ids, attention_mask and token_type_ids. Anything else is "values".
+ROLES = (("mask", "mask"), ("segment", "segments"), ("token_type", "segments"), ("type_ids", "segments"))
+PAD = 0  # what padding holds: a padding mask's "masked", a tokenizer's pad id, segment 0
+
+
+def input_roles(subject: Subject) -> dict[str, str]:
+    """Each input's role in synthetic rows: 'mask' (1 where a token is, 0 where padding is), 'segments' (0),
+    'tokens' (integers below the token vocabulary) or 'values' (floats, or booleans)."""
+    roles = {}
+    for spec in subject.inputs:
+        kind = np.dtype(spec.dtype).kind if spec.dtype != "string" else "U"
+        named = next((role for word, role in ROLES if word in spec.name.lower()), None)
+        roles[spec.name] = named if named and kind in "iub" else "tokens" if kind in "iu" else "values"
+    return roles
+
+
+def token_vocabulary(subject: Subject) -> int:
+    """The vocabulary token ids stay below: the smallest embedding larger than a segment embedding (2 in BERT),
+    else the smallest there is, else 2."""
+    larger = [v for v in subject.vocabularies if v > 2]
+    return min(larger) if larger else (subject.vocabulary or 2)
+
+
+def make_inputs(subject: Subject, batch: int, *, seed: int = 0, sample: Mapping[str, np.ndarray] | None = None,
+                lengths: Sequence[int] | None = None) -> dict[str, np.ndarray]:
     """`batch` rows for every input, by name: rows of the sample repeated, or synthetic values that respect
-    the model's dtypes, vocabulary and masking."""
+    the model's dtypes, vocabulary and masking (`input_roles`): each row holds tokens up to its length and
+    padding after it, where the model masks (a mask input, or an embedding that masks 0); `lengths` gives the
+    rows' lengths (default: random, where the model masks)."""
     if sample is not None:
         arrays = sample_inputs(subject, sample)
         rows = np.resize(np.arange(len(next(iter(arrays.values())))), batch)
         return {n: a[rows] for n, a in arrays.items()}
     rng = np.random.default_rng(seed)
+    roles = input_roles(subject)
+    masks = "mask" in roles.values() or subject.mask_zero
+    longest = max((spec.shape[0] for spec in subject.inputs if len(spec.shape) >= 1), default=1)
+    # One length per row for every input (a row's tokens and its mask must end at the same place).
+    drawn = np.asarray(lengths if lengths is not None else rng.integers(1, longest + 1, size=batch))
     found = {}
     for spec in subject.inputs:
         shape = (batch, *spec.shape)
@@ -166,19 +197,26 @@ def make_inputs(subject: Subject, batch: int, *, seed: int = 0,
         if kind in "US":
             raise InputError(f"input {spec.name!r} takes strings, which tfperf cannot invent: pass real inputs "
                              f"with --sample FILE.npz (an array named {spec.name!r})")
-        if kind == "b":
-            found[spec.name] = rng.random(shape) < 0.5
-        elif kind in "iu":
-            # Token ids: below the smallest vocabulary; when an embedding masks 0, rows end in padding.
-            high = subject.vocabulary or 2
-            low = 1 if subject.mask_zero and high > 1 else 0
-            tokens = rng.integers(low, high, size=shape)
-            if subject.mask_zero and len(spec.shape) >= 1 and spec.shape[0] > 1:
-                lengths = rng.integers(1, spec.shape[0] + 1, size=batch)
-                tokens[np.arange(spec.shape[0])[None, :] >= lengths[:, None]] = 0
-            found[spec.name] = tokens.astype(spec.dtype)
+        sequence = len(spec.shape) >= 1 and spec.shape[0] > 1
+        if sequence and (masks or lengths is not None):
+            padding = np.arange(spec.shape[0])[None, :] >= np.minimum(drawn, spec.shape[0])[:, None]
+            padding = padding.reshape(batch, spec.shape[0], *[1] * (len(spec.shape) - 1))
         else:
-            found[spec.name] = rng.normal(size=shape).astype(spec.dtype)
+            padding = np.zeros(shape, bool)
+        role = roles[spec.name]
+        if role == "mask":
+            values = np.broadcast_to(~padding, shape).copy()
+        elif role == "segments":
+            values = np.zeros(shape, spec.dtype)
+        elif kind == "b":
+            values = rng.random(shape) < 0.5
+        elif kind in "iu":
+            high = token_vocabulary(subject)
+            low = 1 if masks and high > 1 else 0
+            values = np.where(padding, PAD, rng.integers(low, high, size=shape))
+        else:
+            values = np.where(padding & masks, 0.0, rng.normal(size=shape))
+        found[spec.name] = np.asarray(values).astype(spec.dtype)
     return found
 
 

@@ -101,6 +101,7 @@ class Subject:
     trackable: Any = None  # what holds the variables (the Keras model or the loaded SavedModel)
     fresh: Callable[[str | None], Any] | None = None
     vocabulary: int | None = None  # the smallest Embedding input_dim: integer inputs stay below it
+    vocabularies: tuple[int, ...] = ()  # every Embedding's input_dim (a token vocabulary beside segment ones)
     mask_zero: bool = False  # an Embedding masks token 0: synthetic rows end in padding
     fixed_batch: int | None = None  # a SavedModel signature that takes only this batch size
     parameters: int | None = None
@@ -365,6 +366,7 @@ def keras_subject(model, source: str, given: Mapping[str, tuple[int, ...]] | Non
         call=lambda packed: model(packed, training=False), model=model, trackable=model,
         fresh=fresh if factory is not None else None,
         vocabulary=min((layer.input_dim for layer in embeddings), default=None),
+        vocabularies=tuple(sorted({int(layer.input_dim) for layer in embeddings})),
         mask_zero=any(layer.mask_zero for layer in embeddings), parameters=int(model.count_params()),
         weight_bytes=int(sum(w.nbytes for w in weights)),
         classifier="output_0" if _ends_in_softmax(model) else None)

@@ -57,6 +57,14 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def length_range(text: str) -> tuple[int, int]:
+    """LO:HI, two lengths with 1 <= LO <= HI."""
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise argparse.ArgumentTypeError(f"must be LO:HI token lengths such as 16:128, got {text!r}")
+    return int(match[1]), int(match[2])
+
+
 def runtime_list(text: str) -> list[str]:
     """Comma-separated runtimes, each one of RUNTIMES."""
     values = [v.strip() for v in text.split(",") if v.strip()]
@@ -71,13 +79,22 @@ def add_command(sub) -> None:
     p = sub.add_parser("load", help="serving under load: requests/s within a latency budget, and the configuration "
                                     "(runtime, threads, instances, batching) that gives the most",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="a .keras or .h5 file, a SavedModel folder, module:factory, a cookbook net, or an "
-                                 "export folder (SavedModel, LiteRT or ONNX)")
+    p.add_argument("model", nargs="?", help="a .keras or .h5 file, a SavedModel folder, module:factory, a cookbook "
+                                            "net, or an export folder (SavedModel, LiteRT or ONNX); or --url")
+    p.add_argument("--url", help="measure a running endpoint instead: http://HOST:PORT/v1/models/NAME (TF Serving "
+                                 "REST), grpc://HOST:PORT/NAME (TF Serving gRPC), http://HOST:PORT/v2/models/NAME "
+                                 "(KServe v2, Triton), grpc+v2://HOST:PORT/NAME")
+    p.add_argument("--columnar", action="store_true", help="with a TF Serving REST --url: send {\"inputs\": ...} "
+                                                           "(columnar) instead of {\"instances\": [...]}")
+    p.add_argument("--json-tensors", action="store_true",
+                   help="with a KServe v2 HTTP --url: JSON tensors instead of binary ones")
     p.add_argument("--latency-budget", type=latency, default=0.010, metavar="TIME",
                    help="the latency the percentile must stay within (default 10ms)")
     p.add_argument("--percentile", type=percentile, default=99.0, help="which percentile (default 99)")
     p.add_argument("--concurrency", type=int_list, metavar="N,N",
                    help="closed-loop levels for the anchors and the winner (default: doubling while within budget)")
+    p.add_argument("--target-rate", type=flags.positive_float, metavar="R",
+                   help="how many replicas of the winner carry R requests/s within the budget (in deploy/README.md)")
     p.add_argument("--rate", type=flags.positive_float, action="append", metavar="R",
                    help="also run the winner at this LoadGen Server rate (requests/s); repeat for a sweep")
     p.add_argument("--runtimes", type=runtime_list, default=list(RUNTIMES), metavar="R,R",
@@ -85,7 +102,13 @@ def add_command(sub) -> None:
     p.add_argument("--input", metavar="FILE.npz", help="requests: rows of real inputs (arrays named after the "
                                                        "inputs); default: synthetic rows as the doctor makes them")
     p.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
-                   help="sizes (without the batch axis) for an input the model leaves unknown")
+                   help="sizes (without the batch axis) to make requests at where the model leaves them free "
+                        "(default 32)")
+    p.add_argument("--lengths", type=length_range, metavar="LO:HI",
+                   help="requests of a Transformer at lengths drawn uniformly from LO to HI tokens (the batcher then "
+                        "pads a batch to its longest, or to --length-buckets)")
+    p.add_argument("--length-buckets", type=int_list, metavar="N,N",
+                   help="also try batching requests by length bucket, each padded to its bucket (e.g. 32,64,128)")
     p.add_argument("--signature", help="the SavedModel signature to serve")
     p.add_argument("--trust", action="store_true", help="load a model whose ops are off the inspection allowlist")
     p.add_argument("--quick", action="store_true", help="short windows and probes, a smaller space: a small model "
@@ -100,10 +123,11 @@ def add_command(sub) -> None:
 
 
 def _requests(args, out: Path, say):
-    """(exports by runtime, one-row requests, export commands, runtimes not exported and why)."""
+    """(exports by runtime, one-row requests, export commands, runtimes not exported and why, what the requests
+    are when it needs saying)."""
     from tfperf.deploy.errors import InputError
     from tfperf.deploy.formats import format_of
-    from tfperf.deploy.inputs import fit_inputs, make_inputs, read_sample, sample_inputs
+    from tfperf.deploy.inputs import fit_inputs, input_roles, make_inputs, read_sample, sample_inputs
     from tfperf.deploy.inspection import check_safe
     from tfperf.deploy.layout import load
     from tfperf.deploy.loader import load_subject, parse_input_shapes
@@ -126,13 +150,49 @@ def _requests(args, out: Path, say):
             rng = np.random.default_rng(args.seed)
             sample = {n: rng.normal(size=(rows, *shape)).astype(dtype) for n, dtype, shape in specs}
         inputs = fit_inputs(sample, specs, "--input")
-        return {runtime: path}, one_row_requests(inputs), {}, {}
+        return {runtime: path}, one_row_requests(inputs), {}, {}, ""
     subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
                            signature=args.signature)
-    inputs = sample_inputs(subject, sample) if sample is not None else make_inputs(subject, rows, seed=args.seed)
+    if args.lengths and not subject.free:
+        raise InputError("--lengths is for a model that leaves its sequence axis free: this one takes fixed sizes")
+    how = ""
+    if args.lengths or (sample is not None and subject.free and "mask" in input_roles(subject).values()):
+        requests, how = variable_length_requests(subject, rows, args.lengths, sample, args.seed)
+        say(how)
+    else:
+        inputs = sample_inputs(subject, sample) if sample is not None else make_inputs(subject, rows, seed=args.seed)
+        requests = one_row_requests(inputs)
+    from tfperf.deploy.commands import loading_flags
+
     exports, commands, failed = export_runtimes(subject, out, args.runtimes, sample,
-                                                ["--sample", args.input] if args.input else [], say)
-    return exports, one_row_requests(inputs), commands, failed
+                                                [*(["--sample", args.input] if args.input else []),
+                                                 *loading_flags(args)], say)
+    return exports, requests, commands, failed, how
+
+
+def variable_length_requests(subject, count: int, lengths: tuple[int, int] | None, sample, seed: int):
+    """Requests of a Transformer, each a row at its own length: drawn uniformly from `lengths` (synthetic rows,
+    tokens and an all-ones mask), or the sample's padded rows cut at the length their mask gives; and what
+    they are, in a line for the report."""
+    import numpy as np
+
+    from tfperf.deploy.inputs import PAD, input_roles, make_inputs, sample_inputs
+
+    roles = input_roles(subject)
+    named = ", ".join(f"{n} ({r})" for n, r in roles.items())
+    if lengths is None:
+        arrays = sample_inputs(subject, sample)
+        mask = next(n for n, r in roles.items() if r == "mask")
+        found = [int(np.count_nonzero(row)) for row in arrays[mask]]
+        requests = [{n: a[i:i + 1, :max(found[i], 1)] if a.ndim >= 2 else a[i:i + 1] for n, a in arrays.items()}
+                    for i in range(len(found))]
+        return requests, (f"requests: the {len(requests)} rows of --input, each cut at the length its {mask!r} gives "
+                          f"({min(found)}-{max(found)} tokens); inputs: {named}; padding holds {PAD}")
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(lengths[0], lengths[1] + 1, size=count)
+    requests = [make_inputs(subject.at(int(n)), 1, seed=seed + i, lengths=[int(n)]) for i, n in enumerate(drawn)]
+    return requests, (f"requests: {count} rows of {lengths[0]}-{lengths[1]} tokens drawn uniformly; inputs: {named}; "
+                      f"padding holds {PAD}")
 
 
 def export_runtimes(subject, out: Path, runtimes, sample=None, flags_after: list[str] = (),
@@ -161,6 +221,16 @@ def cmd_load(args: argparse.Namespace) -> int:
     from tfperf.deploy.errors import ExportError, InputError, ModelError
 
     started = time.perf_counter()
+    if (args.model is None) == (args.url is None):
+        raise UserError("give a MODEL to serve and measure, or --url of a running endpoint (not both)")
+    if (args.columnar or args.json_tensors) and not args.url:
+        raise UserError("--columnar and --json-tensors choose how requests go to a --url endpoint")
+    if args.url:
+        from tfperf.serving.url_load import load_url
+
+        found, out = load_url(args, started, RECIPE)
+        _print_summary(found, out / "report.md", out)
+        return 130 if found.partial else 0
     out = Path(args.out) if args.out else None
     if out is not None and (out / f"{RECIPE}.jsonl").exists():
         raise UserError(f"{out} already holds a load run: pass another --out, or remove it")
@@ -175,7 +245,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
     try:
         out.mkdir(parents=True, exist_ok=True)
-        exports, requests, commands, failed = _requests(args, out, say)
+        exports, requests, commands, failed, how = _requests(args, out, say)
     except BaseException as exc:
         if created:  # refused before anything was measured: nothing is left on disk
             shutil.rmtree(out, ignore_errors=True)
@@ -187,7 +257,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     found = answer(args.model, exports, requests, out, budget=Budget(args.latency_budget, args.percentile),
                    quick=args.quick, runtimes=args.runtimes, commands=commands, failed=failed,
                    concurrency=args.concurrency, rates=args.rate or (), record_args=vars(args), say=say,
-                   server_process=args.server_process)
+                   server_process=args.server_process, target_rate=args.target_rate,
+                   length_buckets=args.length_buckets, requests_note=how)
     report = out / "report.md"
     _print_summary(found, report, out)
     return 130 if found.partial else 0
@@ -203,7 +274,8 @@ def searched_threads(runtimes, cores: int, every_count: bool, server_process: bo
 
 def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quick: bool, runtimes=RUNTIMES,
            commands: dict | None = None, failed: dict | None = None, concurrency: list[int] | None = None,
-           rates=(), record_args: dict | None = None, say=lambda what: None, server_process: bool = False):
+           rates=(), record_args: dict | None = None, say=lambda what: None, server_process: bool = False,
+           target_rate: float | None = None, length_buckets=None, requests_note: str = ""):
     """The whole serving question on exported runtimes: the anchors, the search, the best re-searched in open loop,
     the winner validated, LoadGen's ceiling and overhead; report.md, load.jsonl and the chart in `out`. Ctrl-C or
     SIGTERM stops the measuring and still writes them, marked partial. `server_process`: the servers run in a
@@ -220,7 +292,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
     process = ServerProcess() if server_process else None
     bench = Bench(exports, requests, budget, sizes, rec, out / "loadgen", server_process=process)
     found = Found(model, budget, export_commands=commands or {}, not_exported=failed or {},
-                  server_process=server_process)
+                  server_process=server_process, requests_note=requests_note)
     cores = os.cpu_count() or 1
     try:
         runtimes = [r for r in runtimes if r in exports] or list(exports)
@@ -229,8 +301,13 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             found.swept.append(bench.sweep(ANCHOR, concurrency))
             found.swept.append(bench.sweep(batch_function_config(cores), concurrency))
         threads = searched_threads(runtimes, cores, sizes.all_thread_counts, server_process)
+        from tfperf.serving.batcher import sequence_length
+
+        varied = len({sequence_length(r) for r in requests}) > 1
+        policies = (({"pad_variable_length_inputs": True},) + (({"length_buckets": tuple(length_buckets)},)
+                                                                if length_buckets else ())) if varied else ({},)
         space = Space(tuple(runtimes), threads, instances=sizes.instances, batch_sizes=sizes.batch_sizes,
-                      timeouts_us=(1000,))
+                      timeouts_us=(1000,), length_policies=policies)
 
         def sweep(config):
             known = next((s for s in found.swept if s.config == config), None)
@@ -263,12 +340,19 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             say("LoadGen Offline ceiling and SingleStream overhead")
             found.ceiling = bench.ceiling(winner.config, winner.rate_within(budget))
             found.overhead = bench.generator_overhead(winner.config)
+            from tfperf.serving.deploy_files import write_deploy
+
+            say("the files that deploy it: serve.json and deploy/")
+            name = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(model).stem if Path(model).exists() else
+                          model.rpartition(":")[2]).strip("-") or "model"
+            found.deploy = write_deploy(found, winner, exports, out, name=name, cores=cores, target_rate=target_rate)
     except (KeyboardInterrupt, flags.Stopped):  # SIGTERM raises Stopped through the command line's handler
         found.partial = "interrupted (Ctrl-C or SIGTERM)"
     finally:
         bench.close()
         if process is not None:
             process.close()
+        found.outputs_vary = bench.outputs_vary
         found.seconds = time.perf_counter() - started
         for s in found.swept:
             if not s.dropped:
@@ -282,10 +366,10 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
 
 
 def _print_summary(found, report: Path, out: Path) -> None:
-    from tfperf.serving.report import serve_command, winner
+    from tfperf.serving.report import is_echo, serve_command, winner
     from tfperf.serving.search import ranked
 
-    best = ranked(found.swept, found.budget)
+    best = [s for s in ranked(found.swept, found.budget) if not is_echo(s)]
     if found.partial:
         print(f"load: PARTIAL ({found.partial})")
     if best:
@@ -295,9 +379,14 @@ def _print_summary(found, report: Path, out: Path) -> None:
               + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket else ""))
         for v in found.validations:
             print(f"LoadGen Server at {v.target_qps:.0f}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
-        for line in serve_command(b.config, found.export_commands.get(
-                "savedmodel" if b.config.runtime == "tf-batch-function" else b.config.runtime)):
-            print(f"  {line}")
+        echo = next((s for s in found.swept if is_echo(s) and not s.dropped), None)
+        if echo is not None:
+            print(f"the client's ceiling (an echo of the answers, measured the same way): "
+                  f"{echo.rate_within(found.budget):.0f} requests/s closed loop")
+        elif b.config.runtime != "endpoint":
+            for line in serve_command(b.config, found.export_commands.get(
+                    "savedmodel" if b.config.runtime == "tf-batch-function" else b.config.runtime)):
+                print(f"  {line}")
     elif not found.partial:
         print(f"no configuration meets {found.budget}: see {report}")
     print(f"report: {report}\nrecords: {out / (RECIPE + '.jsonl')}")

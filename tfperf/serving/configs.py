@@ -33,9 +33,12 @@ class ServingConfig:
     threads: int | None = None  # intra-op threads of one call (LiteRT, ONNX Runtime); None: the runtime's own
     instances: int = 1  # threads serving requests (unbatched) or batch threads (batched)
     batching: BatchingOptions | None = None
+    label: str | None = None  # what to call it instead ("endpoint": a running server measured by its URL)
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         parts = [self.runtime]
         if self.threads is not None:
             parts.append(f"{self.threads} thread{'s' if self.threads > 1 else ''}")
@@ -46,7 +49,44 @@ class ServingConfig:
             b = self.batching
             wait = "run when idle" if b.idle_runs_now else f"timeout {b.batch_timeout_micros} us"
             parts.append(f"batch {b.max_batch_size}, {wait}")
+            if b.length_buckets:
+                parts.append(f"length buckets {','.join(map(str, b.length_buckets))}")
+            elif b.pad_variable_length_inputs:
+                parts.append("padded to the longest")
         return ", ".join(parts)
+
+    def to_json(self) -> dict[str, object]:
+        """The configuration as serve.json holds it (`tfperf serve --config`)."""
+        batching = None if self.batching is None else {**self.batching.settings(),
+                                                       "idle_runs_now": self.batching.idle_runs_now}
+        return {"runtime": self.runtime, "threads": self.threads, "instances": self.instances, "batching": batching}
+
+    @classmethod
+    def from_json(cls, text: bytes, where: str) -> ServingConfig:
+        """A configuration read back from serve.json; ValueError in one line when it is not one."""
+        from tfperf import jsonio
+
+        found = jsonio.loads(text, where)
+        try:
+            batching = found.get("batching")
+            options = None if batching is None else BatchingOptions(
+                max_batch_size=int(batching["max_batch_size"]), batch_timeout_micros=int(batching["batch_timeout_micros"]),
+                num_batch_threads=int(batching.get("num_batch_threads", 1)),
+                max_enqueued_batches=int(batching.get("max_enqueued_batches", 100)),
+                allowed_batch_sizes=tuple(int(s) for s in batching.get("allowed_batch_sizes") or ()),
+                idle_runs_now=bool(batching.get("idle_runs_now", False)),
+                pad_variable_length_inputs=bool(batching.get("pad_variable_length_inputs", False)),
+                length_buckets=tuple(int(s) for s in batching.get("length_buckets") or ()))
+            threads = found.get("threads")
+            config = cls(str(found["runtime"]), None if threads is None else int(threads),
+                         int(found.get("instances", 1)), options)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where} is not a serving configuration ({type(exc).__name__}: {exc})") from None
+        if config.runtime not in ("savedmodel", "litert", "onnx") or config.instances < 1 or (
+                config.threads is not None and config.threads < 1):
+            raise ValueError(f"{where}: runtime must be savedmodel, litert or onnx, and threads and instances at "
+                             f"least 1")
+        return config
 
     def settings(self) -> dict[str, object]:
         """The configuration as a record's figures."""
@@ -55,24 +95,25 @@ class ServingConfig:
             found.update(self.batching.settings(), idle_runs_now=self.batching.idle_runs_now)
         return found
 
-    def server(self, export: Path | str) -> Batcher:
-        """The export served this way (close it when done)."""
+    def server(self, export: Path | str, *, signature: str | None = None,
+               on_batch: Callable[[int, list[float], float], None] | None = None) -> Batcher:
+        """The export served this way (close it when done); `on_batch` is told of each batch it runs."""
         from tfperf.deploy.layout import load
 
         if self.runtime == "tf-batch-function":
             raise ValueError("tf-batch-function is served by batch_function_server")
-        shared = None if self.runtime == "litert" else load(export, threads=self.threads)
+        shared = None if self.runtime == "litert" else load(export, threads=self.threads, signature=signature)
         lock = threading.Lock()  # TensorFlow's and LiteRT's loaders are not meant to run concurrently
 
         def make_call(batch_size: int) -> Callable[[Arrays], Arrays]:
             if shared is not None:
                 return shared
             with lock:
-                return load(export, threads=self.threads)  # this thread's own interpreter
+                return load(export, threads=self.threads, signature=signature)  # this thread's own interpreter
 
         if self.batching is None:
-            return unbatched(make_call, self.instances)
-        return Batcher(make_call, dataclasses.replace(self.batching, num_batch_threads=self.instances))
+            return unbatched(make_call, self.instances, on_batch)
+        return Batcher(make_call, dataclasses.replace(self.batching, num_batch_threads=self.instances), on_batch)
 
 
 class _ThreadPerRequest:
@@ -131,6 +172,17 @@ def batch_function_server(export: Path | str, options: BatchingOptions, example:
 
     call(example)
     return _ThreadPerRequest(call, request_threads)
+
+
+def answers_vary(reference: Callable[[Arrays], Arrays], requests: list[Arrays], count: int = 8) -> bool:
+    """False when the reference answers every one of the first `count` requests alike: then a server that agrees
+    with it has shown nothing (the model's outputs do not depend on its inputs)."""
+    from tfperf.deploy.formats import constant
+
+    answers = [reference(r) for r in requests[:count]]
+    if len(answers) < 2:
+        return True
+    return not constant({k: np.concatenate([np.asarray(a[k]) for a in answers]) for k in answers[0]})
 
 
 def check_agreement(server, reference: Callable[[Arrays], Arrays], requests: list[Arrays],

@@ -19,7 +19,7 @@ from typing import Any
 from tfperf.measure.load import LoadLevel, closed_loop
 from tfperf.serving import loadgen
 from tfperf.serving.batcher import Arrays, BatchingOptions
-from tfperf.serving.configs import ServingConfig, batch_function_server, check_agreement
+from tfperf.serving.configs import ServingConfig, answers_vary, batch_function_server, check_agreement
 from tfperf.serving.search import Budget, Swept, bracket_rate, concurrency_sweep
 
 ANCHOR = ServingConfig("savedmodel", None, 1)  # the SavedModel signature, one request at a time
@@ -68,6 +68,8 @@ class Bench:
     server_process: Any = None  # a remote.ServerProcess: the servers run there, the clients here
     tf_processes: dict[int, Any] = dataclasses.field(default_factory=dict)  # SavedModel children by intra-op threads
     probes: list[tuple[ServingConfig, loadgen.LoadGenResult]] = dataclasses.field(default_factory=list)
+    endpoint: Any = None  # a running server (tfperf.serving.endpoint.Endpoint): configurations "endpoint" reach it
+    outputs_vary: bool | None = None  # False: the model answers every request alike, so agreement shows nothing
 
     def reference(self, runtime: str) -> Callable[[Arrays], Arrays]:
         """The runtime's own unbatched call, loaded once: what every server of it must answer."""
@@ -80,6 +82,10 @@ class Bench:
 
     def server(self, config: ServingConfig):
         """The configuration's server (close it when done), in the server process when there is one."""
+        if config.runtime == "endpoint":
+            from tfperf.serving.endpoint import RemoteServer
+
+            return RemoteServer(self.endpoint, connections=self.sizes.max_concurrency)
         if self.server_process is not None:
             source = "savedmodel" if config.runtime == "tf-batch-function" else config.runtime
             process = self.server_process
@@ -119,19 +125,24 @@ class Bench:
         except Exception as exc:  # noqa: BLE001  (a runtime that cannot serve this way is dropped, named)
             return self._dropped(config, f"does not start ({type(exc).__name__}: {str(exc)[:150]})")
         with server:
-            wrong = check_agreement(server, self.reference(config.runtime), self.requests)
+            # A running endpoint's model is not known here: its answers are the user's to check.
+            wrong = None if config.runtime == "endpoint" else check_agreement(server, self.reference(config.runtime),
+                                                                               self.requests)
             if wrong:
                 return self._dropped(config, wrong)
+            if config.runtime != "endpoint" and self.outputs_vary is None:
+                self.outputs_vary = answers_vary(self.reference(config.runtime), self.requests)
             if concurrencies:
                 levels = [self.level(server, c) for c in concurrencies]
             else:
                 levels = concurrency_sweep(lambda c: self.level(server, c), self.budget,
                                            limit=self.sizes.max_concurrency, factor=self.sizes.concurrency_factor)
+            padding = getattr(server, "padding", None)
         failing = next((lv for lv in levels if lv.errors), None)
         if failing is not None:
             return self._dropped(config, f"requests failed at {failing.label}: {failing.errors[0]}", levels)
-        self._record_levels(config, levels)
-        return Swept(config, tuple(levels))
+        self._record_levels(config, levels, padding)
+        return Swept(config, tuple(levels), padding=padding)
 
     def _dropped(self, config: ServingConfig, why: str, levels=()) -> Swept:
         self.rec.add("configurations", config.name, {**config.settings(), "dropped": why,
@@ -139,11 +150,12 @@ class Bench:
                      primary="requests_per_s_within_budget", lower_is_better=False, versus_first=False)
         return Swept(config, tuple(levels), why)
 
-    def _record_levels(self, config: ServingConfig, levels: list[LoadLevel]) -> None:
+    def _record_levels(self, config: ServingConfig, levels: list[LoadLevel], padding: float | None = None) -> None:
         from tfperf.measure.measurement import Measurement
 
+        extra = {"useful_token_share": padding} if padding is not None else {}
         for level in levels:
-            self.rec.add(f"closed loop: {config.name}", level.label, {**level.metrics(), **config.settings()},
+            self.rec.add(f"closed loop: {config.name}", level.label, {**level.metrics(), **config.settings(), **extra},
                          primary="p50_ms", lower_is_better=True, versus_first=False,
                          measurement=Measurement(level.label, level.latencies_s) if level.latencies_s else None)
 

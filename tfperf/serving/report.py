@@ -32,6 +32,9 @@ class Found:
     partial: str | None = None  # why the run stopped early
     seconds: float = 0.0
     server_process: bool = False  # the servers ran in a process of their own, the clients in this one
+    deploy: list[str] = dataclasses.field(default_factory=list)  # deploy/README.md's lines, when written
+    outputs_vary: bool | None = None  # False: the model answered every request alike
+    requests_note: str = ""  # what the requests were, when it needs saying (lengths, roles of inputs)
 
 
 def _ms(seconds: float) -> str:
@@ -90,7 +93,7 @@ def write_report(found: Found, out: Path) -> Path:
     if found.partial:
         lines += [f"**PARTIAL: {found.partial}.** What follows is what was measured before it stopped.", ""]
     lines += [f"Budget: {budget}. The run took {found.seconds:.0f} s.", ""]
-    usable = sorted((s for s in found.swept if not s.dropped and s.rate_within(budget) > 0),
+    usable = sorted((s for s in found.swept if not s.dropped and s.rate_within(budget) > 0 and not is_echo(s)),
                     key=lambda s: -s.rate_within(budget))
     lines += ["## Answer", ""]
     if not usable:
@@ -115,16 +118,32 @@ def write_report(found: Found, out: Path) -> Path:
         if found.validations and found.validations[-1].valid:
             lines.append(f"The claim: **{found.validations[-1].target_qps:.0f} requests/s within {budget}**, "
                          f"VALID by LoadGen.")
-        lines += ["", "Serve it:", "", "```"] + serve_command(best.config, found.export_commands.get(
-            "savedmodel" if best.config.runtime == "tf-batch-function" else best.config.runtime)) + ["```", ""]
-        lines += _anchors(found, usable)
-    lines += ["## Every configuration tried", "",
-              f"| configuration | requests/s within budget | p{p:g} at concurrency 1 (95% CI), ms | dropped because |",
-              "|---|---|---|---|"]
+        if best.config.runtime == "endpoint":
+            lines += [""] + _client_ceiling(found, best)
+        else:
+            lines += ["", "Serve it:", "", "```"] + serve_command(best.config, found.export_commands.get(
+                "savedmodel" if best.config.runtime == "tf-batch-function" else best.config.runtime)) + ["```", ""]
+            lines += _anchors(found, usable)
+    if found.deploy:
+        lines += ["## Deploy it", "", "In this folder: serve.json (`tfperf serve MODEL --config serve.json`) and deploy/:",
+                  "", *[line for line in found.deploy[2:] if line], ""]
+    lines += ["## Every configuration tried", ""]
+    if found.outputs_vary is False:
+        from tfperf.deploy.formats import NOT_EVIDENCE
+
+        lines += [f"Each configuration's answers were checked against the runtime's own unbatched call, but "
+                  f"{NOT_EVIDENCE}: the model answered every request alike.", ""]
+    if found.requests_note:
+        lines += [found.requests_note[0].upper() + found.requests_note[1:] + ".", ""]
+    padded = any(s.padding is not None for s in found.swept)
+    lines += [f"| configuration | requests/s within budget | p{p:g} at concurrency 1 (95% CI), ms | "
+              + ("useful tokens / computed | " if padded else "") + "dropped because |",
+              "|---|---|---|" + ("---|" if padded else "") + "---|"]
     for s in found.swept:
         first = _ci(s.levels[0], p) if s.levels else "-"
         why = s.dropped or ("" if s.rate_within(budget) > 0 else "misses the budget even one request at a time")
-        lines.append(f"| {s.config.name} | {s.rate_within(budget):.0f} | {first} | {why} |")
+        share = ("-" if s.padding is None else f"{s.padding:.0%}") + " | " if padded else ""
+        lines.append(f"| {s.config.name} | {s.rate_within(budget):.0f} | {first} | {share}{why} |")
     for runtime, why in found.not_exported.items():
         lines.append(f"| {runtime} | - | - | not exported: {why} |")
     lines += ["", "## Closed loop, level by level", ""]
@@ -144,6 +163,35 @@ def write_report(found: Found, out: Path) -> Path:
     path = out / "report.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
+
+
+def is_echo(swept: Swept) -> bool:
+    """True for the echo of an endpoint's answers (the client's ceiling), which is never the answer."""
+    return swept.config.runtime == "endpoint" and (swept.config.label or "").startswith("the client's ceiling")
+
+
+def _client_ceiling(found: Found, endpoint: Swept) -> list[str]:
+    """The endpoint beside an echo of its answers measured the same way: what the client could see at most."""
+    echo = next((s for s in found.swept if is_echo(s)), None)
+    if echo is None or echo.dropped:
+        return ["The client's ceiling was not measured" + (f" ({echo.dropped})." if echo else ".")]
+    budget = found.budget
+    rows = [("the endpoint", endpoint), ("an echo of its answers: the client's ceiling", echo)]
+    lines = ["| measured | requests/s within budget, closed loop | offered within budget, LoadGen (bracket) | "
+             "clients' CPU share at the top level |", "|---|---|---|---|"]
+    for label, s in rows:
+        bracket = found.open_loop.get(s.config.name)
+        offered = (f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if math.isfinite(bracket[1]) else
+                   f"{bracket[0]:.0f}") if bracket else "-"
+        lines.append(f"| {label} | {s.rate_within(budget):.0f} | {offered} | {s.levels[-1].client_share:.0%} |")
+    mine, ceiling = endpoint.rate_within(budget), echo.rate_within(budget)
+    share = mine / ceiling if ceiling > 0 else math.inf
+    lines += ["", f"The endpoint reached {share:.0%} of what this client answers itself at most within the budget "
+                  "(an echo that does no work, in a process of its own, the same requests and rules). "
+              + ("Near the ceiling: the client, not the server, may be the limit here; a client in C (wrk, "
+                 "perf_analyzer) or on another machine would see more." if share > 0.7 else
+                 "Well below it: the server, not the client, is the limit."), ""]
+    return lines
 
 
 def _anchors(found: Found, usable: list[Swept]) -> list[str]:

@@ -47,6 +47,7 @@ class Swept:
     config: ServingConfig
     levels: tuple[LoadLevel, ...] = ()
     dropped: str | None = None  # why: it fails, disagrees with the model, or misses the budget alone
+    padding: float | None = None  # tokens asked for over tokens computed (requests of different lengths)
 
     def rate_within(self, budget: Budget) -> float:
         """The throughput of the best level whose percentile is within the budget (0 when none is)."""
@@ -83,6 +84,9 @@ class Space:
     batch_sizes: tuple[int, ...] = (4, 8, 16, 32, 64)
     timeouts_us: tuple[int, ...] = (1000,)  # batching policies that wait; "run when idle" is always tried
     min_gain: float = MIN_GAIN
+    # How batches of requests of different lengths are padded (BatchingOptions fields): each tried in turn;
+    # ({},): requests all of one length.
+    length_policies: tuple[dict, ...] = ({},)
 
 
 def _grow(sweep: Callable[[ServingConfig], Swept], configs: Sequence[ServingConfig], budget: Budget,
@@ -119,13 +123,14 @@ def search(sweep: Callable[[ServingConfig], Swept], space: Space, budget: Budget
             if best is None or best.rate_within(budget) < alone.rate_within(budget):
                 best = alone
             instances = best.config.instances
-            for timeout in (None, *space.timeouts_us):  # None: a batch runs as soon as a thread is idle
-                if should_stop():
-                    return swept
-                batched = [ServingConfig(runtime, threads, instances, BatchingOptions(
-                    max_batch_size=size, batch_timeout_micros=timeout or 0, idle_runs_now=timeout is None))
-                    for size in space.batch_sizes]
-                _grow(sweep, batched, budget, space.min_gain, swept)
+            for policy in space.length_policies:
+                for timeout in (None, *space.timeouts_us):  # None: a batch runs as soon as a thread is idle
+                    if should_stop():
+                        return swept
+                    batched = [ServingConfig(runtime, threads, instances, BatchingOptions(
+                        max_batch_size=size, batch_timeout_micros=timeout or 0, idle_runs_now=timeout is None,
+                        **policy)) for size in space.batch_sizes]
+                    _grow(sweep, batched, budget, space.min_gain, swept)
     return swept
 
 

@@ -1,0 +1,227 @@
+"""Requests/s within p99 <= 10 ms on the seed CNN through sockets: a naive server, `tfperf serve` in each protocol,
+and the in-process ceiling, side by side; the client's own ceiling beside them, and wrk (C) on the same server.
+
+Run:   .venv/bin/python benchmarks/serving_for_real.py [--rounds 3] [--budget-ms 10]   (about 15 minutes)
+Needs: what `make install` installs; wrk (Debian's `apt-get install wrk`) for its row, skipped without it.
+
+The seed CNN is exported; `tfperf load`'s search (its --quick space, in process) finds the configuration. Then,
+in each of --rounds rounds in a shuffled order, every row's highest LoadGen Server rate within the budget
+(Poisson arrivals, latency from scheduled time; bracketed by the next rate tried) and its closed-loop rate:
+- naive: Python's ThreadingHTTPServer calling the SavedModel signature per request, in TF Serving's REST
+  format, what a user writes first; headers and body in one write (written apart, as send_response and
+  wfile.write do, they meet Nagle's algorithm and delayed ACKs: about 40 ms a request on a kept-alive
+  connection, a pitfall, not a baseline);
+- `tfperf serve --config serve.json` (the configuration found), in a process of its own, called over TF
+  Serving REST (row format and columnar), KServe v2 binary tensors, TF Serving gRPC and v2 gRPC;
+- the same configuration in this process, no socket: the ceiling;
+- an echo of the REST and gRPC answers (no work, own process): the Python client's ceiling.
+Ratios are taken round by round. wrk then drives the REST endpoint from C for the same time: what a client
+that is not Python sees of the same server.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+NAIVE = '''
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import numpy as np, tensorflow as tf
+export, metadata, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+serve = tf.saved_model.load(export).signatures["serving_default"]
+meta = open(metadata, "rb").read()
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as clients expect
+
+    def answer(self, body):
+        self.wfile.write(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: "
+                         + str(len(body)).encode() + b"\\r\\n\\r\\n" + body)  # one write: see the docstring
+
+    def do_GET(self):
+        self.answer(meta)
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        x = np.asarray([r["inputs"] if isinstance(r, dict) else r for r in request["instances"]], np.float32)
+        out = {k: v.numpy() for k, v in serve(inputs=tf.constant(x)).items()}
+        rows = [{k: v[i].tolist() for k, v in out.items()} for i in range(len(x))]
+        self.answer(json.dumps({"predictions": rows}).encode())
+
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+print("ready", flush=True)
+server.serve_forever()
+'''
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(proc: subprocess.Popen, word: str) -> str:
+    line = proc.stdout.readline()
+    if word not in line:
+        raise SystemExit(f"server did not start: {line}{proc.stderr.read()[-2000:] if proc.poll() is not None else ''}")
+    return line
+
+
+def wrk(port: int, body: bytes, seconds: int = 5, connections: int = 8) -> str:
+    """wrk's requests/s and latency percentiles on the REST endpoint, or why it was not run."""
+    if shutil.which("wrk") is None:
+        return "not run: wrk is not installed (apt-get install wrk)"
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(body.decode())}\n'
+                     f'wrk.headers["Content-Type"] = "application/json"\n')
+    done = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", script.name,
+                           f"http://127.0.0.1:{port}/v1/models/cnn:predict"], capture_output=True, text=True)
+    rate = re.search(r"Requests/sec:\s+([0-9.]+)", done.stdout)
+    p99 = re.search(r"99%\s+([0-9.]+)(us|ms|s)", done.stdout)
+    if not rate:
+        return f"wrk failed: {done.stderr[-300:] or done.stdout[-300:]}"
+    scale = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+    return (f"{float(rate[1]):,.0f} requests/s at {connections} connections, p99 "
+            f"{float(p99[1]) * scale[p99[2]]:.2f} ms" if p99 else f"{float(rate[1]):,.0f} requests/s")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--budget-ms", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    from tfperf.deploy.inputs import make_inputs
+    from tfperf.deploy.layout import export_subject, load
+    from tfperf.deploy.loader import cookbook_subject
+    from tfperf.records.jsonl import Recorder
+    from tfperf.serving.configs import ServingConfig, one_row_requests
+    from tfperf.serving.echo import EchoProcess, record
+    from tfperf.serving.endpoint import RemoteServer, parse_url
+    from tfperf.serving.measure import Bench, Sizes
+    from tfperf.serving.search import Budget, Space, ranked, search
+    from tfperf.serving.wire import Tensor, dump_json, tfserving_metadata
+
+    budget, sizes, cores = Budget(args.budget_ms / 1e3, 99.0), Sizes.quick(), os.cpu_count() or 1
+    tmp = Path(tempfile.mkdtemp(prefix="serving-for-real-"))
+    procs = []
+    try:
+        subject = cookbook_subject("cnn")
+        exports = {fmt: export_subject(subject, tmp / "exports", name=fmt, format=fmt).path
+                   for fmt in ("savedmodel", "onnx")}
+        requests = one_row_requests(make_inputs(subject, 64, seed=args.seed))
+        bench = Bench(exports, requests, budget, sizes, Recorder("load", {}), tmp / "loadgen")
+        print(f"searching ({budget}, in process) ...", file=sys.stderr, flush=True)
+        space = Space(("onnx", "savedmodel"), {"onnx": (cores,), "savedmodel": (None,)},
+                      instances=sizes.instances, batch_sizes=sizes.batch_sizes, timeouts_us=(1000,))
+        best = ranked(search(bench.sweep, space, budget), budget)[0].config
+        print(f"found: {best.name}", file=sys.stderr, flush=True)
+        (tmp / "serve.json").write_text(json.dumps(best.to_json()))
+        root = tmp / "exports" / best.runtime
+
+        rest, grpc_port = free_port(), free_port()
+        serve = subprocess.Popen([sys.executable, "-m", "tfperf", "serve", str(root), "--name", "cnn", "--config",
+                                  str(tmp / "serve.json"), "--port", str(rest), "--grpc-port", str(grpc_port)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(serve)
+        wait_for(serve, "serving cnn")
+        runner = load(exports["savedmodel"])
+        outputs = runner(requests[0])
+        meta = tfserving_metadata("cnn", 1, "serving_default", [Tensor(s.name, s.dtype, s.shape) for s in runner.inputs],
+                                  [Tensor(k, v.dtype.name, (None, *v.shape[1:])) for k, v in outputs.items()])
+        (tmp / "metadata.json").write_bytes(dump_json(meta))
+        naive_port = free_port()
+        naive = subprocess.Popen([sys.executable, "-c", NAIVE, str(exports["savedmodel"]), str(tmp / "metadata.json"),
+                                  str(naive_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(naive)
+        wait_for(naive, "ready")
+
+        endpoints = {
+            "naive: ThreadingHTTPServer, the signature per request (REST rows)":
+                parse_url(f"http://127.0.0.1:{naive_port}/v1/models/cnn"),
+            "tfperf serve, TF Serving REST (rows)": parse_url(f"http://127.0.0.1:{rest}/v1/models/cnn"),
+            "tfperf serve, TF Serving REST (columnar)": parse_url(f"http://127.0.0.1:{rest}/v1/models/cnn",
+                                                                  columnar=True),
+            "tfperf serve, KServe v2 (binary tensors)": parse_url(f"http://127.0.0.1:{rest}/v2/models/cnn"),
+            "tfperf serve, TF Serving gRPC": parse_url(f"grpc://127.0.0.1:{grpc_port}/cnn"),
+            "tfperf serve, KServe v2 gRPC": parse_url(f"grpc+v2://127.0.0.1:{grpc_port}/cnn"),
+        }
+        echoes = {}
+        for label, which in (("echo of the REST answers: the Python client's ceiling", "tfperf serve, TF Serving REST (rows)"),
+                             ("echo of the gRPC answers: the Python client's ceiling", "tfperf serve, TF Serving gRPC")):
+            with RemoteServer(endpoints[which]) as remote:
+                remote._encode(requests[0])
+                import asyncio
+
+                recorded = asyncio.run_coroutine_threadsafe(record(remote), remote.loop).result(60)
+            echo = EchoProcess(recorded)
+            procs.append(echo)
+            echoes[label] = parse_url(re.sub(r":\d+/", f":{echo.port}/", endpoints[which].url() if
+                                             endpoints[which].protocol == "rest" else
+                                             f"grpc://127.0.0.1:{echo.port}/cnn"))
+        rows = {**{k: ServingConfig("endpoint", label=k) for k in [*endpoints, *echoes]},
+                f"in process, no socket: {best.name}": best}
+        targets = {**endpoints, **echoes}
+        benches = {k: Bench(exports, requests, budget, sizes, bench.rec, tmp / "loadgen", endpoint=targets.get(k))
+                   for k in rows}
+        swept = {k: benches[k].sweep(c) for k, c in rows.items()}
+        found = {k: [] for k in rows}
+        rng = random.Random(args.seed)
+        for r in range(args.rounds):
+            order = list(rows)
+            rng.shuffle(order)
+            for k in order:
+                print(f"round {r + 1}/{args.rounds}: {k}", file=sys.stderr, flush=True)
+                capacity = max((lv.throughput for lv in swept[k].levels), default=math.inf)
+                found[k].append(benches[k].open_loop(rows[k], 0.9 * swept[k].rate_within(budget) or 10.0, capacity))
+        naive_label = next(iter(endpoints))
+        inproc = f"in process, no socket: {best.name}"
+        print(f"\nSeed CNN, {budget}, {args.rounds} interleaved rounds; configuration found: {best.name}\n")
+        print("| served as | closed loop | offered, median (range over rounds) | vs naive | vs in process |")
+        print("|---|---|---|---|---|")
+        for k in rows:
+            met = [m for m, _ in found[k]]
+
+            def ratio(base: str) -> str:
+                per = [a / b for (a, _), (b, _) in zip(found[k], found[base]) if b > 0]
+                return f"{statistics.median(per):.2f}x ({min(per):.2f}-{max(per):.2f}x)" if per else "-"
+
+            print(f"| {k} | {swept[k].rate_within(budget):,.0f} | {statistics.median(met):,.0f} "
+                  f"({min(met):,.0f}-{max(met):,.0f}) | {ratio(naive_label)} | {ratio(inproc)} |")
+        body = dump_json({"instances": [{"inputs": requests[0]["inputs"][0].tolist()}]})
+        print(f"\nwrk (C, 2 threads) on tfperf serve's REST endpoint: {wrk(rest, body)}")
+        print(f"wrk on the naive server: {wrk(naive_port, body)}")
+    finally:
+        for proc in procs:
+            if isinstance(proc, subprocess.Popen):
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            else:
+                proc.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

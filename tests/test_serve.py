@@ -1,0 +1,423 @@
+"""tfperf serve, called by clients nobody here wrote: plain HTTP in TF Serving's two REST formats, TF Serving's own
+gRPC stubs (tensorflow-serving-api), and tritonclient over HTTP (JSON and binary tensors) and gRPC. Each answer is
+the model's own within 1e-4 of its scale; bad requests are 4xx and the server goes on; a full queue is 503 at
+once; a gRPC deadline drops the request; new versions swap in under load without a failed request, broken ones
+are refused. One server per module, in this process; test_serve_command_drains_on_sigterm runs the command."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import BIN
+
+ROWS = 5
+
+
+def tiny_model(seed: int):
+    """Two named inputs, two outputs whose values depend on the input (a model with constant outputs would
+    make every agreement below prove nothing)."""
+    keras.utils.set_random_seed(seed)
+    x = keras.Input((6,), name="features")
+    ids = keras.Input((3,), dtype="int32", name="ids")
+    h = keras.layers.Dense(8, activation="tanh")(x) + keras.layers.Flatten()(keras.layers.Embedding(10, 8)(ids))[:, :8]
+    return keras.Model([x, ids], {"scores": keras.layers.Dense(4)(h), "value": keras.layers.Dense(1)(h)},
+                       name="tiny")
+
+
+def export_version(root, model, version, fmt="savedmodel"):
+    from tfperf.deploy.layout import export_subject
+    from tfperf.deploy.loader import keras_subject
+
+    return export_subject(keras_subject(model, "tiny", factory=None), root, name="tiny", version=version,
+                          format=fmt).path
+
+
+def inputs(rows=ROWS, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"features": rng.normal(size=(rows, 6)).astype(np.float32),
+            "ids": rng.integers(0, 10, size=(rows, 3)).astype(np.int32)}
+
+
+def close_to(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Version 1 of the tiny model in a folder of versions, served with batching and a small body limit."""
+    from tfperf.serving.batcher import BatchingOptions
+    from tfperf.serving.configs import ServingConfig
+    from tfperf.serving.repository import Repository
+    from tfperf.serving.server import ServerOptions, ServerThread
+
+    root = tmp_path_factory.mktemp("serve")
+    model = tiny_model(0)
+    export_version(root, model, 1)
+    log = []
+    config = ServingConfig("savedmodel", instances=1, batching=BatchingOptions(max_batch_size=16,
+                                                                               batch_timeout_micros=500))
+    repository = Repository("tiny", root / "tiny", config, log=log.append)
+    repository.start()
+    running = ServerThread(repository, ServerOptions(port=0, grpc_port=0, max_request_bytes=256 * 1024,
+                                                     drain_timeout_s=5))
+    yield {"root": root / "tiny", "model": model, "rest": running.ports[0], "grpc": running.ports[1],
+           "repository": repository, "log": log, "server": running.server}
+    running.close()
+    repository.close()
+
+
+def post(port, path, body, headers=None):
+    """(status, parsed JSON body) of a POST, 4xx and 5xx included; (None, why) when no server took it."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", body if isinstance(body, bytes)
+                                     else json.dumps(body).encode(), headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except (urllib.error.URLError, ConnectionError) as exc:
+        return None, str(exc)
+
+
+def get(port, path):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_tf_serving_rest_in_row_and_columnar_format_answers_as_the_model(served):
+    x = inputs()
+    want = {k: v.numpy() for k, v in served["model"](x).items()}
+    status, rows = post(served["rest"], "/v1/models/tiny:predict", {
+        "signature_name": "serving_default",
+        "instances": [{"features": x["features"][i].tolist(), "ids": x["ids"][i].tolist()} for i in range(ROWS)]})
+    assert status == 200 and len(rows["predictions"]) == ROWS
+    close_to([r["scores"] for r in rows["predictions"]], want["scores"])
+    status, columns = post(served["rest"], "/v1/models/tiny/versions/1:predict",
+                           {"inputs": {k: v.tolist() for k, v in x.items()}})
+    assert status == 200
+    close_to(columns["outputs"]["scores"], want["scores"])
+    close_to(columns["outputs"]["value"], want["value"])
+    status, body = get(served["rest"], "/v1/models/tiny")
+    assert status == 200 and json.loads(body)["model_version_status"][0]["state"] == "AVAILABLE"
+    status, body = get(served["rest"], "/v1/models/tiny/metadata")
+    signature = json.loads(body)["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert signature["inputs"]["ids"]["dtype"] == "DT_INT32" and signature["outputs"]["scores"]["tensor_shape"][
+        "dim"][1]["size"] == "4"
+
+
+def test_tf_serving_grpc_stubs_predict_and_read_metadata_and_status(served):
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
+                                         predict_pb2, prediction_service_pb2_grpc)
+
+    x = inputs(seed=1)
+    want = served["model"](x)["scores"].numpy()
+    with grpc.insecure_channel(f"127.0.0.1:{served['grpc']}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "tiny"
+        for name, array in x.items():
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(array))
+        response = stub.Predict(request, timeout=30)
+        close_to(tf.make_ndarray(response.outputs["scores"]), want)
+        assert response.model_spec.version.value == 1
+        request.output_filter.append("value")
+        assert list(stub.Predict(request, timeout=30).outputs) == ["value"]
+        metadata = stub.GetModelMetadata(get_model_metadata_pb2.GetModelMetadataRequest(
+            model_spec={"name": "tiny"}, metadata_field=["signature_def"]), timeout=30)
+        signatures = get_model_metadata_pb2.SignatureDefMap()
+        metadata.metadata["signature_def"].Unpack(signatures)
+        assert sorted(signatures.signature_def["serving_default"].inputs) == ["features", "ids"]
+        status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+            get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "tiny"}), timeout=30)
+        assert status.model_version_status[0].state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+        request.model_spec.name = "nope"
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Predict(request, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_tritonclient_over_http_json_and_binary_and_over_grpc(served):
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+
+    x = inputs(seed=2)
+    want = served["model"](x)["scores"].numpy()
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{served['rest']}")
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("tiny")
+    assert client.get_model_metadata("tiny")["platform"] == "tensorflow_savedmodel"
+    assert client.get_model_config("tiny")["max_batch_size"] == 16
+    for binary in (False, True):
+        sent = []
+        for name, datatype in (("features", "FP32"), ("ids", "INT32")):
+            sent.append(triton_http.InferInput(name, list(x[name].shape), datatype))
+            sent[-1].set_data_from_numpy(x[name], binary_data=binary)
+        result = client.infer("tiny", sent, outputs=[triton_http.InferRequestedOutput("scores", binary_data=binary)])
+        close_to(result.as_numpy("scores"), want)
+    client.close()
+    grpc_client = triton_grpc.InferenceServerClient(f"127.0.0.1:{served['grpc']}")
+    assert grpc_client.is_model_ready("tiny") and grpc_client.get_model_metadata("tiny").platform == \
+        "tensorflow_savedmodel"
+    sent = []
+    for name, datatype in (("features", "FP32"), ("ids", "INT32")):
+        sent.append(triton_grpc.InferInput(name, list(x[name].shape), datatype))
+        sent[-1].set_data_from_numpy(x[name])
+    close_to(grpc_client.infer("tiny", sent).as_numpy("scores"), want)
+    grpc_client.close()
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, "not valid JSON"),
+    ({"instances": [[1.0, 2.0]]}, 400, "model takes 2 named inputs"),
+    ({"inputs": {"features": [[1.0] * 5], "ids": [[1, 2, 3]]}}, 400, "'features' has shape [1, 5]"),
+    ({"inputs": {"features": [["a"] * 6], "ids": [[1, 2, 3]]}}, 400, "holds strings where the model takes float32"),
+    ({"inputs": {"features": [[1.0] * 6], "ids": [[1.5, 2, 3]]}}, 400, "holds fractions where the model takes int32"),
+    ({"inputs": {"features": [[1.0] * 6, [1.0]], "ids": [[1, 2, 3]]}}, 400, "is ragged"),
+    ({"signature_name": "other", "inputs": {"features": [[1.0] * 6], "ids": [[1, 2, 3]]}}, 400,
+     "serving signature name 'other' not found"),
+    (b"[" * 5000, 400, "nests 5000 levels deep"),
+])
+def test_a_bad_rest_request_is_a_400_that_says_what_and_the_server_goes_on(served, body, status, message):
+    got, answer = post(served["rest"], "/v1/models/tiny:predict", body)
+    assert got == status and message in answer["error"], answer
+    ok, _ = post(served["rest"], "/v1/models/tiny:predict", {"inputs": {k: v.tolist() for k, v in inputs().items()}})
+    assert ok == 200
+
+
+def test_unknown_models_versions_and_paths_are_404_and_a_body_over_the_limit_413(served):
+    assert post(served["rest"], "/v1/models/nope:predict", {"instances": []})[0] == 404
+    status, answer = post(served["rest"], "/v1/models/tiny/versions/7:predict", {"instances": []})
+    assert status == 404 and "version 7 is not being served" in answer["error"]
+    assert get(served["rest"], "/v1/nothing/here")[0] == 404
+    assert get(served["rest"], "/v2/models/nope")[0] == 404
+    big = json.dumps({"inputs": {"features": [[0.5] * 6] * 8000, "ids": [[1, 2, 3]] * 8000}}).encode()
+    status, answer = post(served["rest"], "/v1/models/tiny:predict", big)
+    assert status == 413 and "more than the 262,144" in answer["error"]
+    bad_v2 = {"inputs": [{"name": "features", "shape": [1, 6], "datatype": "FP32", "data": [1.0] * 5}]}
+    status, answer = post(served["rest"], "/v2/models/tiny/infer", bad_v2)
+    assert status == 400 and "5 values for shape [1, 6]" in answer["error"]
+    assert post(served["rest"], "/v1/models/tiny:predict", {"inputs": {k: v.tolist() for k, v in
+                                                                        inputs().items()}})[0] == 200
+
+
+def test_metrics_count_requests_by_code_and_batches_at_tf_servings_path(served):
+    post(served["rest"], "/v1/models/tiny:predict", {"inputs": {k: v.tolist() for k, v in inputs().items()}})
+    status, text = get(served["rest"], "/monitoring/prometheus/metrics")
+    text = text.decode()
+    assert status == 200 and 'tfperf_requests_total{code="200",model="tiny",protocol="rest"}' in text
+    assert 'tfperf_requests_total{code="400",model="tiny",protocol="rest"}' in text
+    assert "tfperf_batch_size_count" in text and "tfperf_queue_depth" in text and "tfperf_compute_latency" in text
+
+
+def test_a_full_queue_answers_503_at_once_and_a_passed_deadline_drops_the_request():
+    """A model that takes 0.2 s a call, one request at a time, two allowed to wait: the next is refused at
+    once; a gRPC-like deadline shorter than the wait is a 504 and the request never runs."""
+    import asyncio
+
+    from tfperf.serving.batcher import Batcher, BatchingOptions
+    from tfperf.serving.repository import Version
+    from tfperf.serving.server import Server, ServerOptions
+    from tfperf.serving.wire import RequestError
+
+    ran = []
+
+    def make_call(size):
+        def call(arrays):
+            ran.append(arrays["x"][0, 0])
+            time.sleep(0.2)
+            return {"y": arrays["x"]}
+        return call
+
+    batcher = Batcher(make_call, BatchingOptions(max_batch_size=1, batch_timeout_micros=0, max_enqueued_batches=2))
+    version = Version(1, None, "onnx", "model", (), (), batcher)
+
+    class Repository:
+        name, current = "slow", version
+
+    server = Server.__new__(Server)
+    server.repository, server.options = Repository, ServerOptions()
+
+    async def scenario():
+        first = asyncio.ensure_future(server.infer(version, {"x": np.full((1, 1), 1.0)}))
+        await asyncio.sleep(0.05)  # running now; two may wait
+        waiting = [asyncio.ensure_future(server.infer(version, {"x": np.full((1, 1), v)})) for v in (2.0, 3.0)]
+        await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        with pytest.raises(RequestError) as full:
+            await server.infer(version, {"x": np.full((1, 1), 4.0)})
+        refused_in = time.perf_counter() - started
+        await asyncio.gather(first, *waiting)
+        with pytest.raises(RequestError) as late:
+            blocker = asyncio.ensure_future(server.infer(version, {"x": np.full((1, 1), 5.0)}))
+            await asyncio.sleep(0.01)
+            await server.infer(version, {"x": np.full((1, 1), 6.0)}, deadline_s=0.05)
+        await blocker
+        return full.value, refused_in, late.value
+
+    full, refused_in, late = asyncio.run(scenario())
+    batcher.close()
+    assert full.status == 503 and "queue is full" in str(full) and refused_in < 0.05
+    assert late.status == 504 and 6.0 not in ran and ran == [1.0, 2.0, 3.0, 5.0]
+
+
+def test_a_new_version_swaps_in_under_load_without_a_failed_request_and_a_broken_one_is_refused(served):
+    repository, root = served["repository"], served["root"]
+    x = inputs(seed=3)
+    body = {"inputs": {k: v.tolist() for k, v in x.items()}}
+    failures, answers, stop = [], [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            status, answer = post(served["rest"], "/v1/models/tiny:predict", body)
+            (answers if status == 200 else failures).append(answer)
+
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(4):
+            pool.submit(load)
+        time.sleep(0.3)
+        broken = root / "3"
+        export_version(root.parent, tiny_model(3), 3)  # then broken: its weights replaced by nonsense
+        for variables in broken.glob("variables/variables.data*"):
+            variables.write_bytes(b"\0" * variables.stat().st_size)
+        repository.poll()
+        assert repository.current.number == 1 and "version 3 refused" in served["log"][-1]
+        shutil.rmtree(broken)
+        second = tiny_model(2)
+        export_version(root.parent, second, 2)
+        repository.poll()
+        time.sleep(0.3)
+        stop.set()
+    assert failures == [] and repository.current.number == 2 and len(answers) > 20
+    close_to(answers[-1]["outputs"]["scores"], second(x)["scores"].numpy())
+    served["model"] = second  # what the server answers with from now on
+    assert get(served["rest"], "/v1/models/tiny/versions/1")[0] == 200  # its state: END
+    status, body = get(served["rest"], "/v1/models/tiny")
+    states = {s["version"]: s["state"] for s in json.loads(body)["model_version_status"]}
+    assert states == {"2": "AVAILABLE", "1": "END", "3": "END"}
+
+
+def test_serve_command_answers_then_drains_on_sigterm_losing_no_accepted_request(tmp_path):
+    """The real command: a cookbook net exported and served; requests in flight when SIGTERM arrives are all
+    answered, and the process exits 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "tfperf", "serve", "mlp", "--port", "0", "--grpc-port", "0",
+                             "--max-batch-size", "16", "--batch-timeout-micros", "400000", "--drain-timeout", "20"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+                                 "TF_CPP_MIN_LOG_LEVEL": "3"})
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving mlp version 1"), (line, proc.stderr.read() if proc.poll() else "")
+        port = int(line.split("http://127.0.0.1:")[1].split(" ")[0])
+        body = {"instances": [[0.25] * 512]}
+
+        def timed():
+            status, answer = post(port, "/v1/models/mlp:predict", body)
+            return status, answer, time.perf_counter()
+
+        with ThreadPoolExecutor(8) as pool:  # 8 requests wait 0.4 s for their batch to fill: SIGTERM finds them
+            futures = [pool.submit(timed) for _ in range(8)]
+            time.sleep(0.15)
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.perf_counter()
+            results = [f.result() for f in futures]
+        assert [r[0] for r in results] == [200] * 8 and all(done > signalled for _, _, done in results)
+        assert all(len(answer["predictions"]) == 1 for _, answer, _ in results)
+        assert post(port, "/v1/models/mlp:predict", body)[0] is None  # not accepted any more
+        assert proc.wait(60) == 0
+        stderr = proc.stderr.read()
+        assert "stopping: no new requests" in stderr and "Traceback" not in stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("url, options", [
+    ("http://127.0.0.1:{rest}/v1/models/tiny", {}), ("http://127.0.0.1:{rest}/v1/models/tiny", {"columnar": True}),
+    ("http://127.0.0.1:{rest}/v2/models/tiny", {}), ("http://127.0.0.1:{rest}/v2/models/tiny", {"json": True}),
+    ("grpc://127.0.0.1:{grpc}/tiny", {}), ("grpc+v2://127.0.0.1:{grpc}/tiny", {}),
+])
+def test_load_url_clients_read_the_metadata_and_get_the_models_answers_in_every_protocol(served, url, options):
+    from tfperf.serving.endpoint import RemoteServer, parse_url
+
+    endpoint = parse_url(url.format(**served), **options)
+    x = inputs(seed=4)
+    with RemoteServer(endpoint, connections=4) as remote:
+        assert [t.name for t in remote.inputs] == ["features", "ids"] and remote.inputs[1].dtype == "int32"
+        answered = remote.answer(x)
+        futures = [remote.submit(x) for _ in range(8)]
+        assert [f.result(30) for f in futures] == [None] * 8
+    close_to(answered["scores"], served["model"](x)["scores"].numpy())
+
+
+def test_a_url_that_names_no_endpoint_is_one_line():
+    from tfperf.serving.endpoint import EndpointError, RemoteServer, parse_url
+
+    for url, message in (("ftp://x:1/v1/models/m", "not an endpoint URL"), ("http://x:1/models/m", "names no model"),
+                         ("https://x:1/v1/models/m", "https is not measured")):
+        with pytest.raises(EndpointError, match=message):
+            parse_url(url)
+    with pytest.raises(EndpointError, match="did not answer its metadata"):
+        RemoteServer(parse_url("http://127.0.0.1:9/v1/models/m"), timeout_s=2)
+
+
+def test_the_deploy_files_parse_with_each_serving_systems_own_schema(served, tmp_path):
+    """serve.json, TF Serving's models.config (its ModelServerConfig proto) and batching parameters, Triton's
+    config.pbtxt (its ModelConfig proto, as tritonclient ships it) beside the model, a KServe InferenceService,
+    and the replicas for a target rate, from a measured winner (ONNX) and the best SavedModel configuration."""
+    import yaml
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+    from tritonclient.grpc import model_config_pb2
+
+    from tfperf.measure.load import LoadLevel
+    from tfperf.serving.batcher import BatchingOptions
+    from tfperf.serving.configs import ServingConfig
+    from tfperf.serving.deploy_files import write_deploy
+    from tfperf.serving.report import Found
+    from tfperf.serving.search import Budget, Swept
+
+    exports = {"savedmodel": served["root"] / "1",
+               "onnx": export_version(tmp_path / "exports", served["model"], 1, fmt="onnx")}
+    level = lambda rate: LoadLevel("concurrency 4", (0.002,) * rate, 1.0)  # noqa: E731  (rate requests in 1 s)
+    onnx = Swept(ServingConfig("onnx", 2, 2, BatchingOptions(max_batch_size=16, batch_timeout_micros=500)), (level(900),))
+    saved = Swept(ServingConfig("savedmodel", None, 1, BatchingOptions(max_batch_size=8, idle_runs_now=True)),
+                  (level(500),))
+    found = Found("tiny", Budget(), swept=[saved, onnx], open_loop={onnx.config.name: (800.0, 900.0)})
+    readme = write_deploy(found, onnx, exports, tmp_path / "out", name="tiny", cores=2, target_rate=5000)
+    out = tmp_path / "out"
+    assert json.loads((out / "serve.json").read_text())["runtime"] == "onnx"
+    config = text_format.Parse((out / "deploy/tfserving/models.config").read_text(),
+                               model_server_config_pb2.ModelServerConfig())
+    assert config.model_config_list.config[0].name == "tiny" and config.model_config_list.config[0].base_path
+    batching = (out / "deploy/tfserving/batching_parameters.txt").read_text()
+    assert "max_batch_size { value: 8 }" in batching and "batch_timeout_micros { value: 0 }" in batching
+    command = (out / "deploy/tfserving/command.sh").read_text()
+    assert "--enable_batching" in command and "--tensorflow_intra_op_parallelism=2" in command
+    triton = text_format.Parse((out / "deploy/triton/model_repository/tiny/config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
+    assert triton.platform == "onnxruntime_onnx" and triton.max_batch_size == 16
+    assert triton.instance_group[0].count == 2 and triton.dynamic_batching.max_queue_delay_microseconds == 500
+    assert {i.name: list(i.dims) for i in triton.input} == {"features": [6], "ids": [3]}
+    assert triton.parameters["intra_op_thread_count"].string_value == "2"
+    assert (out / "deploy/triton/model_repository/tiny/1/model.onnx").stat().st_size > 1000
+    service = yaml.safe_load((out / "deploy/kserve/inferenceservice.yaml").read_text())
+    assert service["kind"] == "InferenceService" and service["spec"]["predictor"]["model"]["resources"][
+        "requests"]["cpu"] == "2"
+    assert any("**9 replica(s)**" in line for line in readme)  # 5000 / (800 * 0.7) = 8.9, rounded up

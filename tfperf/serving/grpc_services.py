@@ -1,0 +1,168 @@
+"""The gRPC services of `tfperf serve`, from the services' own definitions: TF Serving's PredictionService and
+ModelService (`tensorflow-serving-api`) and the v2 protocol's GRPCInferenceService (tritonclient's), each an
+asyncio servicer on the server's event loop, answering through `Server.infer` as the HTTP APIs do."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tfperf import __version__
+from tfperf.serving.grpc_wire import (metadata_response, predict_inputs, predict_response, status_response,
+                                      v2_grpc_request, v2_grpc_response)
+from tfperf.serving.repository import AVAILABLE
+from tfperf.serving.deploy_files import triton_config
+from tfperf.serving.wire import GRPC_CODES, NUMPY_TO_V2, RequestError
+
+
+async def _refuse(server, context, protocol: str, started: float, exc: RequestError) -> None:
+    import grpc
+
+    code = GRPC_CODES.get(exc.status, "UNKNOWN")
+    server.count(protocol, code, started)
+    await context.abort(getattr(grpc.StatusCode, code), str(exc))
+
+
+def _version(spec) -> int | None:
+    """The version a TF Serving ModelSpec asks for (None: the served one); labels are not served."""
+    if spec.WhichOneof("version_choice") == "version_label":
+        raise RequestError(404, "version labels are not served: ask for a version number")
+    return spec.version.value if spec.HasField("version") else None
+
+
+def add_services(grpc_server, server) -> None:
+    """Register TF Serving's two services and v2's on `grpc_server`, answering for `server` (a Server)."""
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+        async def Predict(self, request, context):
+            started = time.perf_counter()
+            try:
+                repository = server.model(request.model_spec.name)
+                v = repository.acquire(_version(request.model_spec))
+                try:
+                    arrays = predict_inputs(request, v.inputs, v.signature)
+                    outputs = await server.infer(v, arrays, deadline_s=context.time_remaining())
+                finally:
+                    repository.release(v)
+                response = predict_response(repository.name, v.number, v.signature, outputs,
+                                            list(request.output_filter))
+            except RequestError as exc:
+                await _refuse(server, context, "grpc", started, exc)
+            server.count("grpc", "OK", started)
+            return response
+
+        async def GetModelMetadata(self, request, context):
+            started = time.perf_counter()
+            try:
+                repository = server.model(request.model_spec.name)
+                unknown = [f for f in request.metadata_field if f != "signature_def"]
+                if unknown or not request.metadata_field:
+                    raise RequestError(400, f"metadata_field must be ['signature_def'], got "
+                                            f"{list(request.metadata_field)[:5]}")
+                v = repository.get(_version(request.model_spec))
+                response = metadata_response(repository.name, v.number, v.signature, v.inputs, v.outputs)
+            except RequestError as exc:
+                await _refuse(server, context, "grpc", started, exc)
+            server.count("grpc", "OK", started)
+            return response
+
+    class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+        async def GetModelStatus(self, request, context):
+            started = time.perf_counter()
+            try:
+                repository = server.model(request.model_spec.name)
+                asked = _version(request.model_spec)
+                states = {v: s for v, s in repository.states.items() if asked in (None, v)}
+                if not states:
+                    raise RequestError(404, f"model {repository.name!r} has no version {asked}")
+                response = status_response(states, repository.errors)
+            except RequestError as exc:
+                await _refuse(server, context, "grpc", started, exc)
+            server.count("grpc", "OK", started)
+            return response
+
+    def tensors(items) -> list[Any]:
+        return [service_pb2.ModelMetadataResponse.TensorMetadata(
+            name=t.name, datatype=NUMPY_TO_V2.get(t.dtype, "BYTES"), shape=[-1 if d is None else d for d in t.shape])
+            for t in items]
+
+    def asked(version: str) -> int | None:
+        if not version:
+            return None
+        if not version.isdigit():
+            raise RequestError(400, f"version {version[:20]!r} is not a number")
+        return int(version)
+
+    class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
+        async def ServerLive(self, request, context):
+            return service_pb2.ServerLiveResponse(live=True)
+
+        async def ServerReady(self, request, context):
+            return service_pb2.ServerReadyResponse(ready=server.repository.current is not None)
+
+        async def ModelReady(self, request, context):
+            try:
+                server.model(request.name).get(asked(request.version))
+                return service_pb2.ModelReadyResponse(ready=True)
+            except RequestError:
+                return service_pb2.ModelReadyResponse(ready=False)
+
+        async def ServerMetadata(self, request, context):
+            return service_pb2.ServerMetadataResponse(name="tfperf", version=__version__,
+                                                      extensions=["binary_tensor_data"])
+
+        async def ModelMetadata(self, request, context):
+            started = time.perf_counter()
+            try:
+                repository = server.model(request.name)
+                v = repository.get(asked(request.version))
+                response = service_pb2.ModelMetadataResponse(
+                    name=repository.name, versions=[str(v.number)], platform=v.platform,
+                    inputs=tensors(v.inputs), outputs=tensors(v.outputs))
+            except RequestError as exc:
+                await _refuse(server, context, "v2-grpc", started, exc)
+            server.count("v2-grpc", "OK", started)
+            return response
+
+        async def ModelConfig(self, request, context):
+            from google.protobuf import json_format
+            from tritonclient.grpc import model_config_pb2
+
+            started = time.perf_counter()
+            try:
+                repository = server.model(request.name)
+                v = repository.get(asked(request.version))
+                config = json_format.ParseDict(triton_config(repository, v), model_config_pb2.ModelConfig())
+            except RequestError as exc:
+                await _refuse(server, context, "v2-grpc", started, exc)
+            server.count("v2-grpc", "OK", started)
+            return service_pb2.ModelConfigResponse(config=config)
+
+        async def ModelInfer(self, request, context):
+            started = time.perf_counter()
+            try:
+                repository = server.model(request.model_name)
+                v = repository.acquire(asked(request.model_version))
+                try:
+                    decoded = v2_grpc_request(request, v.inputs)
+                    outputs = await server.infer(v, decoded.arrays, deadline_s=context.time_remaining())
+                finally:
+                    repository.release(v)
+                response = v2_grpc_response(repository.name, v.number, decoded, outputs)
+            except RequestError as exc:
+                await _refuse(server, context, "v2-grpc", started, exc)
+            server.count("v2-grpc", "OK", started)
+            return response
+
+        async def RepositoryIndex(self, request, context):
+            r = server.repository
+            return service_pb2.RepositoryIndexResponse(models=[
+                service_pb2.RepositoryIndexResponse.ModelIndex(
+                    name=r.name, version=str(v), state="READY" if s == AVAILABLE else "UNAVAILABLE")
+                for v, s in sorted(r.states.items())])
+
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(), grpc_server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(), grpc_server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(), grpc_server)

@@ -1,0 +1,213 @@
+"""What gRPC clients written for TF Serving and for Triton or KServe send and expect, to and from arrays by name:
+TF Serving's TensorProto (tensor_content, or the typed value fields tf.make_tensor_proto and other clients
+fill), its model status and metadata messages, and the v2 protocol's ModelInfer (raw contents, as tritonclient
+sends them, or typed contents). The messages come from the services' own definitions: `tensorflow-serving-api`
+for TF Serving's, tritonclient's for v2."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from tfperf.serving.wire import (NUMPY_TO_V2, V2_TYPES, RequestError, Tensor, V2Request, from_v2_bytes, to_v2_bytes,
+                                 check_shape)
+
+# TensorFlow's DataType enum values (tensorflow/core/framework/types.proto) and NumPy's names.
+TF_ENUM = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6, "string": 7, "int64": 9,
+           "bool": 10, "uint16": 17, "float16": 19, "uint32": 22, "uint64": 23}
+ENUM_TF = {v: k for k, v in TF_ENUM.items()}
+# Which typed field of a TensorProto holds each dtype's values when tensor_content is empty.
+_TF_FIELDS = {"float32": "float_val", "float64": "double_val", "int32": "int_val", "uint8": "int_val",
+              "int16": "int_val", "int8": "int_val", "uint16": "int_val", "int64": "int64_val", "bool": "bool_val",
+              "float16": "half_val", "uint32": "uint32_val", "uint64": "uint64_val", "string": "string_val"}
+_V2_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+              "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+              "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+              "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+
+
+def from_tensor_proto(proto, where: str) -> np.ndarray:
+    """A TensorProto as an array: its tensor_content, or its typed values (one value fills the whole shape,
+    as TensorFlow reads it); a 400 for a dtype or a count that does not fit."""
+    dtype = ENUM_TF.get(proto.dtype)
+    if dtype is None:
+        raise RequestError(400, f"{where}: dtype {proto.dtype} is not one tfperf serves")
+    shape = [d.size for d in proto.tensor_shape.dim]
+    if any(d < 0 for d in shape):
+        raise RequestError(400, f"{where}: shape {shape} has an unknown size")
+    count = math.prod(shape)
+    if dtype == "string":
+        values = np.asarray(list(proto.string_val), dtype=object)
+    elif proto.tensor_content:
+        wire = np.dtype(dtype).newbyteorder("<")
+        if len(proto.tensor_content) != count * wire.itemsize:
+            raise RequestError(400, f"{where}: {len(proto.tensor_content)} bytes of {dtype} for shape {shape}")
+        return np.frombuffer(proto.tensor_content, wire).reshape(shape).astype(np.dtype(dtype))
+    elif dtype == "float16":
+        values = np.asarray(proto.half_val, dtype=np.uint16).view(np.float16)
+    else:
+        values = np.asarray(getattr(proto, _TF_FIELDS[dtype]), dtype=dtype)
+    if len(values) == count:
+        return values.reshape(shape)
+    if len(values) == 1:
+        return np.full(shape, values[0], dtype=values.dtype)
+    raise RequestError(400, f"{where}: {len(values)} values for shape {shape}")
+
+
+def to_tensor_proto(array: np.ndarray):
+    """An array as a TensorProto (tensor_content; strings as string_val), as TF Serving answers."""
+    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2
+
+    array = np.asarray(array)
+    dtype = "string" if array.dtype == object or array.dtype.kind in "SU" else array.dtype.name
+    proto = tensor_pb2.TensorProto(dtype=TF_ENUM[dtype], tensor_shape=tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape]))
+    if dtype == "string":
+        proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
+    else:
+        proto.tensor_content = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    return proto
+
+
+def predict_inputs(request, inputs: Sequence[Tensor], signature: str) -> dict[str, np.ndarray]:
+    """A PredictRequest's inputs as arrays by name, checked against the model's."""
+    asked = request.model_spec.signature_name
+    if asked and asked != signature:
+        raise RequestError(400, f"serving signature name {asked!r} not found: this model serves {signature!r}")
+    by_name = {s.name: s for s in inputs}
+    unknown = sorted(set(request.inputs) - set(by_name))
+    missing = sorted(set(by_name) - set(request.inputs))
+    if unknown or missing:
+        raise RequestError(400, f"the request's inputs {sorted(request.inputs)} are not the model's {sorted(by_name)}")
+    arrays = {}
+    for name, spec in by_name.items():
+        array = from_tensor_proto(request.inputs[name], f"input {name!r}")
+        if spec.dtype != "string" and array.dtype != np.dtype(spec.dtype):
+            if (spec.dtype == "string") != (array.dtype == object) or (
+                    array.dtype.kind == "f" and np.dtype(spec.dtype).kind in "iub"):
+                raise RequestError(400, f"input {name!r} is {array.dtype.name}; the model takes {spec.dtype}")
+            array = array.astype(spec.dtype)
+        elif spec.dtype == "string" and array.dtype != object:
+            raise RequestError(400, f"input {name!r} is {array.dtype.name}; the model takes strings")
+        check_shape(array, spec, f"input {name!r}")
+        arrays[name] = array
+    if len({len(a) for a in arrays.values()}) > 1:
+        raise RequestError(400, "the inputs have different numbers of rows")
+    return arrays
+
+
+def predict_response(name: str, version: int, signature: str, outputs: Mapping[str, np.ndarray],
+                     output_filter: Sequence[str] = ()):
+    """A PredictResponse holding the outputs (those of `output_filter`, when given)."""
+    from tensorflow_serving.apis import predict_pb2
+
+    unknown = sorted(set(output_filter) - set(outputs))
+    if unknown:
+        raise RequestError(400, f"output_filter names {unknown[0]!r}: the model answers {sorted(outputs)}")
+    response = predict_pb2.PredictResponse()
+    response.model_spec.name, response.model_spec.signature_name = name, signature
+    response.model_spec.version.value = version
+    for key in output_filter or outputs:
+        response.outputs[key].CopyFrom(to_tensor_proto(outputs[key]))
+    return response
+
+
+def metadata_response(name: str, version: int, signature: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]):
+    """A GetModelMetadataResponse whose `signature_def` holds the served signature, as TF Serving's does."""
+    from tensorflow.core.framework import tensor_shape_pb2
+    from tensorflow.core.protobuf import meta_graph_pb2
+    from tensorflow_serving.apis import get_model_metadata_pb2
+
+    def info(t: Tensor):
+        return meta_graph_pb2.TensorInfo(name=t.name, dtype=TF_ENUM.get(t.dtype, 0),
+                                         tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[
+                                             tensor_shape_pb2.TensorShapeProto.Dim(size=-1 if d is None else d)
+                                             for d in t.shape]))
+
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    sig = signatures.signature_def[signature]
+    sig.method_name = "tensorflow/serving/predict"
+    for t in inputs:
+        sig.inputs[t.name].CopyFrom(info(t))
+    for t in outputs:
+        sig.outputs[t.name].CopyFrom(info(t))
+    response = get_model_metadata_pb2.GetModelMetadataResponse()
+    response.model_spec.name = name
+    response.model_spec.version.value = version
+    response.metadata["signature_def"].Pack(signatures)
+    return response
+
+
+def status_response(versions: Mapping[int, str], errors: Mapping[int, str] | None = None):
+    """A GetModelStatusResponse: each version's state, as ModelService answers."""
+    from tensorflow_serving.apis import get_model_status_pb2
+
+    states = get_model_status_pb2.ModelVersionStatus.State
+    response = get_model_status_pb2.GetModelStatusResponse()
+    for version, state in sorted(versions.items(), reverse=True):
+        status = response.model_version_status.add(version=version, state=states.Value(state))
+        message = (errors or {}).get(version)
+        status.status.error_code = 2 if message else 0  # UNKNOWN, OK
+        status.status.error_message = message or ""
+    return response
+
+
+# The v2 protocol over gRPC ------------------------------------------------------------------------
+
+def v2_grpc_request(request, inputs: Sequence[Tensor]) -> V2Request:
+    """A ModelInferRequest as a decoded v2 request: raw_input_contents in input order (tritonclient's way), or
+    each input's typed contents."""
+    by_name = {s.name: s for s in inputs}
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise RequestError(400, f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+    arrays = {}
+    for i, item in enumerate(request.inputs):
+        name, datatype, shape = item.name, item.datatype, list(item.shape)
+        if name not in by_name:
+            raise RequestError(400, f"unknown input {name!r}: the model takes {sorted(by_name)}")
+        if datatype not in V2_TYPES:
+            raise RequestError(400, f"input {name!r}: datatype {datatype!r} is not one of {sorted(V2_TYPES)}")
+        if any(d < 0 for d in shape):
+            raise RequestError(400, f"input {name!r}: shape {shape} has a negative size")
+        spec = by_name[name]
+        if raw:
+            array = from_v2_bytes(raw[i], datatype, shape, f"input {name!r}")
+        elif datatype in _V2_FIELDS:
+            values = list(getattr(item.contents, _V2_FIELDS[datatype]))
+            if len(values) != math.prod(shape):
+                raise RequestError(400, f"input {name!r}: {len(values)} values for shape {shape}")
+            array = np.asarray(values, dtype=object if datatype == "BYTES" else V2_TYPES[datatype]).reshape(shape)
+        else:
+            raise RequestError(400, f"input {name!r}: {datatype} comes only in raw_input_contents")
+        if (spec.dtype == "string") != (datatype == "BYTES") or (
+                array.dtype.kind == "f" and spec.dtype != "string" and np.dtype(spec.dtype).kind in "iub"):
+            raise RequestError(400, f"input {name!r} is {datatype}; the model takes {spec.dtype}")
+        if spec.dtype != "string":
+            array = array.astype(spec.dtype)
+        check_shape(array, spec, f"input {name!r}")
+        arrays[name] = array
+    missing = sorted(set(by_name) - set(arrays))
+    if missing:
+        raise RequestError(400, f"the request lacks inputs {missing}")
+    if len({len(a) for a in arrays.values()}) > 1:
+        raise RequestError(400, "the inputs have different numbers of rows")
+    return V2Request(request.id or None, arrays, {o.name: True for o in request.outputs}, True)
+
+
+def v2_grpc_response(name: str, version: int, request: V2Request, outputs: Mapping[str, np.ndarray]):
+    """A ModelInferResponse with raw_output_contents, as Triton answers tritonclient."""
+    from tritonclient.grpc import service_pb2
+
+    unknown = sorted(set(request.outputs) - set(outputs))
+    if unknown:
+        raise RequestError(400, f"unknown output {unknown[0]!r}: the model answers {sorted(outputs)}")
+    response = service_pb2.ModelInferResponse(model_name=name, model_version=str(version), id=request.id or "")
+    for out in request.outputs or sorted(outputs):
+        array = np.asarray(outputs[out])
+        dtype = "string" if array.dtype == object or array.dtype.kind in "SU" else array.dtype.name
+        response.outputs.add(name=out, datatype=NUMPY_TO_V2.get(dtype, "BYTES"), shape=list(array.shape))
+        response.raw_output_contents.append(to_v2_bytes(array))
+    return response

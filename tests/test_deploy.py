@@ -465,3 +465,44 @@ def test_a_legacy_h5_file_exports_and_predicts(tmp_path):
     assert code == 0 and "top class the same as the model's on 100% of rows" in out, err
     code, out, err = tfperf("predict", out.splitlines()[0], "--input", tmp_path / "x.npy")
     assert code == 0 and "predicted classes: " + " ".join(map(str, model(x).numpy().argmax(-1))) in out, err
+
+
+def test_a_check_on_constant_outputs_says_so_and_a_broken_export_is_caught_where_the_model_still_varies(
+        mobilenet, tmp_path, monkeypatch):
+    """MobileNetV2 with weights=None answers 0.1 for every class on every input, so agreeing with it proves
+    nothing: the check says so and compares, instead, the last layer whose output varies. An ONNX writer that
+    changes one weight after converting passes the outputs' check and fails that one."""
+    import dataclasses
+
+    import onnx
+    from onnx import numpy_helper
+
+    from tfperf.deploy import formats
+    from tfperf.deploy.errors import ExportError
+    from tfperf.deploy.layout import describe_check, export_subject
+    from tfperf.deploy.loader import keras_subject
+
+    model = keras.saving.load_model(mobilenet["file"])
+    subject = keras_subject(model, "mobilenet", factory=None)
+    exported = export_subject(subject, tmp_path / "good", format="onnx")
+    lines = describe_check(exported.metadata)
+    assert any("the model's outputs do not depend on these inputs; agreement is not evidence" in line
+               for line in lines)
+    assert any("checked instead up to layer" in line for line in lines)
+    assert exported.metadata["agreement"]["outputs"]["output_0"]["varies"] < 1e-6
+
+    def one_weight_changed(servable, folder, **options):
+        written = formats.write_onnx(servable, folder, **options)
+        proto = onnx.load(folder / "model.onnx")
+        stem = next(n for n in proto.graph.node if n.op_type == "Conv").input[1]  # the first convolution's kernel
+        weights = next(t for t in proto.graph.initializer if t.name == stem)
+        values = numpy_helper.to_array(weights).copy()
+        values.flat[0] += 1.0
+        weights.CopyFrom(numpy_helper.from_array(values, weights.name))
+        onnx.save(proto, folder / "model.onnx")
+        return written
+
+    monkeypatch.setitem(formats.FORMATS, "onnx", dataclasses.replace(formats.FORMATS["onnx"], write=one_weight_changed))
+    with pytest.raises(ExportError, match="up to layer .* the onnx export disagrees with the model"):
+        export_subject(subject, tmp_path / "broken", format="onnx")
+    assert listing(tmp_path / "broken") == []

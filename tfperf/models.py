@@ -118,11 +118,31 @@ def get_net(
     return build(shape, classes, keras_module or keras)
 
 
+def einsum_flops(equation: str, shapes: list[tuple[int, ...]]) -> int:
+    """The multiply-adds of a two-operand einsum, counted 2 each (TensorFlow's profiler has no count for Einsum,
+    which Keras' attention and EinsumDense layers emit): 2 x the product of every index's size. An ellipsis
+    stands for the leading axes it covers; a one-operand einsum (a transpose, a sum) moves data: 0."""
+    inputs = equation.replace(" ", "").split("->")[0].split(",")
+    if len(inputs) != 2 or len(shapes) != 2:
+        return 0
+    sizes: dict[str, int] = {}
+    for term, shape in zip(inputs, shapes):
+        if "..." in term:
+            head, tail = term.split("...")
+            covered = len(shape) - len(head) - len(tail)
+            term = head + "".join(chr(0x100 + i) for i in range(covered)) + tail  # ellipsis axes, one letter each
+        for letter, size in zip(term, shape):
+            sizes[letter] = max(sizes.get(letter, 1), int(size))
+    return 2 * int(np.prod(list(sizes.values()), dtype=np.int64))
+
+
 def function_flops(concrete_function) -> int | None:
     """Float operations of one call of a concrete function whose shapes are all known, as TensorFlow's graph
     profiler counts them (the way the keras-flops package does): a multiply-add counts 2 in matmuls and
     convolutions (depthwise included), and the element-wise ops TensorFlow has a cost for (bias adds,
-    additions, normalisation arithmetic) count theirs; None when the graph cannot be frozen and counted."""
+    additions, normalisation arithmetic) count theirs; Einsum, which it does not count, counted here (the
+    projections and the QK^T and attention-weighted V of Keras' attention); None when the graph cannot be
+    frozen and counted."""
     import logging
 
     import tensorflow as tf
@@ -139,11 +159,13 @@ def function_flops(concrete_function) -> int | None:
             options["output"] = "none"
             found = tf.compat.v1.profiler.profile(graph=graph, run_meta=tf.compat.v1.RunMetadata(), cmd="op",
                                                   options=options)
+            einsums = sum(einsum_flops(op.get_attr("equation").decode(), [tuple(i.shape.as_list()) for i in op.inputs])
+                          for op in graph.get_operations() if op.type == "Einsum")
     except Exception:  # a graph the freezer or the profiler cannot take: say "not computed", not fail
         return None
     finally:
         log.setLevel(level)
-    return int(found.total_float_ops) or None
+    return int(found.total_float_ops) + int(einsums) or None
 
 
 def flops(model: keras.Model) -> int:

@@ -64,15 +64,47 @@ def python_code_layers(config: Any, layer: str = "the model") -> list[str]:
     return sorted(set(found))
 
 
+# Libraries whose layers and models Keras files name ("keras_hub>BertTextClassifier") and that register them when
+# imported: installed packages, not code from the file, so importing one to load such a file runs nothing new.
+KERAS_LIBRARIES = ("keras_hub", "keras_nlp", "keras_cv", "keras_rs")
+
+
+def libraries_named(config: Any) -> list[str]:
+    """The KERAS_LIBRARIES a model description names (by registered name or module), in order."""
+    found: list[str] = []
+    if isinstance(config, dict):
+        for key in ("registered_name", "module"):
+            value = config.get(key)
+            if isinstance(value, str):
+                root = value.split(">")[0].split(".")[0]
+                if root in KERAS_LIBRARIES and root not in found:
+                    found.append(root)
+        for value in config.values():
+            found += [n for n in libraries_named(value) if n not in found]
+    elif isinstance(config, list):
+        for value in config:
+            found += [n for n in libraries_named(value) if n not in found]
+    return found
+
+
 def load_keras_file(path: Path, *, trust: bool = False):
     """The Keras model in a .keras or .h5 file, loaded in Keras' safe mode unless `trust`; ModelError that
     says what to do when it cannot be loaded."""
     import keras
 
-    risky = python_code_layers(read_config(path))
+    config = read_config(path)
+    risky = python_code_layers(config)
     if risky and not trust:
         raise ModelError(f"{path} holds Python code that Keras' safe mode will not run on load (a lambda in "
                          f"layer {listed(map(repr, risky))}): {_NEEDS}")
+    import importlib
+
+    for library in libraries_named(config):  # KerasHub's layers are registered when KerasHub is imported
+        try:
+            importlib.import_module(library)
+        except ImportError:
+            raise ModelError(f"{path} is made of {library}'s layers: install {library} (pip install "
+                             f"{library.replace('_', '-')}) to load it") from None
     try:
         return keras.saving.load_model(str(path), compile=False, safe_mode=not trust)
     except (TypeError, ValueError) as exc:

@@ -20,7 +20,8 @@ import numpy as np
 
 from tfperf import __version__
 from tfperf.flags import check_stop, cleaned_up
-from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, METADATA_FILE, SIGNATURE, Runner, Servable, agreement,
+from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, METADATA_FILE, NOT_EVIDENCE, SIGNATURE, Runner,
+                                   Servable, agreement, constant,
                                    check_model_dir, check_options, format_of, read_metadata, versions)
 from tfperf.deploy.errors import ExportError, ModelError, first_line, listed
 from tfperf.deploy.inputs import fit_inputs, npz_bytes, read_arrays
@@ -125,6 +126,8 @@ def compare_with_model(runner: Runner, checks: Sequence[Check], quantized: bool)
         rows += len(next(iter(check.inputs.values())))
     found = {"on": f"{rows} rows of " + " and ".join(c.source for c in checks), "outputs": outputs,
              "tolerance": FLOAT_TOLERANCE}
+    if all(constant(c.reference) for c in checks):
+        found["constant"] = NOT_EVIDENCE
     if top:
         found["top_class_agreement"] = float(np.mean(top))
     bad = {n: a for n, a in found["outputs"].items() if a["relative"] > FLOAT_TOLERANCE}
@@ -136,6 +139,7 @@ def compare_with_model(runner: Runner, checks: Sequence[Check], quantized: bool)
     return found
 
 
+VARIES = 1e-3  # a layer whose output moves across rows by this much of its own size can be checked on
 CHECK_FILE = "check.npz"  # beside the model: the rows the export was checked on and the model's answers
 
 
@@ -348,6 +352,8 @@ def export_subject(subject, root: Path | str = "saved_models", *, name: str | No
         described = {"model": subject.source, **({"source_signature": subject.signature} if subject.signature else {}),
                      **({"calibrated_on": calibrated_on} if calibrated_on else {}), **dict(fixed),
                      **dict(metadata or {})}
+        if constant(checks[0].reference):
+            described["probe"] = probe_check(subject, checks[0].inputs, format, quantize, representative)
         return export(subject.servable(), root, name=name or subject.name, version=version, format=format,
                       quantize=quantize, representative=representative, select_tf_ops=select_tf_ops,
                       checks=checks, metadata=described)
@@ -361,6 +367,55 @@ def export_subject(subject, root: Path | str = "saved_models", *, name: str | No
         # only at known sizes: then the model is exported at the sizes its inputs are made at, and says so.
         sizes = {i.name: list(i.shape) for i in subject.inputs if i.free}
         return attempt(subject.fixed(), {"fixed_sizes": sizes, "why_fixed": f"with sizes free: {exc}"})
+
+
+def varying_layer(model, inputs: Mapping[str, np.ndarray], last: int = 80):
+    """The name and sub-model (the model's inputs to that layer's output, scaled so that its largest value on
+    `inputs` is 1) of the last of a functional Keras model's layers whose output moves across the rows of
+    `inputs` by a thousandth of its own size, or None: where an export of a model whose outputs do not vary
+    can still be checked (scaled, a difference is judged against what the layer itself holds, however small
+    its values: dead ReLUs leave MobileNetV2's late activations near 1e-6)."""
+    import keras
+
+    if not isinstance(model, keras.Model) or not getattr(model, "inputs", None):
+        return None
+    packed = [inputs[t.name] for t in model.inputs] if all(t.name in inputs for t in model.inputs) else None
+    if packed is None:
+        return None
+    for layer in reversed(model.layers[-last:]):
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        try:
+            probe = keras.Model(model.inputs, layer.output, name=f"{model.name}_to_{layer.name}")
+            answer = np.asarray(probe(packed if len(packed) > 1 else packed[0], training=False))
+        except Exception:  # noqa: BLE001  (a layer used twice, or inside a nested model: not a single output)
+            continue
+        size = float(np.max(np.abs(answer))) if answer.dtype.kind == "f" and answer.size else 0.0
+        if size > 0 and len(answer) > 1 and float(np.max(np.ptp(answer, axis=0))) >= VARIES * size:
+            return layer.name, keras.Model(model.inputs, keras.layers.Rescaling(1.0 / size)(layer.output),
+                                           name=f"{model.name}_to_{layer.name}")
+    return None
+
+
+def probe_check(subject, inputs: Mapping[str, np.ndarray], format: str, quantize: str, representative) -> dict:
+    """When the model's outputs do not vary, the export's conversion checked where they still do: the same
+    format made of the model up to its last varying layer, exported and checked as any export (in a folder
+    of its own, removed after). ExportError when it disagrees; else what it found, or that nothing varies."""
+    from tfperf.deploy.loader import keras_subject
+
+    found = varying_layer(subject.model, inputs) if subject.model is not None else None
+    if found is None:
+        return {"layer": None, "why": f"{NOT_EVIDENCE}, and no layer's output varies on them either"}
+    layer, probe = found
+    with tempfile.TemporaryDirectory(prefix=".probe-") as scratch:
+        try:
+            checked = export_subject(keras_subject(probe, f"{subject.source} up to {layer}", factory=None), scratch,
+                                     name="probe", format=format, quantize=quantize,
+                                     calibration=(representative, "the export's own rows") if representative else None)
+        except ExportError as exc:
+            raise ExportError(f"its outputs do not vary, and up to layer {layer!r}, the last whose output does, the "
+                              f"{format} export disagrees with the model: {exc}") from None
+    return {"layer": layer, "agreement": checked.metadata.get("agreement")}
 
 
 def other_size(subject) -> int:
@@ -383,6 +438,17 @@ def describe_check(meta: Mapping[str, Any]) -> list[str]:
                      f"float32 exports must stay within {found['tolerance']:g})")
     if "top_class_agreement" in found:
         lines.append(f"  top class the same as the model's on {found['top_class_agreement']:.0%} of rows")
+    if found.get("constant"):
+        lines.append(f"  {found['constant']}")
+        probe = meta.get("probe") or {}
+        if probe.get("layer"):
+            worst = max((probe.get("agreement") or {}).get("outputs", {}).values(),
+                        key=lambda a: a["relative"], default=None)
+            lines.append(f"  checked instead up to layer {probe['layer']!r}, the last whose output varies: largest "
+                         f"difference {worst['relative']:.2g} of that layer's largest value"
+                         if worst else f"  checked instead up to layer {probe['layer']!r}")
+        elif probe:
+            lines.append(f"  {probe['why']}")
     if meta.get("fixed_sizes"):
         sizes = "; ".join(f"{n} {shape}" for n, shape in meta["fixed_sizes"].items())
         lines.append(f"sizes fixed at {sizes}: requests must be padded to them (the converter failed {meta['why_fixed']})")

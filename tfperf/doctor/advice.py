@@ -31,6 +31,7 @@ class Diagnosis:
     profile_s: float = 0.0  # what the profile pass took, within the experiments' times
     input_check: Any = None  # pipeline.InputCheck, with --data
     batch_fit: Any = None  # profile.BatchFit, with --memory-budget
+    lengths: Any = None  # lengths.LengthSweep, for a model whose sequence axis is free
     serving: str | None = None  # the serving answer within a latency budget, with --serve
 
     @property
@@ -123,6 +124,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines.append("")
     if d.batch_fit is not None:
         lines += [d.batch_fit.describe(), ""]
+    if d.lengths is not None:
+        lines += ["## Sequence length", "", d.lengths.advice(), ""]
     lines += ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")

@@ -115,6 +115,7 @@ def serving_answer(subject, args: argparse.Namespace, sample, out: Path) -> str:
     from tfperf.serving.command import RUNTIMES, answer, export_runtimes
     from tfperf.serving.configs import one_row_requests
     from tfperf.serving.report import describe
+    from tfperf.deploy.commands import loading_flags
     from tfperf.serving.search import Budget
 
     def say(what: str) -> None:
@@ -122,7 +123,7 @@ def serving_answer(subject, args: argparse.Namespace, sample, out: Path) -> str:
 
     budget = Budget(args.latency_budget or 0.010, args.percentile)
     given = ["--sample", args.sample] if args.sample else []
-    shapes = [a for text in args.input_shape or [] for a in ("--input-shape", text)]
+    shapes = loading_flags(args)
     exports, commands, failed = export_runtimes(subject, out, RUNTIMES, sample, [*given, *shapes], say)
     requests = one_row_requests(make_inputs(subject, 64, seed=args.seed, sample=sample))
     found = answer(subject.source, exports, requests, out, budget=budget, quick=args.quick, commands=commands,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tfperf.deploy.formats import FLOAT_TOLERANCE, agreement
+from tfperf.deploy.formats import FLOAT_TOLERANCE, NOT_EVIDENCE, agreement, constant
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
@@ -68,7 +68,8 @@ def model_facts(subject: Subject, *, quick: bool, sample: Mapping[str, np.ndarra
     # The roof the recipes use (all cores, sizes up to one that reaches the library's peak), at --quick too: a
     # 512 matmul alone stays well under it, and MFU over a low roof came out above 100%.
     rate = peak_matmul_flops_per_s()
-    model_flops = function_flops(subject.function(batch=1).get_concrete_function())
+    # At the sizes inputs are made at: a free axis (a sequence's length) has no count of its own.
+    model_flops = function_flops(subject.fixed().function(batch=1).get_concrete_function())
     per_example = model_flops / (subject.fixed_batch or 1) if model_flops else None
     facts = {"kind": subject.kind, "parameters": subject.parameters, "weight_bytes": subject.weight_bytes,
              "inputs": [str(i) for i in subject.inputs],
@@ -187,6 +188,9 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
         tensors = subject.pack(to_tensors(flat))
         with exact_float32():  # the reference is float32 itself, not TF32 (Ampere GPUs' default)
             reference = check_runs(subject, flat)
+        if batch > 1 and constant(reference):
+            skipped[f"agreement at batch {batch}"] = (f"{NOT_EVIDENCE}: every output is the same on all {batch} rows, "
+                                                      f"so max_relative_diff shows nothing of how the rows compute")
         calls = candidate_calls(subject, batch, flat, tensors, graph, xla, runtimes, commands)
         diffs, timers = checked_timers(subject, calls, batch, reference, skipped)
         table = "batch 1 latency" if batch == 1 else f"throughput at batch {batch}"

@@ -27,6 +27,7 @@ from tfperf.doctor.pipeline import input_pipeline
 from tfperf.doctor.profile import ProfilePass
 from tfperf.doctor.retracing import retracing
 from tfperf.doctor.threads import thread_batches, threads
+from tfperf.doctor.lengths import length_sweep
 from tfperf.doctor.training import training
 
 
@@ -34,6 +35,8 @@ def plan(subject: Subject, options: Options) -> list[str]:
     """The steps a run takes, in order (for a progress bar)."""
     batches = [b for b in options.batch_sizes if subject.fixed_batch in (None, b)] or [subject.fixed_batch]
     steps = ["the model", *[f"inference at batch {b}" for b in batches]]
+    if subject.free:
+        steps.append("sequence length")
     if options.threads:
         steps += [f"threads at batch {b}" for b in thread_batches(subject, options)]
     if options.data is not None:
@@ -73,6 +76,9 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
 
     sections: list[tuple[str, Callable[[], tuple[list[Finding], dict]]]] = [
         ("inference", lambda: inference(subject, rec, options, workdir, progress, facts, profiler))]
+    if subject.free:  # a Transformer's cost grows with its requests' lengths: how, and from where attention leads
+        sections.append(("sequence length", lambda: keep("sequence length", length_sweep(
+            subject, rec, options, progress))))
     if options.threads:
         sections.append(("threads", lambda: threads(subject, rec, options, progress)))
     if options.data is not None:  # first: while training waits for data, a faster step gains nothing
@@ -102,6 +108,6 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     return Diagnosis(subject, rec, findings, skipped, facts, time.perf_counter() - started, took,
                      profiles=profiler.found if profiler else [], peaks=profiler.peaks if profiler else {},
                      profile_s=profiler.took_s if profiler else 0.0, input_check=found.get("input pipeline"),
-                     batch_fit=found.get("memory budget"))
+                     batch_fit=found.get("memory budget"), lengths=found.get("sequence length"))
 
 

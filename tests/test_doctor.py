@@ -416,7 +416,11 @@ def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, cap
     raw = sorted((dict(zip(ids, (c["v"] for c in row["c"]))) for row in table["rows"]),
                  key=lambda r: -r["total_self_time"])
     raw = [[f"| {r['type']}", r["operation"]] for r in raw if r["type"] != "IDLE"]
-    assert printed and printed == raw[:len(printed)]
+    if raw:
+        assert printed and printed == raw[:len(printed)]
+    else:  # TensorFlow's executor traced none of this small model's ops (it skips ops it judges cheap; seen in
+        # about half the runs here): the doctor says so rather than print a table
+        assert lines[start + 2] == "(no TensorFlow operation in this trace)"
     records = read_records(out / "doctor.jsonl")
     threads = [r for r in records if r["table"] == "threads at batch 8"]
     assert threads[0]["row"] == "default threads" and len(threads) >= 2

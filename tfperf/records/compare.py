@@ -13,7 +13,7 @@ import numpy as np
 
 from tfperf.measure import stats
 from tfperf.records.findings import Headline
-from tfperf.records.noise import Noise, differences
+from tfperf.records.noise import Noise, differences, within_sd
 from tfperf.records.report import per_call_samples, speedup
 from tfperf.records.runs import Run
 
@@ -87,18 +87,20 @@ def geometric_mean_of(runs: Sequence[Run], key: Key) -> tuple[float | None, int]
     return (stats.geometric_mean(values), len(values)) if values else (None, 0)
 
 
-def judge_by_noise(a_runs: Sequence[Run], b_runs: Sequence[Run], b: Record, noise: Noise) -> RowChange | None:
+def judge_by_noise(a_runs: Sequence[Run], b_runs: Sequence[Run], a: Record, b: Record, noise: Noise) -> RowChange | None:
     """Row b against A by the calibration: B's ratio over A (geometric means over each side's runs) against
-    the spread two runs of the same code show. Its status waits for `compare_runs`, which controls the
-    false alarms over all rows; None when a side has no figure."""
+    the spread two runs of the same code show (never less than the two rows' own intervals within their runs
+    allow). Its status waits for `compare_runs`, which controls the false alarms over all rows; None when a
+    side has no figure."""
     key = (b["recipe"], b["table"], b["row"])
     spread = noise.spread((*key, "primary"))
     (value_a, runs_a), (value_b, runs_b) = geometric_mean_of(a_runs, key), geometric_mean_of(b_runs, key)
     if value_a is None or value_b is None:
         return None
     ratio = value_a / value_b if b["lower_is_better"] else value_b / value_a
-    sd = spread.sd * math.sqrt(1 / runs_a + 1 / runs_b)
-    band = spread.band(runs_a, runs_b)
+    within = math.sqrt(within_sd(a.get("ci95")) ** 2 / runs_a + within_sd(b.get("ci95")) ** 2 / runs_b)
+    sd = max(spread.sd * math.sqrt(1 / runs_a + 1 / runs_b), within)
+    band = math.exp(stats.t_quantile(0.975, spread.df) * sd)
     p = stats.t_two_sided_p(math.log(ratio) / sd, spread.df) if sd > 0 else (0.0 if ratio != 1 else 1.0)
     return RowChange(key, b["primary"], value_a, value_b, ratio, (ratio / band, ratio * band), p, UNCHANGED,
                      noise=band, runs=(runs_a, runs_b), judged_by="noise")
@@ -141,7 +143,7 @@ def compare_runs(a: Sequence[Run], b: Sequence[Run], *, threshold: float | None 
         if ra["primary"] != rb["primary"] or ra["primary"] not in ra["metrics"]:
             mismatches.append(f"{' / '.join(key)}: primary metric {ra['primary']!r} in A, {rb['primary']!r} in B")
             continue
-        by_noise = judge_by_noise(a, b, rb, noise) if noise is not None else None
+        by_noise = judge_by_noise(a, b, ra, rb, noise) if noise is not None else None
         rows.append(by_noise or judge(ra, rb, threshold=threshold))
     noisy = [i for i, r in enumerate(rows) if r.judged_by == "noise"]
     rejected = stats.benjamini_hochberg([rows[i].p_value for i in noisy], SIGNIFICANCE) if noisy else []

@@ -33,6 +33,8 @@ FORMAT = "tfperf-noise/1"
 CONFIDENCE = 0.95
 # The prior's degrees of freedom when no figure moved at all between the runs (nothing to learn it from).
 PRIOR_DF = 4.0
+# A recipe learns its prior from its own timed figures when it has at least this many that moved.
+MIN_FIGURES = 5
 # What the machine, its software and the run's sizes are: a calibration from another is a poor guide.
 ENV_KEYS = ("cpu", "cores", "usable_cores", "gpus", "python", "tensorflow", "keras")
 ARGS_IGNORED = ("out", "profile")
@@ -55,18 +57,19 @@ def headline_key(recipe: str) -> Key:
     return (recipe, "", "", HEADLINE)
 
 
-def figures(run: Run) -> dict[Key, float]:
-    """Every positive figure of a run: each row's primary metric, each judged row's ratio, each headline."""
-    found: dict[Key, float] = {}
+def figures(run: Run) -> dict[Key, tuple[float, bool]]:
+    """Every positive figure of a run, and whether it is timed: each row's primary metric (timed when the row
+    kept its samples), each judged row's ratio and each headline (timed)."""
+    found: dict[Key, tuple[float, bool]] = {}
     for r in run.records:
         where = (r["recipe"], r["table"], r["row"])
         if (value := positive(r["metrics"].get(r["primary"]))) is not None:
-            found[(*where, "primary")] = value
+            found[(*where, "primary")] = (value, bool(r.get("samples_s")))
         if (ratio := positive(r.get("ratio"))) is not None:
-            found[(*where, "ratio")] = ratio
+            found[(*where, "ratio")] = (ratio, True)
     for recipe, headline in run.headlines.items():
         if (value := positive(headline.value)) is not None:
-            found[headline_key(recipe)] = value
+            found[headline_key(recipe)] = (value, True)
     return found
 
 
@@ -76,12 +79,15 @@ def measure_noise(runs: Sequence[Run], where: str = "") -> Noise:
         raise ValueError(f"{where or 'a calibration'} holds {len(runs)} run: run-to-run noise needs at least 2 "
                          f"(`tfperf run --repeat 3`)")
     values: dict[Key, list[float]] = {}
+    timed: set[Key] = set()
     for run in runs:
-        for key, value in figures(run).items():
+        for key, (value, is_timed) in figures(run).items():
             values.setdefault(key, []).append(math.log(value))
+            if is_timed:
+                timed.add(key)
     spreads = {key: (float(np.var(logs, ddof=1)), float(len(logs) - 1)) for key, logs in values.items()
                if len(logs) >= 2}
-    machine, recipes = priors(spreads)
+    machine, recipes = priors({k: v for k, v in spreads.items() if k in timed})
     first = runs[0]
     env = {k: first.env.get(k) for k in ENV_KEYS}
     args = {}
@@ -92,29 +98,42 @@ def measure_noise(runs: Sequence[Run], where: str = "") -> Noise:
                  datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), where)
 
 
+def _prior(spreads: Sequence[tuple[float, float]], prior_df: float | None = None) -> tuple[float, float]:
+    """(variance, degrees of freedom) of the prior these spreads give, the degrees of freedom capped at what
+    they hold together (a prior learnt from a few figures cannot be surer than they are)."""
+    variance, df = stats.variance_prior([v for v, _ in spreads], [d for _, d in spreads], prior_df=prior_df)
+    return variance, min(df, sum(d for _, d in spreads))
+
+
 def priors(spreads: Mapping[Key, tuple[float, float]]) -> tuple[tuple[float, float], dict[str, tuple[float, float]]]:
-    """The prior spread of the machine's figures and of each recipe's, as (variance, degrees of freedom): the
-    degrees of freedom learnt from all figures (capped at what they hold together), each recipe's variance
-    from its own figures."""
-    total = sum(df for _, df in spreads.values())
-    if not any(v > 0 for v, _ in spreads.values()):
+    """The prior spread of the machine's timed figures and of each recipe's, as (variance, degrees of freedom).
+    A recipe with MIN_FIGURES timed figures that moved learns both from its own (the figures of one recipe are
+    alike far more often than the machine's are: a serving recipe's are loud, a matmul's quiet); one with fewer
+    takes the machine's degrees of freedom and, if it has any, its own figures' level."""
+    moved = [s for s in spreads.values() if s[0] > 0]
+    if not moved:
         return (0.0, PRIOR_DF), {}
-    variance, prior_df = stats.variance_prior([v for v, _ in spreads.values()], [d for _, d in spreads.values()])
-    prior_df = min(prior_df, total)
+    machine = _prior(moved)
     by_recipe: dict[str, list[tuple[float, float]]] = {}
     for key, spread in spreads.items():
-        by_recipe.setdefault(key[0], []).append(spread)
-    recipes = {recipe: (stats.variance_prior([v for v, _ in found], [d for _, d in found], prior_df=prior_df)[0],
-                        prior_df) for recipe, found in by_recipe.items() if any(v > 0 for v, _ in found)}
-    return (variance, prior_df), recipes
+        if spread[0] > 0:
+            by_recipe.setdefault(key[0], []).append(spread)
+    recipes = {recipe: _prior(found) if len(found) >= MIN_FIGURES else
+               (_prior(found, prior_df=machine[1])[0], machine[1]) for recipe, found in by_recipe.items()}
+    return machine, recipes
+
+
+def within_sd(ci95: Sequence[float] | None) -> float:
+    """The standard deviation of a figure's logarithm within its run, read from its 95% interval (0 without)."""
+    if ci95 and (low := positive(ci95[0])) and (high := positive(ci95[1])) and high > low:
+        return math.log(high / low) / (2 * stats.t_quantile(1 - (1 - CONFIDENCE) / 2, math.inf))
+    return 0.0
 
 
 def rerun_range(value: float, spread: Spread, ci95: Sequence[float] | None = None) -> tuple[float, float]:
     """Where a rerun's figure lands (95%), given this run's `value`: the difference of two runs' logarithms
     has twice a run's variance. Never narrower than the figure's own interval within its run (`ci95`)."""
-    sd = spread.sd
-    if ci95 and (low := positive(ci95[0])) and (high := positive(ci95[1])) and high > low:
-        sd = max(sd, math.log(high / low) / (2 * stats.t_quantile(1 - (1 - CONFIDENCE) / 2, math.inf)))
+    sd = max(spread.sd, within_sd(ci95))
     factor = math.exp(stats.t_quantile(1 - (1 - CONFIDENCE) / 2, spread.df) * sd * math.sqrt(2))
     return value / factor, value * factor
 

@@ -35,53 +35,51 @@ def add_services(grpc_server, server) -> None:
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
-        async def Predict(self, request, context):
-            started = time.perf_counter()
-            try:
-                repository = server.model(request.model_spec.name)
-                v = repository.acquire(_version(request.model_spec))
+    def answered(protocol: str):
+        """A handler counted in the server's metrics, a RequestError turned into the gRPC status it maps to."""
+        def wrap(method):
+            async def handle(self, request, context):
+                started = time.perf_counter()
                 try:
-                    arrays = predict_inputs(request, v.inputs, v.signature)
-                    outputs = await server.infer(v, arrays, deadline_s=context.time_remaining())
-                finally:
-                    repository.release(v)
-                response = predict_response(repository.name, v.number, v.signature, outputs,
-                                            list(request.output_filter))
-            except RequestError as exc:
-                await _refuse(server, context, "grpc", started, exc)
-            server.count("grpc", "OK", started)
-            return response
+                    response = await method(self, request, context)
+                except RequestError as exc:
+                    await _refuse(server, context, protocol, started, exc)
+                server.count(protocol, "OK", started)
+                return response
+            return handle
+        return wrap
 
-        async def GetModelMetadata(self, request, context):
-            started = time.perf_counter()
+    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+        @answered("grpc")
+        async def Predict(self, request, context):
+            repository = server.model(request.model_spec.name)
+            v = repository.acquire(_version(request.model_spec))
             try:
-                repository = server.model(request.model_spec.name)
-                unknown = [f for f in request.metadata_field if f != "signature_def"]
-                if unknown or not request.metadata_field:
-                    raise RequestError(400, f"metadata_field must be ['signature_def'], got "
-                                            f"{list(request.metadata_field)[:5]}")
-                v = repository.get(_version(request.model_spec))
-                response = metadata_response(repository.name, v.number, v.signature, v.inputs, v.outputs)
-            except RequestError as exc:
-                await _refuse(server, context, "grpc", started, exc)
-            server.count("grpc", "OK", started)
-            return response
+                arrays = predict_inputs(request, v.inputs, v.signature)
+                outputs = await server.infer(v, arrays, deadline_s=context.time_remaining())
+            finally:
+                repository.release(v)
+            return predict_response(repository.name, v.number, v.signature, outputs, list(request.output_filter))
+
+        @answered("grpc")
+        async def GetModelMetadata(self, request, context):
+            repository = server.model(request.model_spec.name)
+            unknown = [f for f in request.metadata_field if f != "signature_def"]
+            if unknown or not request.metadata_field:
+                raise RequestError(400, f"metadata_field must be ['signature_def'], got "
+                                        f"{list(request.metadata_field)[:5]}")
+            v = repository.get(_version(request.model_spec))
+            return metadata_response(repository.name, v.number, v.signature, v.inputs, v.outputs)
 
     class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+        @answered("grpc")
         async def GetModelStatus(self, request, context):
-            started = time.perf_counter()
-            try:
-                repository = server.model(request.model_spec.name)
-                asked = _version(request.model_spec)
-                states = {v: s for v, s in repository.states.items() if asked in (None, v)}
-                if not states:
-                    raise RequestError(404, f"model {repository.name!r} has no version {asked}")
-                response = status_response(states, repository.errors)
-            except RequestError as exc:
-                await _refuse(server, context, "grpc", started, exc)
-            server.count("grpc", "OK", started)
-            return response
+            repository = server.model(request.model_spec.name)
+            asked = _version(request.model_spec)
+            states = {v: s for v, s in repository.states.items() if asked in (None, v)}
+            if not states:
+                raise RequestError(404, f"model {repository.name!r} has no version {asked}")
+            return status_response(states, repository.errors)
 
     def tensors(items) -> list[Any]:
         return [service_pb2.ModelMetadataResponse.TensorMetadata(
@@ -113,48 +111,34 @@ def add_services(grpc_server, server) -> None:
             return service_pb2.ServerMetadataResponse(name="tfperf", version=__version__,
                                                       extensions=["binary_tensor_data"])
 
+        @answered("v2-grpc")
         async def ModelMetadata(self, request, context):
-            started = time.perf_counter()
-            try:
-                repository = server.model(request.name)
-                v = repository.get(asked(request.version))
-                response = service_pb2.ModelMetadataResponse(
-                    name=repository.name, versions=[str(v.number)], platform=v.platform,
-                    inputs=tensors(v.inputs), outputs=tensors(v.outputs))
-            except RequestError as exc:
-                await _refuse(server, context, "v2-grpc", started, exc)
-            server.count("v2-grpc", "OK", started)
-            return response
+            repository = server.model(request.name)
+            v = repository.get(asked(request.version))
+            return service_pb2.ModelMetadataResponse(name=repository.name, versions=[str(v.number)],
+                                                     platform=v.platform, inputs=tensors(v.inputs),
+                                                     outputs=tensors(v.outputs))
 
+        @answered("v2-grpc")
         async def ModelConfig(self, request, context):
             from google.protobuf import json_format
             from tritonclient.grpc import model_config_pb2
 
-            started = time.perf_counter()
-            try:
-                repository = server.model(request.name)
-                v = repository.get(asked(request.version))
-                config = json_format.ParseDict(triton_config(repository, v), model_config_pb2.ModelConfig())
-            except RequestError as exc:
-                await _refuse(server, context, "v2-grpc", started, exc)
-            server.count("v2-grpc", "OK", started)
+            repository = server.model(request.name)
+            v = repository.get(asked(request.version))
+            config = json_format.ParseDict(triton_config(repository, v), model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=config)
 
+        @answered("v2-grpc")
         async def ModelInfer(self, request, context):
-            started = time.perf_counter()
+            repository = server.model(request.model_name)
+            v = repository.acquire(asked(request.model_version))
             try:
-                repository = server.model(request.model_name)
-                v = repository.acquire(asked(request.model_version))
-                try:
-                    decoded = v2_grpc_request(request, v.inputs)
-                    outputs = await server.infer(v, decoded.arrays, deadline_s=context.time_remaining())
-                finally:
-                    repository.release(v)
-                response = v2_grpc_response(repository.name, v.number, decoded, outputs)
-            except RequestError as exc:
-                await _refuse(server, context, "v2-grpc", started, exc)
-            server.count("v2-grpc", "OK", started)
-            return response
+                decoded = v2_grpc_request(request, v.inputs)
+                outputs = await server.infer(v, decoded.arrays, deadline_s=context.time_remaining())
+            finally:
+                repository.release(v)
+            return v2_grpc_response(repository.name, v.number, decoded, outputs)
 
         async def RepositoryIndex(self, request, context):
             r = server.repository

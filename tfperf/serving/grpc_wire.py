@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tfperf.serving.wire import (NUMPY_TO_V2, V2_TYPES, RequestError, Tensor, V2Request, from_v2_bytes, to_v2_bytes,
-                                 check_shape)
+from tfperf.serving.wire import (NUMPY_TO_V2, V2_TYPES, RequestError, Tensor, V2Request, check_shape, every_input,
+                                 from_v2_bytes, to_v2_bytes, v2_tensor)
 
 # TensorFlow's DataType enum values (tensorflow/core/framework/types.proto) and NumPy's names.
 TF_ENUM = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6, "string": 7, "int64": 9,
@@ -93,8 +93,7 @@ def predict_inputs(request, inputs: Sequence[Tensor], signature: str) -> dict[st
             raise RequestError(400, f"input {name!r} is {array.dtype.name}; the model takes strings")
         check_shape(array, spec, f"input {name!r}")
         arrays[name] = array
-    if len({len(a) for a in arrays.values()}) > 1:
-        raise RequestError(400, "the inputs have different numbers of rows")
+    every_input(arrays, inputs)
     return arrays
 
 
@@ -182,18 +181,8 @@ def v2_grpc_request(request, inputs: Sequence[Tensor]) -> V2Request:
             array = np.asarray(values, dtype=object if datatype == "BYTES" else V2_TYPES[datatype]).reshape(shape)
         else:
             raise RequestError(400, f"input {name!r}: {datatype} comes only in raw_input_contents")
-        if (spec.dtype == "string") != (datatype == "BYTES") or (
-                array.dtype.kind == "f" and spec.dtype != "string" and np.dtype(spec.dtype).kind in "iub"):
-            raise RequestError(400, f"input {name!r} is {datatype}; the model takes {spec.dtype}")
-        if spec.dtype != "string":
-            array = array.astype(spec.dtype)
-        check_shape(array, spec, f"input {name!r}")
-        arrays[name] = array
-    missing = sorted(set(by_name) - set(arrays))
-    if missing:
-        raise RequestError(400, f"the request lacks inputs {missing}")
-    if len({len(a) for a in arrays.values()}) > 1:
-        raise RequestError(400, "the inputs have different numbers of rows")
+        arrays[name] = v2_tensor(array, datatype, spec)
+    every_input(arrays, inputs)
     return V2Request(request.id or None, arrays, {o.name: True for o in request.outputs}, True)
 
 

@@ -174,9 +174,7 @@ def tfserving_predict_request(body: bytes, inputs: Sequence[Tensor], signature: 
         arrays = {names[0]: to_array(columns, inputs[0], "inputs")}
     else:
         raise RequestError(400, f"the model takes {len(names)} named inputs {names}: give \"inputs\" as an object")
-    if len({len(a) for a in arrays.values()}) > 1:
-        raise RequestError(400, "the inputs have different numbers of rows: " +
-                           ", ".join(f"{n}: {len(a)}" for n, a in arrays.items()))
+    every_input(arrays, inputs)
     return arrays, True
 
 
@@ -276,6 +274,28 @@ def to_v2_bytes(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
+def v2_tensor(array: np.ndarray, datatype: str, spec: Tensor) -> np.ndarray:
+    """A decoded v2 tensor as its input takes it: strings for BYTES only, no fractions for integers, cast to
+    the input's dtype and checked against its shape; a 400 that says what it should be."""
+    if (spec.dtype == "string") != (datatype == "BYTES") or (
+            array.dtype.kind == "f" and spec.dtype != "string" and np.dtype(spec.dtype).kind in "iub"):
+        raise RequestError(400, f"input {spec.name!r} is {datatype}; the model takes {_shape_text(spec)}")
+    if spec.dtype != "string":
+        array = array.astype(spec.dtype)
+    check_shape(array, spec, f"input {spec.name!r}")
+    return array
+
+
+def every_input(arrays: Mapping[str, np.ndarray], inputs: Sequence[Tensor]) -> None:
+    """A 400 unless the request gave every input, each with the same number of rows."""
+    missing = sorted({s.name for s in inputs} - set(arrays))
+    if missing:
+        raise RequestError(400, f"the request lacks inputs {missing}")
+    if len({len(a) for a in arrays.values()}) > 1:
+        raise RequestError(400, "the inputs have different numbers of rows: " +
+                           ", ".join(f"{n}: {len(a)}" for n, a in arrays.items())[:200])
+
+
 def v2_infer_request(body: bytes, header_length: int | None, inputs: Sequence[Tensor]) -> V2Request:
     """A v2 /infer body: JSON, or (with the Inference-Header-Content-Length header) a JSON header followed by
     the binary tensors its inputs' `binary_data_size` parameters give, in order."""
@@ -314,19 +334,8 @@ def v2_infer_request(body: bytes, header_length: int | None, inputs: Sequence[Te
             array = data.reshape(shape)
         else:
             raise RequestError(400, f"input {name!r} has neither \"data\" nor a binary_data_size parameter")
-        if (spec.dtype == "string") != (datatype == "BYTES"):
-            raise RequestError(400, f"input {name!r} is {datatype}; the model takes {_shape_text(spec)}")
-        if spec.dtype != "string" and array.dtype != np.dtype(spec.dtype):
-            if array.dtype.kind == "f" and np.dtype(spec.dtype).kind in "iub":
-                raise RequestError(400, f"input {name!r} is {datatype}; the model takes {_shape_text(spec)}")
-            array = array.astype(spec.dtype)
-        check_shape(array, spec, f"input {name!r}")
-        arrays[name] = array
-    missing = sorted(set(by_name) - set(arrays))
-    if missing:
-        raise RequestError(400, f"the request lacks inputs {missing}")
-    if len({len(a) for a in arrays.values()}) > 1:
-        raise RequestError(400, "the inputs have different numbers of rows")
+        arrays[name] = v2_tensor(array, datatype, spec)
+    every_input(arrays, inputs)
     params = found.get("parameters") or {}
     asked = {}
     for item in found.get("outputs") or []:

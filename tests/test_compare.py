@@ -263,3 +263,25 @@ def test_compare_says_when_the_cores_differ_and_still_judges_the_rows():
     result = compare.compare_runs([noisy_run(rng, [QUIET] * 3)], [one_core])
     assert result.env_differences["usable_cores"] == (None, 1)
     assert {r.key[2] for r in result.regressions} == {"r0", "r1", "r2"}
+
+
+def test_a_run_whose_figures_move_with_heavy_tails_seldom_fails_the_gate():
+    """A/A where a run's factor is Student's t with 3 degrees of freedom (one process in fifty 30-40% off, as
+    measured here), not normal: the gate reads its p-values from heavy tails and still catches a real 60%."""
+    from tfperf.records.noise import measure_noise
+
+    rng = np.random.default_rng(5)
+    sds = [QUIET] * 10
+
+    def heavy_run(slower=None):
+        factors = [float(np.exp(sd * rng.standard_t(3) / np.sqrt(3))) for sd in sds]
+        return noisy_run(rng, [0.0] * len(sds), slower={f"r{i}": f * (slower or {}).get(f"r{i}", 1.0)
+                                                         for i, f in enumerate(factors)})
+
+    false_alarms = caught = 0
+    for _ in range(100):
+        noise = measure_noise([heavy_run() for _ in range(3)])
+        false_alarms += bool(compare.compare_runs([heavy_run()], [heavy_run()], noise=noise).regressions)
+        slowed = compare.compare_runs([heavy_run()], [heavy_run(slower={"r2": 1.6})], noise=noise)
+        caught += "r2" in {r.key[2] for r in slowed.regressions}
+    assert false_alarms <= 8 and caught >= 90

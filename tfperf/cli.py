@@ -79,8 +79,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     failed = []
     started = time.perf_counter()
-    for i, recipe in enumerate(recipes, start=1):
-        for run in range(1, args.repeat + 1):
+    # Repeats go round the recipes, so that each recipe's runs lie minutes apart: the machine's slow drifts fall
+    # inside the spread a calibration measures, not between it and the next run.
+    for run in range(1, args.repeat + 1):
+        for i, recipe in enumerate(recipes, start=1):
             label = recipe.name if args.repeat == 1 else f"{recipe.name} ({run}/{args.repeat})"
             print(f"[{i}/{len(recipes)}] {label:<28}", end=" ", flush=True)
             t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 import re
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,27 @@ def test_the_harness_turns_known_errors_into_one_line_and_failed_checks_into_exi
     assert failed.main(["--out", str(tmp_path)]) == 1
     assert "demo: FAILED: outputs disagree" in capsys.readouterr().err
     assert (tmp_path / "demo.jsonl").exists()  # the records of a failed check are kept for inspection
+
+
+def test_sigterm_unwinds_a_recipe_so_that_what_it_started_comes_down(tmp_path, capsys):
+    import os
+    import signal
+
+    closed = []
+
+    def measure(args, rec):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            closed.append(True)  # what a `with Hosts(...)` or a cluster's block does on the way out
+
+    demo = Recipe(name="demo", doc="demo", order=1, measure=measure, conclude=None)
+    before = signal.getsignal(signal.SIGTERM)
+    started = time.perf_counter()
+    assert demo.main(["--out", str(tmp_path)]) == 143 and closed == [True]
+    assert time.perf_counter() - started < 4 and "demo: stopped by SIGTERM" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
 
 
 def test_every_recipe_declares_itself_and_the_readme_lists_them_in_that_order():

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +25,10 @@ SHARED_FLAGS: dict[str, tuple[Callable[[str], Any], str]] = {
     "warmup": (flags.non_negative_int, "untimed steps after the first call"),
     "batch_size": (flags.positive_int, "examples per step"),
 }
+
+
+def _stop(signum, frame) -> None:
+    raise flags.Stopped()
 
 
 class RecipeError(Exception):
@@ -138,6 +144,10 @@ class Recipe:
         if problem:
             print(f"{self.name}: error: {problem}", file=sys.stderr)
             return 2
+        # SIGTERM (timeout, CI) unwinds as Ctrl-C does: the clusters, servers and emulated hosts a recipe
+        # started are taken down by the blocks that started them.
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
         try:
             rec, measured = self.run(args)
             rec.save(args.out)
@@ -148,6 +158,13 @@ class Recipe:
         except ChildError as exc:  # a failed run, not bad input: the message names what failed
             print(f"{self.name}: failed: {exc}", file=sys.stderr)
             return 1
+        except (KeyboardInterrupt, flags.Stopped) as exc:
+            stopped = isinstance(exc, flags.Stopped)
+            print(f"{self.name}: stopped by {'SIGTERM' if stopped else 'Ctrl-C'}", file=sys.stderr)
+            return 143 if stopped else 130
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         tables = dict.fromkeys(r["table"] for r in rec.records)
         print("\n\n".join(f"## {t}\n\n{markdown_table(rec.table(t))}" for t in tables) + "\n")
         if args.profile:

@@ -11,7 +11,7 @@ RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh
+$(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh scripts/install_hosts.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt
@@ -20,6 +20,7 @@ $(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh
 	  $(BIN)/python -m pip install -q "tensorflow[and-cuda]==$$(sed -n 's/^tensorflow==\([^ ]*\).*/\1/p' requirements.txt)"; fi
 	$(BIN)/python -m pip install -q --no-deps -e .
 	bash scripts/install_horovod.sh $(BIN)/python
+	bash scripts/install_hosts.sh
 	touch $@
 
 report: install

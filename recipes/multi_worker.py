@@ -5,8 +5,10 @@ they train the CNN together, each on its slice of every global batch, and all-re
 with TensorFlow's own collective ops (a ring over gRPC on CPUs, NCCL on GPUs).
 
 Run:   python recipes/multi_worker.py --quick        (about a minute on 2 CPU cores)
+       python recipes/multi_worker.py --quick --link 1gbit   (as root: each worker on a host of its own)
 Needs: TensorFlow 2.21 and Keras 3; free localhost ports. On real machines, run the worker part on
-       each host with its own TF_CONFIG instead of letting this script start them.
+       each host with its own TF_CONFIG instead of letting this script start them. With --link each worker
+       runs on an emulated host (a network namespace, its link shaped by tc), TF_CONFIG naming their addresses.
 """
 
 import os
@@ -26,7 +28,8 @@ import numpy as np
 from tfperf import flags
 from tfperf.measure import (Measurement, Timer, TimerCluster, TimerServer, interleave, profiled, serve_timers,
                           versus)
-from tfperf.cluster import ClusterError, local_cluster, tf_config
+from tfperf.cluster import ClusterError, Placement, placed, ring_t2, tf_config
+from tfperf.cluster.hosts import available
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
 from tfperf.gpus import child_gpu_env, host_gpu_count, worker_gpus
@@ -116,7 +119,8 @@ def worker(args) -> None:
 
 # Measuring -------------------------------------------------------------------------------------------
 
-TRAINING, ALLREDUCE = "training, same global batch", "collective all-reduce by size"
+TRAINING, ALLREDUCE, LINK = ("training, same global batch", "collective all-reduce by size",
+                             "the links between the workers' hosts, as measured")
 AGREEMENT_STEPS, TOLERANCE = 5, 1e-4
 ALLREDUCE_REPS, PROFILE_STEPS = 6, 5  # timed all-reduces per size; steps traced under --profile
 ROUNDS = 10  # turns each cluster takes, --steps shared out among them
@@ -127,23 +131,30 @@ class Found:
     results: dict[int, dict]  # per worker count: what the chief replied, and the timed steps
     weight_diff: float  # N workers' weights against one process's after the agreement steps
     between: float  # and between the N workers
+    link: dict | None  # the link between the workers' hosts as measured (--link), else None
 
 
-def start_workers(n: int, args, tmp: Path) -> TimerCluster:
-    """Start n worker processes with their TF_CONFIG, as one cluster of timer processes."""
-    cluster = local_cluster({"worker": n})
+def own_host(job: str, index: int) -> int:
+    """With emulated hosts: worker i on host i."""
+    return index
+
+
+def start_workers(n: int, args, tmp: Path, where: Placement) -> TimerCluster:
+    """Start n worker processes with their TF_CONFIG, as one cluster of timer processes, each where `where`
+    places it."""
+    cluster = where.cluster({"worker": n})
     cmd = [sys.executable, __file__, "--role", "worker", "--weights-dir", tmp, "--batch-size", args.batch_size,
            "--warmup", args.warmup, "--seed", args.seed, "--lr", args.lr,
            "--sizes", *args.sizes, *(["--profile", Path(args.profile).resolve()] if args.profile else [])]
     # One GPU (or a share of them) per worker: each replica takes its slice of the global batch.
     gpus = host_gpu_count()
-    return TimerCluster([TimerServer(cmd, timeout=args.timeout, name=f"worker {i} of {n}", env={
+    return TimerCluster([TimerServer(where.command("worker", i, cmd), timeout=args.timeout, name=f"worker {i} of {n}", env={
         **os.environ, "TF_CONFIG": tf_config(cluster, "worker", i) if n > 1 else "{}", "TF_CPP_MIN_LOG_LEVEL": "2",
         **child_gpu_env(worker_gpus(i, gpus))}) for i in range(n)])
 
 
 def add_flags(p) -> None:
-    flags.add_cluster_flags(p, sizes_help="all-reduce sizes in bytes")
+    flags.add_cluster_flags(p, sizes_help="all-reduce sizes in bytes", link_help="run each worker on a host of its own")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     p.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)  # internal: a started worker
     p.add_argument("--weights-dir", help=argparse.SUPPRESS)
@@ -154,16 +165,23 @@ def measure(args, rec) -> Found:
         raise RecipeError(f"the global --batch-size {args.batch_size} must split evenly over "
                           f"{args.workers} workers: use a multiple of {args.workers}")
 
+    why = args.link and available()
+    if why:
+        raise RecipeError(why)
     # Baseline (1 worker) and N workers, both clusters up, taking steps in turns ------------------
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, placed(args.link, args.workers, own_host) as where:
         tmp = Path(tmp)
+        link = where.link
+        if link:
+            rec.add(LINK, f"{args.link}: {', '.join(where.where('worker', i) for i in range(args.workers))}",
+                    dict(where.link), primary="measured_mbit_s", lower_is_better=False, versus_first=False)
         counts = sorted({1, args.workers})
         try:
             with contextlib.ExitStack() as stack:
                 # One cluster gets ready (traces, compiles, warms up) before the next starts: none of it is timed.
                 clusters, timers = {}, []
                 for n in counts:
-                    clusters[n] = stack.enter_context(start_workers(n, args, tmp))
+                    clusters[n] = stack.enter_context(start_workers(n, args, tmp, where))
                     timers.append(clusters[n].timer("step", f"{n} worker{'s' * (n > 1)}"))
                 timed = dict(zip(counts, interleave(timers, rounds=ROUNDS, samples=args.steps, warmup=0,
                                                     seed=args.seed)))
@@ -189,10 +207,13 @@ def measure(args, rec) -> Found:
             comparison=versus(one, m) if n > 1 else None)
     for a in results[args.workers]["allreduce"]:
         m = Measurement(f"{a['bytes'] / 1024:,.0f} KiB", tuple(a["samples_s"]))
-        rec.add(ALLREDUCE, m.name, {"ms": m.median_s * 1e3, "gb_per_s": a["bytes"] / m.median_s / 1e9},
+        # Across links: the ring model from the measured link, 2(n-1)/n S/B + 2(n-1) latency.
+        model = {"ring_model_ms": ring_t2(args.workers, a["bytes"], link["rtt_us"] / 2e6,
+                                          link["measured_mbit_s"] * 1e6 / 8) * 1e3} if link else {}
+        rec.add(ALLREDUCE, m.name, {"ms": m.median_s * 1e3, "gb_per_s": a["bytes"] / m.median_s / 1e9, **model},
                 primary="ms", lower_is_better=True, versus_first=False, measurement=m)
 
-    return Found(results, weight_diff, between)
+    return Found(results, weight_diff, between, link)
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -204,7 +225,13 @@ def conclude(args, rec, found: Found) -> Conclusion:
           f"(max weight difference {weight_diff:.2g}, between workers {between:g})")
 
     cores = usable_cores()
-    if speed.verdict == SLOWER:
+    if found.link:
+        link = found.link
+        why = (f"Each worker ran on a host of its own behind a {args.link} link (measured "
+               f"{link['measured_mbit_s']:.0f} Mbit/s, round trip {link['rtt_us']:.0f} us, addresses "
+               f"{link['addresses']}): its share of the batch against one process on one host, plus the "
+               f"gradients' all-reduce over that link.")
+    elif speed.verdict == SLOWER:
         why = (f"On this {cores}-core host the workers share the cores and pay for the collective over gRPC, so "
                f"they lose to one process that uses all cores; across machines each worker brings its own.")
     elif speed.verdict == FASTER:

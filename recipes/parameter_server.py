@@ -5,8 +5,11 @@ own batches, and push updates back, each at its own pace (asynchronous training)
 process this script starts) schedules the steps.
 
 Run:   python recipes/parameter_server.py --quick        (about a minute on 2 CPU cores)
+       python recipes/parameter_server.py --quick --link 1gbit   (as root: the ps on a second host)
 Needs: TensorFlow 2.21 and Keras 3; free localhost ports. It starts the ps, worker and coordinator
-       processes itself; on real machines each runs `tf.distribute.Server` on its own host.
+       processes itself; on real machines each runs `tf.distribute.Server` on its own host. With --link the
+       ps runs on an emulated host of its own (a network namespace, its link shaped by tc) and every pull and
+       push crosses that link.
 """
 
 import os
@@ -25,11 +28,12 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.measure import Measurement, Timer, TimerServer, interleave, serve_timers, versus
-from tfperf.cluster import ClusterError, LocalCluster, local_cluster
+from tfperf.cluster import ClusterError, LocalCluster, Placement, placed
+from tfperf.cluster.hosts import available
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores
 from tfperf.gpus import child_gpu_env, host_gpu_count, worker_gpus
-from tfperf.recipe import Conclusion, Headline, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 from tfperf.measure.stats import FASTER, SLOWER, Comparison
 
 # The technique: a ps/worker/coordinator cluster, and push and pull as variable reads and writes -------
@@ -47,8 +51,13 @@ def server(args) -> None:
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(max(1, usable_cores() // args.workers))
+    # A server answers tensors others ask for while its own ops wait on theirs: with one inter-op thread (the
+    # default on a host of one core) a worker's step and the ps's request for its update wait on each other for
+    # ever. A server takes its threads from its own config, not from tf.config.
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=max(2, usable_cores()))
     spec = tf.train.ClusterSpec(json.loads(args.cluster))
-    tf.distribute.Server(spec, job_name=args.job, task_index=args.index, protocol="grpc", start=True).join()
+    tf.distribute.Server(spec, job_name=args.job, task_index=args.index, protocol="grpc", config=config,
+                         start=True).join()
 
 
 def coordinator(args) -> dict:
@@ -122,7 +131,8 @@ def coordinator(args) -> dict:
 
 # Measuring -------------------------------------------------------------------------------------------
 
-TRAINING, KV = "asynchronous training, 1 ps", "key-value store: pull and push by size"
+TRAINING, KV, LINK = ("asynchronous training, 1 ps", "key-value store: pull and push by size",
+                      "the link to the ps host, as measured")
 BLOCKS, KV_REPS = 8, 6  # timed blocks of training steps per cluster (one a turn); pulls and pushes per size
 
 
@@ -130,6 +140,7 @@ BLOCKS, KV_REPS = 8, 6  # timed blocks of training steps per cluster (one a turn
 class Found:
     results: dict[int, dict]  # per worker count: what the coordinator replied, and the timed blocks
     speedup: Comparison | None  # N workers against 1
+    link: dict | None  # the link to the ps host as measured (--link), else None
 
 
 def block_steps(steps: int) -> int:
@@ -137,9 +148,15 @@ def block_steps(steps: int) -> int:
     return max(1, steps // BLOCKS)
 
 
-def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> TimerServer:
-    """One ps and `workers` workers (started in `servers`) and a coordinator that serves its block timer."""
-    cluster = local_cluster({"chief": 1, "worker": workers, "ps": 1})
+def ps_apart(job: str, index: int) -> int:
+    """With emulated hosts: the ps on host 1, the coordinator and the workers on host 0."""
+    return 1 if job == "ps" else 0
+
+
+def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster, where: Placement) -> TimerServer:
+    """One ps and `workers` workers (started in `servers`) and a coordinator that serves its block timer, each
+    task where `where` places it."""
+    cluster = where.cluster({"chief": 1, "worker": workers, "ps": 1})
     base = [sys.executable, __file__, "--cluster", json.dumps(cluster), "--workers", workers]
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": "{}"}
     gpus = host_gpu_count()
@@ -147,18 +164,19 @@ def start_cluster(workers: int, args, tmp: Path, servers: LocalCluster) -> Timer
         for i in range(len(cluster[job])):
             # Parameter servers hold variables on the host: no GPU; each worker its own.
             visible = worker_gpus(i, gpus) if job == "worker" else []
-            servers.start(f"{job}{i}-of-{workers}-workers", [*base, "--role", "server", "--job", job, "--index", i],
+            servers.start(f"{job}{i}-of-{workers}-workers",
+                          where.command(job, i, [*base, "--role", "server", "--job", job, "--index", i]),
                           {**env, **child_gpu_env(visible)})
-    return TimerServer([*base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup,
-                         "--batch-size", args.batch_size, "--lr", args.lr, "--seed", args.seed,
-                         "--sizes", *args.sizes,
-                         *(["--profile", Path(args.profile).resolve()] if args.profile else [])],
+    return TimerServer(where.command("chief", 0, [
+        *base, "--role", "coordinator", "--steps", args.steps, "--warmup", args.warmup, "--batch-size",
+        args.batch_size, "--lr", args.lr, "--seed", args.seed, "--sizes", *args.sizes,
+        *(["--profile", Path(args.profile).resolve()] if args.profile else [])]),
                         env={**os.environ, **env, **child_gpu_env([])}, timeout=args.timeout,
                         name=f"the coordinator of {workers} worker(s)")
 
 
 def add_flags(p) -> None:
-    flags.add_cluster_flags(p, sizes_help="pull/push sizes in bytes")
+    flags.add_cluster_flags(p, sizes_help="pull/push sizes in bytes", link_help="run the ps on a host of its own")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     for internal in ("--role", "--cluster", "--job"):  # set by start_cluster for its processes
         p.add_argument(internal, help=argparse.SUPPRESS)
@@ -178,13 +196,21 @@ def measure(args, rec) -> Found:
     # Baseline (1 worker) and N workers, both clusters up, running blocks of steps in turns ---------
     results = {}
     counts = sorted({1, args.workers})
-    with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp) / "logs") as servers:
+    why = args.link and available()
+    if why:
+        raise RecipeError(why)
+    with tempfile.TemporaryDirectory() as tmp, placed(args.link, 2, ps_apart) as where, \
+            LocalCluster(Path(tmp) / "logs") as servers:
+        link = where.link
+        if link:
+            rec.add(LINK, f"{args.link}: {where.where('chief', 0)} to {where.where('ps', 0)}", dict(where.link),
+                    primary="measured_mbit_s", lower_is_better=False, versus_first=False)
         try:
             with contextlib.ExitStack() as stack:
                 # One cluster gets ready (traces, warms up) before the next starts: none of it is timed.
                 coordinators, timers = {}, []
                 for n in counts:
-                    coordinators[n] = stack.enter_context(start_cluster(n, args, Path(tmp), servers))
+                    coordinators[n] = stack.enter_context(start_cluster(n, args, Path(tmp), servers, where))
                     timers.append(coordinators[n].timer("block", f"{n} worker{'s' * (n > 1)}"))
                 timed = interleave(timers, rounds=BLOCKS, samples=BLOCKS, warmup=0, seed=args.seed)
             for n, m in zip(counts, timed):  # each coordinator's result, replied after it was closed
@@ -203,10 +229,13 @@ def measure(args, rec) -> Found:
             primary="samples_per_s", lower_is_better=False, measurement=m, comparison=speedup if n > 1 else None)
     for kv in results[args.workers]["kv"]:
         m = Measurement(f"{kv['op']} {kv['bytes'] / 1024:,.0f} KiB", tuple(kv["samples_s"]))
-        rec.add(KV, m.name, {"ms": m.median_s * 1e3, "gb_per_s": kv["bytes"] / m.median_s / 1e9},
+        # Across a link: what the link alone allows, its round trip plus the bytes at its measured rate.
+        allows = {"link_allows_ms": (link["rtt_us"] / 1e6 + kv["bytes"] * 8 / (link["measured_mbit_s"] * 1e6)) * 1e3
+                  } if link else {}
+        rec.add(KV, m.name, {"ms": m.median_s * 1e3, "gb_per_s": kv["bytes"] / m.median_s / 1e9, **allows},
                 primary="ms", lower_is_better=True, versus_first=False, measurement=m)
 
-    return Found(results, speedup)
+    return Found(results, speedup, link)
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -222,7 +251,14 @@ def conclude(args, rec, found: Found) -> Conclusion:
                f"per worker: one ps becomes the bottleneck as workers are added, which is why real deployments "
                f"shard the variables over several ps tasks." if largest else "")
     cores = usable_cores()
-    if speed.verdict == FASTER:
+    if found.link and largest:
+        link = found.link
+        pull = next(r["metrics"] for r in rec.table(KV) if r["row"] == f"pull {largest / 1024:,.0f} KiB")
+        why = (f"The ps ran on a host of its own behind a {args.link} link (measured {link['measured_mbit_s']:.0f} "
+               f"Mbit/s, round trip {link['rtt_us']:.0f} us; the coordinator and the workers shared the other "
+               f"host's core): pulling {largest / 2**20:.0f} MiB took {pull['ms']:.0f} ms where the link alone "
+               f"allows {pull['link_allows_ms']:.0f} ms, so on a slow link every step waits on its pulls and pushes.")
+    elif speed.verdict == FASTER:
         why = (f"One worker left this {cores}-core host idle between its steps (waiting on pulls and pushes); a "
                f"second filled those gaps.")
     elif speed.verdict == SLOWER:

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tfperf import flags
-from tfperf.cluster import ClusterError, LocalCluster, free_ports, local_cluster, tf_config
+from tfperf.cluster import ClusterError, LocalCluster, Placement, free_ports, local_cluster, tf_config
 from tfperf.measure.processes import ChildError, last_reply, replies, reply
 
 
@@ -42,8 +42,49 @@ def test_hung_task_hits_the_deadline_and_is_killed(tmp_path):
     assert hung.poll() is not None  # leaving the block killed it
 
 
-def test_cluster_flags_are_shared():
+def test_cluster_flags_are_shared_and_a_bad_link_is_one_line(capsys):
     p = flags.ArgumentParser()
-    flags.add_cluster_flags(p, sizes_help="bytes")
+    flags.add_cluster_flags(p, sizes_help="bytes", link_help="run each worker on a host of its own")
     args = p.parse_args(["--workers", "3", "--sizes", "1024", "4096"])
-    assert (args.workers, args.sizes, args.timeout) == (3, [1024, 4096], 600)
+    assert (args.workers, args.sizes, args.timeout, args.link) == (3, [1024, 4096], 600, None)
+    assert p.parse_args(["--link", "1gbit"]).link == "1gbit"
+    with pytest.raises(SystemExit) as exit_:
+        p.parse_args(["--link", "fast"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "give a rate such as 1gbit" in err
+
+
+class FakeHosts:
+    """Two hosts' addresses and commands, without root: what Placement reads of tfperf.cluster.hosts.Hosts."""
+
+    addresses = ["10.77.0.1", "10.77.0.2"]
+
+    def command(self, host, argv):
+        return ["in", f"host{host}", *map(str, argv)]
+
+
+def test_a_placement_puts_each_task_on_its_host_at_that_hosts_address():
+    here = Placement()
+    assert all(a.startswith("localhost:") for a in here.cluster({"worker": 2})["worker"])
+    assert here.command("worker", 1, ["python", 3]) == ["python", "3"] and here.where("ps", 0) == "localhost"
+    apart = Placement(FakeHosts(), lambda job, index: 1 if job == "ps" else 0)
+    cluster = apart.cluster({"chief": 1, "worker": 2, "ps": 1})
+    assert [a.split(":")[0] for a in cluster["worker"] + cluster["chief"]] == ["10.77.0.1"] * 3
+    assert cluster["ps"][0].startswith("10.77.0.2:")
+    ports = [a.split(":")[1] for role in cluster.values() for a in role]
+    assert len(set(ports)) == 4  # tasks that share a host never share a port
+    assert apart.command("ps", 0, ["python"]) == ["in", "host1", "python"] and apart.where("worker", 1) == "10.77.0.1"
+
+
+def test_loopback_hosts_run_on_this_machine_with_the_same_interface():
+    from tfperf.cluster.hosts import Loopback
+
+    with Loopback(2, cores=[[0], [0]]) as hosts:
+        assert hosts.addresses == ["127.0.0.1", "127.0.0.1"] and hosts.link is None and hosts.shared_cores
+        assert hosts.command(1, ["python", "-V"]) == ["taskset", "-c", "0", "python", "-V"]
+        run = hosts.horovodrun(["python", "x.py"])
+        assert run[1:5] == ["-np", "2", "-H", "localhost:2"] and run[-2:] == ["python", "x.py"]
+        assert hosts.horovodrun(["x"], on=[0])[1:5] == ["-np", "1", "-H", "localhost:1"]
+        measured = hosts.measure(0, 1, megabytes=4, pings=20)
+        assert measured.bits_per_s > 1e8 and 0 < measured.rtt_s < 0.05
+    assert not hosts.dir.exists()

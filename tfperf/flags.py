@@ -176,11 +176,24 @@ def add_model_flag(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--model", default=default, choices=MODEL_NAMES, help="network from tfperf.get_net")
 
 
-def add_cluster_flags(p: argparse.ArgumentParser, *, sizes_help: str) -> None:
-    """--workers, --sizes and --timeout, for recipes that start a local cluster of processes."""
+def link(text: str) -> str:
+    """A --link value (a rate such as 1gbit), checked here, kept as its text."""
+    from tfperf.cluster.hosts import parse_link
+
+    try:
+        parse_link(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def add_cluster_flags(p: argparse.ArgumentParser, *, sizes_help: str, link_help: str) -> None:
+    """--workers, --sizes, --timeout and --link, for recipes that start a cluster of processes."""
     p.add_argument("--workers", type=positive_int, default=2, help="worker processes to start")
     p.add_argument("--sizes", type=positive_int, nargs="+", help=sizes_help)
     p.add_argument("--timeout", type=positive_int, default=600, help="seconds before the cluster is killed")
+    p.add_argument("--link", type=link, help=f"{link_help}, joined by links of this rate: 100mbit, 1gbit, 10gbit, "
+                                             f"25gbit or a rate (as root; tfperf.cluster.hosts)")
 
 
 def add_dataset_flag(p: argparse.ArgumentParser, default: str) -> None:

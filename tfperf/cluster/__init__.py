@@ -1,19 +1,46 @@
-"""Local multi-process clusters for tf.distribute recipes: ports, TF_CONFIG, and processes that never outlive us."""
+"""Local multi-process clusters for tf.distribute recipes: ports, TF_CONFIG, and processes that never outlive us;
+placed on this machine or on hosts emulated on it (`tfperf.cluster.hosts`)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tfperf.measure.processes import ChildError, child_env
 
 class ClusterError(ChildError):
     """A task of a local cluster failed or did not finish in time; the message names it and its log."""
+
+
+def ring_t2(n: int, size: float, alpha: float, beta: float) -> float:
+    """Ring all-reduce of `size` bytes over n ranks: 2(n-1) steps, each a message of size/n bytes (latency alpha
+    seconds, bandwidth beta bytes/s): 2(n-1)/n * size/beta + 2(n-1) alpha."""
+    return 0.0 if n == 1 else 2 * (n - 1) * (alpha + size / n / beta)
+
+
+def launch(cmd: Sequence, env: Mapping[str, str] | None = None, timeout: float = 1800) -> str:
+    """Run a launcher (horovodrun) to its end; its stdout, or a ClusterError naming what failed. Python's folder
+    leads PATH: horovodrun starts `python` from it."""
+    import sys
+
+    env = dict(env or os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    try:
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"{' '.join(map(str, cmd[:4]))} ... did not finish within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise ClusterError(f"{' '.join(map(str, cmd[:4]))} ... exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return proc.stdout
 
 
 def free_ports(count: int) -> list[int]:
@@ -34,9 +61,56 @@ def local_cluster(tasks: Mapping[str, int]) -> dict[str, list[str]]:
     return {role: [f"localhost:{next(ports)}" for _ in range(n)] for role, n in tasks.items() if n}
 
 
+@contextlib.contextmanager
+def placed(link: str | None, count: int, host_of: Callable[[str, int], int]) -> Iterator[Placement]:
+    """Where a recipe's cluster runs: this machine (no `link`), or `count` emulated hosts joined by `link`
+    ('1gbit'), each task on host `host_of(job, index)`, the link measured first; down when the block ends."""
+    if not link:
+        yield Placement()
+        return
+    from tfperf.cluster.hosts import Hosts, available, parse_link
+
+    why = available()
+    if why:
+        raise ClusterError(why)
+    with Hosts(count, parse_link(link)) as hosts:
+        measured = hosts.measure(0, 1) if count > 1 else None
+        yield Placement(hosts, host_of, {
+            "asked_mbit_s": hosts.link.bits_per_s / 1e6, "addresses": ", ".join(hosts.addresses),
+            **({"measured_mbit_s": measured.bits_per_s / 1e6, "rtt_us": measured.rtt_s * 1e6} if measured else {})})
+
+
 def tf_config(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> str:
     """The TF_CONFIG value that tells one process its cluster and its own place in it."""
     return json.dumps({"cluster": dict(cluster), "task": {"type": task_type, "index": index}})
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where each task of a cluster runs: on this machine (no hosts), or on host `host_of(job, index)` of
+    emulated `hosts`, at its address; `link` holds the link as measured (asked and measured Mbit/s, round trip)."""
+
+    hosts: Any = None  # tfperf.cluster.hosts.Hosts
+    host_of: Callable[[str, int], int] = lambda job, index: 0
+    link: Mapping[str, Any] | None = None
+
+    def cluster(self, tasks: Mapping[str, int]) -> dict[str, list[str]]:
+        """A cluster spec, e.g. {"worker": 2, "ps": 1} -> {"worker": ["10.77.0.1:p", ...], ...}."""
+        if self.hosts is None:
+            return local_cluster(tasks)
+        ports = iter(free_ports(sum(tasks.values())))  # distinct, so tasks sharing a host do not collide
+        return {role: [f"{self.hosts.addresses[self.host_of(role, i)]}:{next(ports)}" for i in range(n)]
+                for role, n in tasks.items() if n}
+
+    def command(self, job: str, index: int, argv: Sequence) -> list[str]:
+        """`argv` as task (job, index) runs it: unchanged here, or in its host's namespace, on its cores."""
+        if self.hosts is None:
+            return [str(a) for a in argv]
+        return self.hosts.command(self.host_of(job, index), argv)
+
+    def where(self, job: str, index: int) -> str:
+        """The task's host, for messages and records: 'localhost', or the host's address."""
+        return "localhost" if self.hosts is None else self.hosts.addresses[self.host_of(job, index)]
 
 
 class LocalCluster:

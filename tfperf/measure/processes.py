@@ -43,6 +43,11 @@ def replies(output: str) -> list[Any]:
     return [json.loads(line[len(PROTOCOL):]) for line in output.splitlines() if line.startswith(PROTOCOL)]
 
 
+def rank0_replies(output: str) -> list[Any]:
+    """What rank 0 replied (`reply`) in a launcher's output (horovodrun prefixes each line `[rank]<stdout>:`)."""
+    return replies("\n".join(line.split(":", 1)[1] for line in output.splitlines() if line.startswith("[0]<stdout>:")))
+
+
 def last_reply(output: str, who: str = "the child process") -> Any:
     """The last value a child printed with `reply`; ChildError when it printed none."""
     found = replies(output)

@@ -4,6 +4,7 @@ t1 is the compute of one training step, t2 the all-reduce of its gradients; a st
 about t1(n) + t2(n). Measure both here, predict np = 1, 2, 4, run them, and compare.
 
 Run:   python recipes/scaling_model.py --quick        (about four minutes on 2 CPU cores)
+       python recipes/scaling_model.py --quick --hosts 8 --link 10gbit,50us   (and your cluster's prediction)
 Needs: Horovod 0.28.1 with TensorFlow and Gloo (`make install`); it launches horovodrun itself.
 """
 
@@ -13,17 +14,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
 import dataclasses
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import ClusterError
-from tfperf.measure.processes import replies, reply
+from tfperf.cluster import launch, ring_t2
+from tfperf.measure.processes import rank0_replies, reply
 from tfperf.devices import usable_cores
-from tfperf.recipe import Conclusion, Headline, Recipe
+from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 from tfperf.measure.stats import median_ci
 
 # The model: a step on n ranks takes t1 + t2 ----------------------------------------------------------
@@ -39,25 +39,32 @@ from tfperf.measure.stats import median_ci
 # on paper, to 8, 64 and 512 workers, the regime of Horovod's published 90% scaling efficiency.
 
 
-def ring_t2(n: int, size: float, alpha: float, beta: float) -> float:
-    """Ring all-reduce: 2(n-1) steps, each a message of size/n bytes (latency alpha, bandwidth beta)."""
-    return 0.0 if n == 1 else 2 * (n - 1) * (alpha + size / n / beta)
-
-
 # Measuring: the processes horovodrun starts ------------------------------------------------------------
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-ALLREDUCE, PREDICTED, PROJECTION = ("all-reduce time by size (Horovod, gloo, np=2)",
-                                    "predicted vs measured (mnist_hvd)", "projection on paper")
+ALLREDUCE, PREDICTED, PROJECTION, PAPER, YOURS = (
+    "all-reduce time by size (Horovod, gloo, np=2)", "predicted vs measured (mnist_hvd)", "projection on paper",
+    "Horovod's published benchmark (512 P100s, 25 Gbit/s): the model against the reported efficiency",
+    "your cluster (--hosts, --link)")
 PROBE_BLOCK = 8  # training steps per block; a t1 probe block follows each
 GOAL = 0.15
 # With one rank there is no communication at all: t1 alone must predict the run, or t1 is not its step.
 NP1_GOAL = 0.10
-# Published figures the projection is compared with (Horovod's README and paper, Sergeev & Del Balso 2018):
-# 90% scaling efficiency for ResNet-101 on 512 Pascal GPUs over 25 Gbit/s RoCE. A ResNet-101 step of
-# batch 64 at about 130 images/s per P100 (tf_cnn_benchmarks) is t1 = 0.49 s: an assumption, not measured here.
-RESNET101_BYTES, RESNET101_T1, HOP_LATENCY_S = 44.5e6 * 4, 64 / 130, 50e-6
+HOP_LATENCY_S = 50e-6  # a ring step's latency on a TCP LAN, for the projections of this CNN (assumed)
+# The projection on paper uses the inputs of Horovod's published benchmark, none measured here:
+# - the cluster: 128 servers of 4 Pascal GPUs, a RoCE-capable 25 Gbit/s network, batch 64 per GPU; reported
+#   scaling efficiency 90% for Inception V3 and ResNet-101, 68% for VGG-16 (Horovod's docs/benchmarks.rst, the
+#   benchmark of Sergeev & Del Balso, arXiv 1802.05799). A ring over 512 GPUs ordered by server crosses each
+#   server's link once each way: its 25 Gbit/s carries 2(N-1)/N of the gradients, N = 512.
+# - t1: one P100's images/s at batch 64 on synthetic data (TensorFlow's benchmarks page, DGX-1, May 2017):
+#   Inception V3 142, VGG-16 154. ResNet-101 is not listed: 129, interpolated by FLOPs (3.8, 7.6 and 11.3
+#   GFLOPs, He et al. 2015) between ResNet-50's 219 and ResNet-152's 91.8.
+# - the gradients: float32, one per parameter (Keras Applications' table: 23.9M, 44.7M, 138.4M).
+# - a ring step's latency over RoCE: 5 us (assumed).
+PAPER_GPUS, PAPER_LINK_BITS_PER_S, PAPER_HOP_S, PAPER_BATCH = 512, 25e9, 5e-6, 64
+PAPER_MODELS = {"Inception V3": (23.9e6, 142.0, 0.90), "ResNet-101": (44.7e6, 129.0, 0.90),
+                "VGG-16": (138.4e6, 154.0, 0.68)}  # parameters, images/s on one P100, reported efficiency
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,26 +158,16 @@ def train_and_probe(args) -> dict | None:
             "gradient_bytes": gradient_bytes, "t2": t2[0] if t2 else None}
 
 
-def launch(cmd: list) -> str:
-    """Run horovodrun in its own processes; its stdout, or an error naming what failed."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise ClusterError(f"{' '.join(map(str, cmd[:4]))} ... exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return proc.stdout
-
-
-def rank0_replies(output: str) -> list:
-    """What rank 0 replied (`reply`) in horovodrun's output, where each line starts with `[rank]<stdout>:`."""
-    return replies("\n".join(line.split(":", 1)[1] for line in output.splitlines() if line.startswith("[0]<stdout>:")))
-
-
 def add_flags(p) -> None:
     p.add_argument("--ranks", type=flags.positive_int, nargs="+", help="np values to predict and run")
     p.add_argument("--reps", type=flags.positive_int, help="all-reduce repetitions per size")
     p.add_argument("--pairs", type=flags.positive_int, help="runs (each with its t1 probe) per rank count")
     p.add_argument("--blocks", type=flags.positive_int,
                    help=f"blocks of {PROBE_BLOCK} training steps per run, each followed by a t1 probe block")
+    p.add_argument("--hosts", type=flags.positive_int, metavar="N",
+                   help="also predict this model's speedup on N hosts over --link, from t1 measured here")
+    p.add_argument("--link", metavar="RATE[,RTT]", type=cluster_link,
+                   help="with --hosts: the link between hosts, e.g. 10gbit or 1gbit,200us (round trip)")
     # Internal: the probes and runs are processes of this script under horovodrun.
     p.add_argument("--role", choices=["allreduce", "run"], help=argparse.SUPPRESS)
 
@@ -187,12 +184,24 @@ def task(args) -> int:
     return 0
 
 
+def cluster_link(text: str) -> tuple[float, float | None]:
+    """--link: a rate and an optional round trip."""
+    from tfperf.doctor.scaling import parse_link
+
+    try:
+        return parse_link(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def sweep_sizes(quick: bool) -> list[int]:
     """All-reduce sizes in bytes, 1 KiB up to 64 MiB (16 MiB with --quick)."""
     return [2 ** k for k in range(10, 25 if quick else 27, 2)]
 
 
 def measure(args, rec) -> Found:
+    if (args.hosts is None) != (args.link is None):
+        raise RecipeError("--hosts and --link go together: the speedup on N hosts over a link")
     cores = usable_cores()
     me = [sys.executable, __file__, "--batch-size", args.batch_size, "--reps", args.reps, "--seed", args.seed]
 
@@ -256,15 +265,31 @@ def measure(args, rec) -> Found:
 
     # On paper: many workers, for stated link bandwidths ----------------------------------------
     t1_host = t1_of[min(t1_of)]  # one rank per host, all its cores
-    for name, size, t1, links in (("this CNN, one host per rank", gradient_bytes, t1_host, (25,)),
-                                  ("ResNet-101 on P100s (assumed t1)", RESNET101_BYTES, RESNET101_T1, (10, 25, 100))):
-        for gbit in links:
-            for n in (8, 64, 512):
-                t2 = ring_t2(n, size, HOP_LATENCY_S, gbit / 8 * 1e9)
-                rec.add(PROJECTION, f"{name}, {gbit} Gbit/s, {n} workers", {
-                    "t1_ms": t1 * 1e3, "t2_ms": t2 * 1e3, "efficiency_no_overlap": t1 / (t1 + t2),
-                    "efficiency_full_overlap": min(1.0, t1 / t2)}, primary="efficiency_no_overlap",
-                        lower_is_better=False, versus_first=False)
+    for gbit in (1, 10, 25):
+        for n in (8, 64, 512):
+            t2 = ring_t2(n, gradient_bytes, HOP_LATENCY_S, gbit / 8 * 1e9)
+            rec.add(PROJECTION, f"this CNN, one host per rank, {gbit} Gbit/s, {n} workers", {
+                "t1_ms": t1_host * 1e3, "t2_ms": t2 * 1e3, "efficiency_no_overlap": t1_host / (t1_host + t2),
+                "efficiency_full_overlap": min(1.0, t1_host / t2)}, primary="efficiency_no_overlap",
+                    lower_is_better=False, versus_first=False)
+    # The same model with the inputs of Horovod's published benchmark (cited above PAPER_MODELS).
+    for name, (parameters, images_per_s, reported) in PAPER_MODELS.items():
+        t1 = PAPER_BATCH / images_per_s
+        t2 = ring_t2(PAPER_GPUS, 4 * parameters, PAPER_HOP_S, PAPER_LINK_BITS_PER_S / 8)
+        rec.add(PAPER, name, {"gradient_mb": 4 * parameters / 1e6, "t1_ms": t1 * 1e3, "t2_ms": t2 * 1e3,
+                              "efficiency_no_overlap": t1 / (t1 + t2), "efficiency_full_overlap": min(1.0, t1 / t2),
+                              "reported_efficiency": reported}, primary="efficiency_no_overlap",
+                lower_is_better=False, versus_first=False)
+    # Your cluster: this model's t1 with one rank (all of this host's cores) and the link you gave.
+    if args.hosts:
+        from tfperf.doctor.scaling import predict
+
+        bits, rtt = args.link
+        yours = predict(hosts=args.hosts, batch=args.batch_size, samples_per_s=args.batch_size / t1_of[min(t1_of)],
+                        gradient_bytes=gradient_bytes, link_bits_per_s=bits, rtt_s=rtt)
+        rec.add(YOURS, f"{args.hosts} hosts, {bits / 1e9:g} Gbit/s", {
+            k: yours[k] for k in ("t1_s", "t2_s", "t2_fp16_s", "rtt_s", "predicted_speedup", "predicted_speedup_fp16")},
+                primary="predicted_speedup", lower_is_better=False, versus_first=False)
 
     return Found(cores, t1_of, gradient_bytes, alpha, beta)
 
@@ -279,7 +304,6 @@ def conclude(args, rec, found: Found) -> Conclusion:
         lines.append(f"np=1 (t1 alone): error {errors['np=1']:+.1%} (95% CI {cis['np=1'][0]:+.1%} to "
                      f"{cis['np=1'][1]:+.1%}): {judged([cis['np=1']], NP1_GOAL)} the +-{NP1_GOAL:.0%} goal")
 
-    paper = {r["row"]: r["metrics"] for r in rec.table(PROJECTION)}
     crowded = {n: errors[f"np={n}"] for n in args.ranks if n > cores and abs(errors[f"np={n}"]) > GOAL}
     crowding = (
         f" Where ranks outnumber the {cores} cores ({', '.join(f'np={n}: {e:+.0%}' for n, e in crowded.items())}) "
@@ -288,19 +312,39 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"which probes that never communicate while timed cannot see. The model holds while each rank has "
         f"cores of its own." if crowded else "")
 
-    r101 = paper["ResNet-101 on P100s (assumed t1), 25 Gbit/s, 512 workers"]
+    published = rec.table(PAPER)
+
+    def against(r) -> str:
+        m = r["metrics"]
+        low, high = m["efficiency_no_overlap"], m["efficiency_full_overlap"]
+        where = "between the two" if low <= m["reported_efficiency"] <= high else (
+            "below both" if m["reported_efficiency"] < low else "above both")
+        return (f"{r['row']} ({m['gradient_mb']:.0f} MB of gradients, t2 {m['t2_ms']:.0f} ms against a "
+                f"{m['t1_ms']:.0f} ms step): {low:.0%} one after the other, {high:.0%} fully overlapped, reported "
+                f"{m['reported_efficiency']:.0%}, {where}")
+
+    yours = rec.table(YOURS)
+    cluster = ""
+    if yours:
+        y = yours[0]["metrics"]
+        cluster = (f" On your cluster ({yours[0]['row']}, round trip {y['rtt_s'] * 1e6:.0f} us), this model's step "
+                   f"would take t1 {y['t1_s'] * 1e3:.1f} ms plus t2 {y['t2_s'] * 1e3:.1f} ms: predicted speedup "
+                   f"{y['predicted_speedup']:.2f}x over one host, {y['predicted_speedup_fp16']:.2f}x with fp16 "
+                   f"compression.")
     return Conclusion((
         f"On this {cores}-core host the model t1 + t2 predicted mnist_hvd's throughput within "
         f"{', '.join(f'{e:+.0%} ({row})' for row, e in errors.items())}: judged by their 95% intervals, "
         f"{headline.verdict}.{crowding} t1 dominates here: "
         f"{', '.join(f'{t1_of[n] * 1e3:.0f} ms at np={n}' for n in t1_of)}, "
         f"growing as ranks share the same cores; t2 for this CNN's {gradient_bytes / 1e6:.1f} MB of gradients is "
-        f"small over loopback (alpha {alpha * 1e6:.0f} us, beta {beta / 1e9:.2f} GB/s). On paper, ResNet-101 "
-        f"on 512 GPUs over 25 Gbit/s would spend {r101['t2_ms']:.0f} ms in the all-reduce against a "
-        f"{r101['t1_ms']:.0f} ms step: {r101['efficiency_no_overlap']:.0%} efficiency if the two run one after "
-        f"the other, {r101['efficiency_full_overlap']:.0%} if fully overlapped. Horovod's published 90% lies "
-        f"between: it starts all-reducing early layers' gradients while backpropagation is still running "
-        f"and fuses small tensors into large messages, which hides most, not all, of t2."), lines,
+        f"small over loopback (alpha {alpha * 1e6:.0f} us, beta {beta / 1e9:.2f} GB/s). On paper, with the inputs "
+        f"of Horovod's published benchmark (512 P100s, 25 Gbit/s; cited in this recipe): "
+        f"{'; '.join(against(r) for r in published)}. The serial model is a floor and full overlap a ceiling: "
+        f"Horovod starts all-reducing the last layers' gradients while backpropagation still runs and fuses small "
+        f"tensors into large messages, which hides part of t2. VGG-16 keeps most of its 138M parameters in its "
+        f"last, fully connected layers, whose gradients come first in backpropagation and so overlap the "
+        f"convolutions' backward pass; the P100 figures come from another benchmark and TensorFlow of 2017, "
+        f"and ResNet-101's is interpolated.{cluster}"), lines,
         headline=headline)
 
 

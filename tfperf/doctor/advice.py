@@ -33,6 +33,7 @@ class Diagnosis:
     batch_fit: Any = None  # profile.BatchFit, with --memory-budget
     lengths: Any = None  # lengths.LengthSweep, for a model whose sequence axis is free
     serving: str | None = None  # the serving answer within a latency budget, with --serve
+    scaling: str | None = None  # the predicted speedup on hosts, with --hosts
 
     @property
     def wins(self) -> list[Finding]:
@@ -103,6 +104,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines += ["No change measured here is significantly faster than what the model does now."]
     if d.serving:
         lines += ["", "## Serving under load", "", d.serving]
+    if d.scaling:
+        lines += ["", "## Across hosts", "", d.scaling]
     if d.pitfalls:
         lines += ["", "Pitfalls, measured on your model (what calling a tf.function of it one way or another costs; "
                       "your model's own call does not fall into them, so they are not ranked as advice):", ""]

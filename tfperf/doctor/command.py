@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from tfperf import flags
 from tfperf.flags import UserError
 from tfperf.serving.command import latency, percentile
@@ -80,6 +82,10 @@ def add_command(sub) -> None:
     p.add_argument("--latency-budget", type=latency, metavar="TIME",
                    help="with --serve: the latency the --percentile must stay within (default 10ms)")
     p.add_argument("--percentile", type=percentile, default=99.0, help="with --serve: which percentile (default 99)")
+    p.add_argument("--hosts", type=flags.positive_int, metavar="N",
+                   help="with --train: predict the model's speedup on N hosts over --link (scaling.json in --out)")
+    p.add_argument("--link", metavar="RATE[,RTT]", default=None,
+                   help="with --hosts: the link between hosts, e.g. 10gbit or 1gbit,200us (round trip; default 100us)")
     p.add_argument("--out", help="folder for report.md and records (default doctor/<model name>/)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--signature", help="the SavedModel signature to diagnose (default serving_default, serve, or "
@@ -135,6 +141,23 @@ def serving_answer(subject, args: argparse.Namespace, sample, out: Path) -> str:
     return describe(found, reproduce, out / "report.md")
 
 
+def hosts_answer(diagnosis, subject, hosts: int, link_bits_per_s: float, rtt_s: float | None, out: Path) -> str:
+    """The model's speedup on `hosts` hosts over the link, from plain fit's step measured here: scaling.json in
+    `out`, and the paragraph that says it."""
+    from tfperf.doctor import scaling
+
+    plain = next((r for r in diagnosis.recorder.table("training") if r["row"].startswith("plain fit")), None)
+    if plain is None:
+        return "The speedup on hosts was not predicted: plain fit's training step was not measured."
+    batch = int(plain["row"].split("batch ")[1].rstrip(")"))
+    weights = subject.model.trainable_weights
+    gradient_bytes = int(sum(4 * int(np.prod(w.shape)) for w in weights))  # float32 gradients, whatever the policy
+    found = scaling.predict(hosts=hosts, batch=batch, samples_per_s=plain["metrics"]["samples_per_s"],
+                            gradient_bytes=gradient_bytes, link_bits_per_s=link_bits_per_s, rtt_s=rtt_s)
+    scaling.write(found, out)
+    return scaling.describe(found)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Diagnose a model: measure, write out/report.md and records, print the advice."""
     from tfperf import doctor
@@ -157,6 +180,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             raise UserError("--data is what the training experiments train on: add --train --loss LOSS")
         if args.latency_budget and not args.serve:
             raise UserError("--latency-budget is for the serving question: add --serve")
+        if (args.hosts is None) != (args.link is None):
+            raise UserError("--hosts and --link go together: the speedup on N hosts over a link")
+        if args.hosts and not args.train:
+            raise UserError("--hosts predicts training across hosts from a measured training step: add --train "
+                            "--loss LOSS")
+        link_bits = rtt = None
+        if args.link:
+            from tfperf.doctor.scaling import parse_link
+
+            try:
+                link_bits, rtt = parse_link(args.link)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
         free = flags.available_memory()
         if args.memory_budget and free and args.memory_budget > free:
             raise UserError(f"--memory-budget {args.memory_budget / 2**30:.1f} GB is more than the "
@@ -193,6 +229,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                                         progress=progress_bar(len(plan)))
             if args.serve:
                 diagnosis.serving = serving_answer(subject, args, sample, out / "serving")
+            if args.hosts:
+                diagnosis.scaling = hosts_answer(diagnosis, subject, args.hosts, link_bits, rtt, out)
             report = doctor.write_report(diagnosis, out, goal_s=QUICK_GOAL_S if args.quick else None)
         except BaseException:
             if created:  # a run that failed leaves nothing behind

@@ -1,0 +1,67 @@
+"""The user's model on N hosts over a link, predicted (`tfperf doctor --hosts N --link RATE[,RTT]`): t1 is plain
+fit's training step measured here, t2 the ring all-reduce of the model's float32 gradients over the link
+(2(N-1)/N S/B + 2(N-1) latency, a latency being half the round trip), and a step on N hosts takes t1 + t2
+while doing N times the examples: the speedup is N t1 / (t1 + t2); with fp16 compression the bytes halve.
+Written to scaling.json beside the report, and said in a paragraph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tfperf.cluster import ring_t2
+
+DEFAULT_RTT_S = 100e-6  # a LAN's round trip when --link gives none: said in the report
+
+
+def parse_link(text: str) -> tuple[float, float | None]:
+    """'10gbit' or '1gbit,200us': a real cluster's link rate (bits/s) and round trip (None: not given), or
+    ValueError in one line."""
+    from tfperf.cluster.hosts import parse_link as parse_rate
+
+    rate_text, _, rtt_text = text.partition(",")
+    try:
+        rate = parse_rate(rate_text).bits_per_s
+        rtt = parse_rate(f"1gbit,{rtt_text}").delay_s if rtt_text else None
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("delay", "round trip").replace(f"{rate_text!r}", f"{text!r}")) from None
+    return rate, rtt
+
+
+def predict(*, hosts: int, batch: int, samples_per_s: float, gradient_bytes: int, link_bits_per_s: float,
+            rtt_s: float | None) -> dict[str, Any]:
+    """The prediction, with what it rests on (scaling.json's fields)."""
+    rtt = DEFAULT_RTT_S if rtt_s is None else rtt_s
+    t1 = batch / samples_per_s
+    t2 = ring_t2(hosts, gradient_bytes, rtt / 2, link_bits_per_s / 8)
+    t2_fp16 = ring_t2(hosts, gradient_bytes / 2, rtt / 2, link_bits_per_s / 8)
+    return {"hosts": hosts, "batch": batch, "link_bits_per_s": link_bits_per_s, "rtt_s": rtt,
+            "rtt_assumed": rtt_s is None, "t1_s": t1, "t2_s": t2, "t2_fp16_s": t2_fp16,
+            "gradient_bytes": gradient_bytes, "predicted_speedup": hosts * t1 / (t1 + t2),
+            "predicted_speedup_fp16": hosts * t1 / (t1 + t2_fp16)}
+
+
+def write(found: dict[str, Any], out: Path) -> Path:
+    """scaling.json in `out`."""
+    from tfperf.records.jsonl import atomic_write_text
+
+    path = Path(out) / "scaling.json"
+    atomic_write_text(path, json.dumps(found, indent=1) + "\n")
+    return path
+
+
+def describe(found: dict[str, Any]) -> str:
+    """The prediction in a paragraph."""
+    rtt = f"{found['rtt_s'] * 1e6:.0f} us round trip" + (" (assumed: --link RATE,RTT gives yours)"
+                                                          if found["rtt_assumed"] else "")
+    share = found["t2_s"] / (found["t1_s"] + found["t2_s"])
+    return (f"On {found['hosts']} hosts over {found['link_bits_per_s'] / 1e9:g} Gbit/s ({rtt}), batch "
+            f"{found['batch']} per host: a step computes for {found['t1_s'] * 1e3:.1f} ms (t1, plain fit measured "
+            f"here) and all-reduces {found['gradient_bytes'] / 1e6:.1f} MB of float32 gradients in "
+            f"{found['t2_s'] * 1e3:.1f} ms (t2, the ring model), {share:.0%} of the step: predicted speedup "
+            f"**{found['predicted_speedup']:.2f}x** over one host ({found['predicted_speedup'] / found['hosts']:.0%} "
+            f"scaling efficiency), {found['predicted_speedup_fp16']:.2f}x with fp16 compression "
+            f"(hvd.Compression.fp16). The model assumes t1 does not change with the host count and no overlap of "
+            f"t2 with backpropagation (Horovod overlaps some: a real cluster lands between this and N); "
+            f"recipes/across_hosts.py checks it across emulated hosts.")

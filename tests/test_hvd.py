@@ -57,7 +57,12 @@ def test_departed_ranks_sees_ended_processes():
     peers = [(host, os.getpid()), (host, child.pid), (host, zombie.pid), ("elsewhere", 1)]
     assert thvd.departed_ranks(peers) == [1, 2]
     assert "rank(s) 1, 2 ended" in thvd.describe_failure(peers)
-    assert "another host" in thvd.describe_failure([(host, os.getpid()), ("elsewhere", 1)])
+    # Another host: named when it no longer answers on the port horovodrun reached it by, else only suspected.
+    assert "host elsewhere.invalid (rank 1) no longer answers" in thvd.describe_failure(
+        [(host, os.getpid()), ("elsewhere.invalid", 1)])
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        assert "another host on 127.0.0.1" in thvd.describe_failure([(host, os.getpid()), ("127.0.0.1", 1)], port)
     zombie.wait()
 
 

@@ -65,12 +65,17 @@ def max_weight_difference(variables: Iterable, root_rank: int = 0) -> float:
 
 def peer_processes() -> list[tuple[str, int]]:
     """(host, pid) of every rank, indexed by rank; a collective, so every rank must call it."""
-    return [tuple(p) for p in hvd.allgather_object((socket.gethostname(), os.getpid()), name="tfperf_peers")]
+    return [tuple(p) for p in hvd.allgather_object((this_host(), os.getpid()), name="tfperf_peers")]
+
+
+def this_host() -> str:
+    """This rank's host as the launcher named it (horovodrun's -H sets HOROVOD_HOSTNAME), else the hostname."""
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
 
 def departed_ranks(peers: Sequence[tuple[str, int]]) -> list[int]:
     """Ranks on this host whose process has ended (exited, killed, or a zombie not yet reaped)."""
-    host, gone = socket.gethostname(), []
+    host, gone = this_host(), []
     for rank, (peer_host, pid) in enumerate(peers):
         if peer_host != host:
             continue  # another machine's processes cannot be checked from here
@@ -82,12 +87,28 @@ def departed_ranks(peers: Sequence[tuple[str, int]]) -> list[int]:
     return gone
 
 
-def describe_failure(peers: Sequence[tuple[str, int]]) -> str:
-    """Which ranks left the job, for the message a surviving rank prints when a collective fails."""
+def unreachable(hosts: Iterable[str], port: int = 22, timeout: float = 2.0) -> list[str]:
+    """The hosts whose ssh port (which horovodrun reaches every host by) does not answer within `timeout`."""
+    lost = []
+    for host in hosts:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+        except OSError:
+            lost.append(host)
+    return lost
+
+
+def describe_failure(peers: Sequence[tuple[str, int]], port: int = 22) -> str:
+    """Which ranks left the job, for the message a surviving rank prints when a collective fails: ranks on this
+    host that ended, or the other hosts that no longer answer on `port` (ssh's)."""
     gone = departed_ranks(peers)
     if gone:
         return f"rank(s) {', '.join(map(str, gone))} ended (pid {', '.join(str(peers[r][1]) for r in gone)})"
-    remote = sorted({h for h, _ in peers} - {socket.gethostname()})
+    remote = sorted({h for h, _ in peers} - {this_host()})
+    lost = unreachable(remote, port)
+    if lost:
+        ranks = [str(r) for r, (h, _) in enumerate(peers) if h in lost]
+        return f"host {', '.join(lost)} (rank {', '.join(ranks)}) no longer answers: it or its network failed"
     where = f" on {', '.join(remote)}" if remote else ""
     return f"no rank on this host has ended: the lost peer is on another host{where} or its network failed"
 

@@ -1,0 +1,157 @@
+"""Emulated hosts: link presets and the ring model on fake timings; namespaces, shaped links and sshds made and
+taken down whatever ends the run (its end, an error, SIGTERM; after SIGKILL, the next run); and one small run of
+Horovod across two hosts through the recipe. Needs root and iproute2 (CI has both); skipped elsewhere."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tfperf.cluster import ring_t2
+from tfperf.cluster.hosts import PRESETS, Hosts, available, clean, parse_link, stale
+
+needs_hosts = pytest.mark.skipif(available() is not None, reason=str(available()))
+PREFIX = "tfpt"  # apart from the recipe's own, so a test never takes down a run's hosts
+
+
+def test_links_read_as_rates_and_delays_and_say_what_is_wrong():
+    assert parse_link("1gbit").bits_per_s == PRESETS["1gbit"] == 1e9
+    assert parse_link("200mbit").bits_per_s == 200e6 and parse_link("10gbit,50us").delay_s == pytest.approx(50e-6)
+    for bad, message in (("fast", "give a rate such as 1gbit"), ("1gbit,soon", "must read like 50us"),
+                         ("1kbit", "between 100kbit and 1000gbit")):
+        with pytest.raises(ValueError, match=message):
+            parse_link(bad)
+
+
+def test_the_ring_model_on_known_timings():
+    # 2 ranks: each sends and receives half the tensor twice; 16 MB over 1 Gbit/s is 128 ms, plus 2 latencies.
+    assert ring_t2(2, 16e6, 0.0, 1e9 / 8) == pytest.approx(0.128)
+    assert ring_t2(2, 16e6, 50e-6, 1e9 / 8) == pytest.approx(0.128 + 2 * 50e-6)
+    assert ring_t2(4, 16e6, 0.0, 1e9 / 8) == pytest.approx(2 * 3 / 4 * 0.128)  # 2(N-1)/N S/B
+    assert ring_t2(1, 16e6, 1.0, 1.0) == 0.0
+    sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
+    from across_hosts import predicted
+
+    link = {"bits_per_s": 1e9, "rtt_s": 100e-6}
+    assert predicted(0.01, 16e6, link) == pytest.approx(0.01 + 0.128 + 100e-6)
+    assert predicted(0.01, 16e6, link, fp16=True) == pytest.approx(0.01 + 0.064 + 100e-6)
+
+
+@needs_hosts
+def test_hosts_are_made_shaped_measured_and_taken_down():
+    with Hosts(2, parse_link("200mbit"), prefix=PREFIX) as hosts:
+        assert stale(PREFIX) == [f"{PREFIX}0", f"{PREFIX}1"]
+        inside = subprocess.run(hosts.command(1, ["ip", "-o", "-4", "addr", "show", "eth0"]), capture_output=True,
+                                text=True).stdout
+        assert "10.77.0.2/24" in inside
+        measured = hosts.measure(0, 1, megabytes=8, pings=50)
+        assert 0.5 < measured.bits_per_s / 200e6 < 1.05 and measured.rtt_s < 0.01  # the link delivers its rate
+    assert stale(PREFIX) == [] and not any(line for line in subprocess.run(
+        ["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines() if PREFIX in line)
+
+
+@needs_hosts
+def test_hosts_are_taken_down_on_sigterm_and_a_killed_runs_are_cleaned_by_the_next():
+    code = (f"import signal, sys, time\nfrom tfperf.cluster.hosts import Hosts, parse_link\n"
+            f"def stop(*_):\n    raise KeyboardInterrupt\nsignal.signal(signal.SIGTERM, stop)\n"
+            f"with Hosts(2, parse_link('1gbit'), prefix='{PREFIX}') as h:\n    print('up', flush=True)\n"
+            f"    time.sleep(60)\n")
+    for sig, left in ((signal.SIGTERM, []), (signal.SIGKILL, [f"{PREFIX}0", f"{PREFIX}1"])):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+        assert proc.stdout.readline().strip() == "up"
+        proc.send_signal(sig)
+        proc.wait(30)
+        assert stale(PREFIX) == left
+    with Hosts(1, parse_link("1gbit"), prefix=PREFIX):  # a new run removes what the killed one left
+        assert stale(PREFIX) == [f"{PREFIX}0"]
+    assert stale(PREFIX) == [] and clean(PREFIX) == []
+
+
+@needs_hosts
+@pytest.mark.slow
+def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
+    """The recipe at its smallest: real horovodrun over ssh into two namespaces, and two MWMS workers that find
+    each other by TF_CONFIG; a link measured, the all-reduce against the ring model, the wide MLP trained across
+    the hosts with every variant, tensor fusion off in a job of its own."""
+    if not Path("/usr/sbin/sshd").exists():
+        pytest.fail("openssh-server is missing: make install installs it as root")
+    sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
+    from across_hosts import ALLREDUCE, ENGINES, HELPS, LINKS, RECIPE, SCALING
+
+    args = RECIPE.parse(["--quick", "--links", "1gbit", "--models", "wide-mlp", "--rounds", "2", "--steps", "1",
+                         "--reps", "2", "--sizes", "65536", "1048576", "--out", str(tmp_path)])
+    started = time.perf_counter()
+    rec, found = RECIPE.run(args)
+    link = rec.table(LINKS)[0]["metrics"]
+    assert 0.5 < link["delivered"] <= 1.05 and link["addresses"] == "10.77.0.1, 10.77.0.2"
+    assert len(rec.table(ALLREDUCE)) == 2 and all(r["metrics"]["ms"] > 0 for r in rec.table(ALLREDUCE))
+    scaling = rec.table(SCALING)[0]["metrics"]
+    assert scaling["gradient_mb"] > 7 and scaling["t1_ms"] > 0 and scaling["measured_samples_s"] > 0
+    assert {r["row"].rsplit(", ", 1)[0] for r in rec.table(HELPS)} == {
+        "fp16 compression", "batch 256 per rank", "accumulate 4 batches", "tensor fusion (on, against off)"}
+    mwms = rec.table(ENGINES)[0]
+    assert mwms["metrics"]["samples_per_s"] > 0 and mwms["metrics"]["addresses"].startswith("10.77.0.1:")
+    conclusion = RECIPE.conclude(args, rec, found)
+    assert "ring model" in conclusion.text and "MultiWorkerMirroredStrategy" in conclusion.text
+    assert conclusion.headline is not None
+    assert stale() == [] and time.perf_counter() - started < 300
+
+
+@needs_hosts
+@pytest.mark.slow
+def test_a_lost_host_is_named_then_training_resumes_from_its_checkpoint_and_elastic_goes_on(tmp_path):
+    """recipes/host_loss.py at its smallest: mnist_hvd across two hosts, the second's link cut after a
+    checkpoint; the job ends within Gloo's timeout naming that host, a relaunch resumes from the checkpoint, and
+    Horovod Elastic goes on with one rank."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
+    from host_loss import ELASTIC, RECIPE, RELAUNCH
+
+    args = RECIPE.parse(["--quick", "--epochs", "4", "--max-steps", "20", "--cut-after", "1", "--gloo-timeout", "5",
+                         "--total-steps", "60", "--commit-every", "5", "--out", str(tmp_path)])
+    rec, found = RECIPE.run(args)
+    lost, again = (r["metrics"] for r in rec.table(RELAUNCH))
+    assert lost["ended"] and lost["host_named"] == "10.77.0.2" and 0 < lost["seconds"] < 5 * 3 + 30
+    assert lost["last_checkpoint_epoch"] >= 1 and again["exit_code"] == 0
+    assert again["resumed_at_epoch"] == lost["last_checkpoint_epoch"] + 1 and again["final_epoch"] == 4
+    before, after = (r["metrics"] for r in rec.table(ELASTIC))
+    assert before["commits"] >= 1 and before["max_weight_drift"] == 0.0
+    assert after["first_commit"] is not None and after["final_step"] == 60 and after["final_ranks"] == 1
+    conclusion = RECIPE.conclude(args, rec, found)
+    assert conclusion.failure == "" and conclusion.headline.verdict == "bounded, nothing lost"
+    assert stale() == []
+
+
+def test_the_doctors_speedup_on_hosts_is_the_ring_model_over_a_measured_step(tmp_path):
+    import json
+
+    from tfperf.doctor import scaling
+
+    found = scaling.predict(hosts=4, batch=32, samples_per_s=3200.0, gradient_bytes=8_000_000,
+                            link_bits_per_s=1e9, rtt_s=None)
+    t2 = 2 * 3 * (50e-6 + 8e6 / 4 / 125e6)  # 6 messages of S/4 at 125 MB/s, latency half the assumed 100 us
+    assert found["t1_s"] == pytest.approx(0.01) and found["t2_s"] == pytest.approx(t2)
+    assert found["predicted_speedup"] == pytest.approx(4 * 0.01 / (0.01 + t2))
+    assert found["predicted_speedup_fp16"] > found["predicted_speedup"] and found["rtt_assumed"]
+    text = scaling.describe(found)
+    assert "predicted speedup **" in text and "assumed" in text
+    saved = json.loads(scaling.write(found, tmp_path).read_text())
+    assert {"hosts", "batch", "link_bits_per_s", "rtt_s", "t1_s", "t2_s", "gradient_bytes", "predicted_speedup",
+            "predicted_speedup_fp16"} <= set(saved)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hosts", "4"], "--hosts and --link go together"),
+    (["--hosts", "4", "--link", "1gbit"], "add --train --loss LOSS"),
+    (["--train", "--loss", "mse", "--hosts", "4", "--link", "fast"], "give a rate such as 1gbit"),
+])
+def test_doctor_hosts_flags_are_checked_in_one_line(argv, message, capsys):
+    from tfperf.cli import main
+
+    assert main(["doctor", "mlp", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

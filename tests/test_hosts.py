@@ -34,11 +34,13 @@ def test_the_ring_model_on_known_timings():
     assert ring_t2(4, 16e6, 0.0, 1e9 / 8) == pytest.approx(2 * 3 / 4 * 0.128)  # 2(N-1)/N S/B
     assert ring_t2(1, 16e6, 1.0, 1.0) == 0.0
     sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
-    from across_hosts import predicted
+    from across_hosts import measured_t2, predicted
 
     link = {"bits_per_s": 1e9, "rtt_s": 100e-6}
     assert predicted(0.01, 16e6, link) == pytest.approx(0.01 + 0.128 + 100e-6)
     assert predicted(0.01, 16e6, link, fp16=True) == pytest.approx(0.01 + 0.064 + 100e-6)
+    sweep = [{"bytes": 1e6, "samples_s": [0.01, 0.01]}, {"bytes": 4e6, "samples_s": [0.04, 0.05, 0.04]}]
+    assert measured_t2(sweep, 2e6) == pytest.approx(0.02) and measured_t2(sweep, 8e6) is None  # log-log, inside
 
 
 @needs_hosts

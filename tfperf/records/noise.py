@@ -1,5 +1,5 @@
 """Run-to-run noise: how far a figure moves between runs of the same code on one machine, measured from
-repeated runs in fresh processes (an A/A calibration: `tfperf run --repeat 3`), and what follows from it:
+repeated runs in fresh processes (an A/A calibration: `tfperf run --repeat 5`), and what follows from it:
 the range a rerun lands in, and the band a change must clear before `tfperf compare` calls it one.
 
 A figure's 95% interval from one run describes the spread of samples inside that run's processes; what
@@ -77,7 +77,7 @@ def measure_noise(runs: Sequence[Run], where: str = "") -> Noise:
     """The run-to-run spread of every figure that two or more of `runs` (of the same code) measured."""
     if len(runs) < 2:
         raise ValueError(f"{where or 'a calibration'} holds {len(runs)} run: run-to-run noise needs at least 2 "
-                         f"(`tfperf run --repeat 3`)")
+                         f"(`tfperf run --repeat 5`)")
     values: dict[Key, list[float]] = {}
     timed: set[Key] = set()
     for run in runs:
@@ -153,9 +153,9 @@ def load_calibration(path: Path | str) -> Noise:
             path = path / NOISE_FILE
         else:
             raise ValueError(f"{path} holds {len(runs)} run and no {NOISE_FILE}: a calibration is the --out folder "
-                             f"of `tfperf run --repeat 3` (runs of the same code in fresh processes)")
+                             f"of `tfperf run --repeat 5` (runs of the same code in fresh processes)")
     if not path.is_file():
-        raise ValueError(f"no such calibration: {path} (the --out folder of `tfperf run --repeat 3`)")
+        raise ValueError(f"no such calibration: {path} (the --out folder of `tfperf run --repeat 5`)")
     return Noise.from_json(jsonio.loads(path.read_bytes(), str(path)), str(path))
 
 

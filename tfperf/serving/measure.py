@@ -181,30 +181,19 @@ class Bench:
             return bracket_rate(within, max(start_rate, 1.0), steps=self.sizes.probes, limit=capacity)
 
     def validate(self, config: ServingConfig, rate: float, tries: int = 4) -> list[loadgen.LoadGenResult]:
-        """LoadGen Server runs long enough for its early stopping to claim the percentile; when INVALID, again at
-        the same rate with twice the queries early stopping asked for if that was all it lacked, else at a 15%
-        lower rate; `tries` runs at most: every attempt, the last decides. Their logs are kept."""
-        def enough(rate: float) -> int:
-            return max(int(rate * self.sizes.validation_s), 2 * loadgen.MIN_QUERIES_FOR_P99)
-
-        attempts, queries = [], enough(rate)
+        """LoadGen Server runs at `rate` until one is VALID (`loadgen.validated`'s rule), their logs kept."""
         with self.server(config) as server:
-            for attempt in range(tries):
-                folder = self.logs / f"{time.strftime('%H%M%S')}-{attempt}"
+            def offer(rate: float, queries: int) -> loadgen.LoadGenResult:
+                folder = self.logs / f"{time.strftime('%H%M%S')}-{next(attempt)}"
                 result = self.offered(server, rate, seconds=self.sizes.validation_s, min_queries=queries,
                                       log_dir=folder)
-                attempts.append(result)
                 self.rec.add("validation", f"{config.name} at {rate:.0f}/s, {queries} queries",
                              {**result.metrics(), **config.settings(), "log_dir": str(folder)},
                              primary="completed_qps", lower_is_better=False, versus_first=False)
-                if result.valid:
-                    break
-                if result.too_short:
-                    queries = 2 * (result.query_count + result.more_queries_needed)
-                else:
-                    rate *= 0.85
-                    queries = enough(rate)
-        return attempts
+                return result
+
+            attempt = itertools.count()
+            return loadgen.validated(offer, rate, self.sizes.validation_s, tries)
 
     def generator_overhead(self, config: ServingConfig) -> loadgen.LoadGenResult:
         """LoadGen SingleStream on the configuration: its QPS with and without LoadGen's own overhead."""

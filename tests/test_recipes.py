@@ -620,3 +620,43 @@ def test_serving_runtimes_converts_as_tfperf_export_does(tmp_path):
         ours = load(export_subject(subject, tmp_path / "exports", name=fmt, format=fmt).path)({"inputs": x})["logits"]
         theirs = runtimes["serve"](runtime, files[runtime], 1)(x)
         np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_bert_server_checks_padded_answers_then_serves_each_policy_under_loadgen(tmp_path):
+    """A 1-layer BERT from KerasHub's config, requests of 8-32 tokens: one request per call, padded to the longest
+    and by bucket, each checked against the request alone, then timed in closed loop and under LoadGen."""
+    bert_server = load_recipe("bert_server")
+    args = bert_server.parse(["--quick", "--layers", "1", "--hidden", "32", "--lengths", "8:32", "--length-buckets",
+                              "16,32", "--max-batch-size", "4", "--clients", "4", "--window", "0.05", "--probe", "0.2",
+                              "--probes", "1", "--latency-ms", "500", "--out", str(tmp_path)])
+    rec, found = bert_server.run(args)
+    names = ["one request per call", "padded to the longest", "length buckets 16,32"]
+    assert list(found.served) == names and found.spread > 1e-3  # the answers vary: their agreement means something
+    served = found.served
+    assert all(s.disagreement <= 1e-4 for s in served.values())
+    assert served["one request per call"].useful_share == 1.0  # nothing padded
+    assert 0 < served["padded to the longest"].useful_share < 1 and 0 < served["length buckets 16,32"].useful_share < 1
+    assert [r["row"] for r in rec.table("closed loop (mixed lengths)")] == names
+    validated = rec.table("LoadGen Server validation")
+    assert {next(n for n in names if r["row"].startswith(n + ", ")) for r in validated} == set(names)
+    assert all(r["metrics"]["queries"] >= 920 for r in validated)  # enough for LoadGen to claim a p99
+    assert len(list((tmp_path / "bert_server_loadgen").glob("*/*/mlperf_log_summary.txt"))) == len(validated)
+    conclusion = bert_server.conclude(args, rec, found)
+    assert not conclusion.failure and "useful tokens/s" in "\n".join(conclusion.lines)
+    assert conclusion.headline.rests_on == ("padded to the longest", "length buckets 16,32")
+
+
+def test_bert_servers_check_catches_padding_that_changes_an_answer():
+    """A model that averages its tokens without reading the mask: padded, its answer changes, and the check says so."""
+    from tfperf.serving.batcher import Batcher, BatchingOptions
+
+    bert_server = recipe_module("bert_server")
+    rng = np.random.default_rng(0)
+    requests = [bert_server.request(rng, n) for n in (5, 9, 17, 30)]
+    spec = tf.TensorSpec([None, None], tf.int32)
+    unmasked = tf.function(lambda x: {"logits": tf.reduce_mean(tf.cast(x["token_ids"], tf.float32), 1, keepdims=True)},
+                           input_signature=[{"token_ids": spec, "segment_ids": spec, "padding_mask": spec}])
+    call = lambda batch: {k: v.numpy() for k, v in unmasked(batch).items()}  # noqa: E731
+    options = BatchingOptions(max_batch_size=4, batch_timeout_micros=200_000, pad_variable_length_inputs=True)
+    with Batcher(lambda size: call, options) as batcher:
+        assert bert_server.check_answers(batcher, unmasked, requests) > 0.1

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tfperf.cluster import ring_t2
@@ -94,6 +95,7 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     assert len(rec.table(ALLREDUCE)) == 2 and all(r["metrics"]["ms"] > 0 for r in rec.table(ALLREDUCE))
     scaling = rec.table(SCALING)[0]["metrics"]
     assert scaling["gradient_mb"] > 7 and scaling["t1_ms"] > 0 and scaling["measured_samples_s"] > 0
+    assert scaling["predicted_overlap_samples_s"] >= scaling["predicted_samples_s"]  # overlap only hides t2
     assert {r["row"].rsplit(", ", 1)[0] for r in rec.table(HELPS)} == {
         "fp16 compression", "batch 256 per rank", "accumulate 4 batches", "tensor fusion (on, against off)"}
     mwms = rec.table(ENGINES)[0]
@@ -143,7 +145,59 @@ def test_the_doctors_speedup_on_hosts_is_the_ring_model_over_a_measured_step(tmp
     assert "predicted speedup **" in text and "assumed" in text
     saved = json.loads(scaling.write(found, tmp_path).read_text())
     assert {"hosts", "batch", "link_bits_per_s", "rtt_s", "t1_s", "t2_s", "gradient_bytes", "predicted_speedup",
-            "predicted_speedup_fp16"} <= set(saved)
+            "predicted_speedup_fp16"} <= set(saved) and saved["predicted_speedup_overlap"] is None
+    # With each layer's gradients made along backpropagation, the ceiling where their all-reduce hides under it.
+    overlapped = scaling.predict(hosts=4, batch=32, samples_per_s=3200.0, gradient_bytes=8_000_000,
+                                 link_bits_per_s=1e9, rtt_s=None, readiness=[(0.2, 6_000_000), (1.0, 2_000_000)])
+    assert found["predicted_speedup"] < overlapped["predicted_speedup_overlap"] < 4
+    assert overlapped["predicted_speedup_overlap_fp16"] >= overlapped["predicted_speedup_overlap"]
+    assert "a ceiling of **" in scaling.describe(overlapped)
+
+
+def test_overlap_hides_the_all_reduce_of_gradients_made_early_in_backpropagation():
+    from tfperf.cluster import exposed_t2, ring_t2
+
+    alpha, beta = 50e-6, 125e6  # 1 Gbit/s
+    # Every gradient made at the end of the pass: nothing hides, the ring model's t2 is left whole.
+    assert exposed_t2(0.09, [(1.0, 8e6)], 2, alpha, beta) == pytest.approx(ring_t2(2, 8e6, alpha, beta))
+    # Made when backpropagation starts (the forward third of 90 ms is over): 30 ms go under the 60 ms left.
+    assert exposed_t2(0.09, [(0.0, 8e6)], 2, alpha, beta) == pytest.approx(0.03 + ring_t2(2, 8e6, alpha, beta) - 0.09)
+    # A message at a time: what is made while the link is busy waits, then goes in one fused message.
+    early, late = (0.0, 4e6), (0.1, 4e6)
+    first_done = 0.03 + ring_t2(2, 4e6, alpha, beta)
+    assert exposed_t2(0.09, [early, late], 2, alpha, beta) == pytest.approx(first_done + ring_t2(2, 4e6, alpha, beta)
+                                                                           - 0.09)
+    assert exposed_t2(1.0, [(0.0, 8e6)], 2, alpha, beta) == 0.0  # a long step hides it all
+
+
+def test_gradient_readiness_follows_backpropagation_from_the_last_layer_with_each_layers_flops():
+    import keras
+
+    from tfperf.models import gradient_readiness
+
+    inputs = keras.Input((32,))
+    hidden = keras.layers.Dense(64, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(4)(keras.layers.Dense(128)(hidden)))
+    found = gradient_readiness(model)
+    sizes = [size for _, size in found]
+    assert sizes == [4 * (128 * 4 + 4), 4 * (64 * 128 + 128), 4 * (32 * 64 + 64)]  # last layer first
+    shares = [share for share, _ in found]
+    assert shares[-1] == pytest.approx(1.0) and shares == sorted(shares)
+    flops = [2 * 128 * 4, 2 * 64 * 128, 2 * 32 * 64]  # matmuls; bias adds and the relu are a few percent more
+    assert shares[0] == pytest.approx(flops[0] / sum(flops), rel=0.1)
+    assert shares[1] == pytest.approx(sum(flops[:2]) / sum(flops), rel=0.1)
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(x)
+
+    sub = Subclassed()
+    sub(np.zeros((1, 5), np.float32))
+    assert gradient_readiness(sub) is None  # its layers' inputs are not known: no overlap is claimed
 
 
 @pytest.mark.parametrize("argv, message", [

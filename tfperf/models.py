@@ -183,6 +183,44 @@ def flops(model: keras.Model) -> int:
     return counted
 
 
+def layer_flops(layer: keras.layers.Layer) -> int | None:
+    """Forward FLOPs of one call of a built layer of a functional or Sequential model at batch 1 (`function_flops`;
+    0 for a layer TensorFlow counts nothing in); None when its inputs' shapes are not known (a shared layer, a
+    subclassed model's)."""
+    import tensorflow as tf
+
+    try:
+        inputs = layer.input if isinstance(layer.input, (list, tuple)) else [layer.input]
+        specs = [tf.TensorSpec((1, *x.shape[1:]), x.dtype) for x in inputs]
+    except (AttributeError, ValueError):
+        return None
+    if any(d is None for spec in specs for d in spec.shape):
+        return None
+    call = tf.function(lambda *xs: layer(xs[0] if len(xs) == 1 else list(xs), training=False))
+    try:
+        return function_flops(call.get_concrete_function(*specs)) or 0
+    except Exception:  # noqa: BLE001  (a layer that cannot be traced alone: the readiness is not known)
+        return None
+
+
+def gradient_readiness(model: keras.Model) -> list[tuple[float, int]] | None:
+    """For each layer with trainable weights, in the order backpropagation reaches them (last layer first): the
+    share of the backward pass done when its gradients exist, and their float32 bytes. Backward time is taken
+    as proportional to each layer's forward FLOPs. None when a layer's FLOPs cannot be counted."""
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    counted = [layer_flops(layer) for layer in layers]
+    total = sum(f for f in counted if f)
+    if not layers or any(f is None for f in counted) or not total:
+        return None
+    found, done = [], 0
+    for layer, f in zip(reversed(layers), reversed(counted)):
+        done += f
+        size = 4 * sum(int(np.prod(w.shape)) for w in layer.trainable_weights)
+        if size:
+            found.append((done / total, size))
+    return found
+
+
 def activation_bytes(model: keras.Model, batch: int) -> int:
     """Bytes of every layer's output for one batch, in the dtype each layer computes in (what backprop keeps)."""
     total = 0

@@ -145,6 +145,7 @@ def hosts_answer(diagnosis, subject, hosts: int, link_bits_per_s: float, rtt_s: 
     """The model's speedup on `hosts` hosts over the link, from plain fit's step measured here: scaling.json in
     `out`, and the paragraph that says it."""
     from tfperf.doctor import scaling
+    from tfperf.models import gradient_readiness
 
     plain = next((r for r in diagnosis.recorder.table("training") if r["row"].startswith("plain fit")), None)
     if plain is None:
@@ -153,7 +154,8 @@ def hosts_answer(diagnosis, subject, hosts: int, link_bits_per_s: float, rtt_s: 
     weights = subject.model.trainable_weights
     gradient_bytes = int(sum(4 * int(np.prod(w.shape)) for w in weights))  # float32 gradients, whatever the policy
     found = scaling.predict(hosts=hosts, batch=batch, samples_per_s=plain["metrics"]["samples_per_s"],
-                            gradient_bytes=gradient_bytes, link_bits_per_s=link_bits_per_s, rtt_s=rtt_s)
+                            gradient_bytes=gradient_bytes, link_bits_per_s=link_bits_per_s, rtt_s=rtt_s,
+                            readiness=gradient_readiness(subject.model))
     scaling.write(found, out)
     return scaling.describe(found)
 

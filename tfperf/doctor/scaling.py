@@ -1,7 +1,9 @@
 """The user's model on N hosts over a link, predicted (`tfperf doctor --hosts N --link RATE[,RTT]`): t1 is plain
 fit's training step measured here, t2 the ring all-reduce of the model's float32 gradients over the link
 (2(N-1)/N S/B + 2(N-1) latency, a latency being half the round trip), and a step on N hosts takes t1 + t2
-while doing N times the examples: the speedup is N t1 / (t1 + t2); with fp16 compression the bytes halve.
+while doing N times the examples: the speedup is N t1 / (t1 + t2), a floor; with each gradient all-reduced as
+soon as backpropagation makes it (Horovod's wait-free overlap), only the t2 left after the pass counts, a ceiling;
+with fp16 compression the bytes halve.
 Written to scaling.json beside the report, and said in a paragraph."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfperf.cluster import ring_t2
+from tfperf.cluster import exposed_t2, ring_t2
 
 DEFAULT_RTT_S = 100e-6  # a LAN's round trip when --link gives none: said in the report
 
@@ -30,16 +32,25 @@ def parse_link(text: str) -> tuple[float, float | None]:
 
 
 def predict(*, hosts: int, batch: int, samples_per_s: float, gradient_bytes: int, link_bits_per_s: float,
-            rtt_s: float | None) -> dict[str, Any]:
-    """The prediction, with what it rests on (scaling.json's fields)."""
+            rtt_s: float | None, readiness: list[tuple[float, int]] | None = None) -> dict[str, Any]:
+    """The prediction, with what it rests on (scaling.json's fields). With `readiness` (tfperf.models.
+    gradient_readiness), also the ceiling where each gradient's all-reduce runs under the rest of backpropagation."""
     rtt = DEFAULT_RTT_S if rtt_s is None else rtt_s
+    alpha, beta = rtt / 2, link_bits_per_s / 8
     t1 = batch / samples_per_s
-    t2 = ring_t2(hosts, gradient_bytes, rtt / 2, link_bits_per_s / 8)
-    t2_fp16 = ring_t2(hosts, gradient_bytes / 2, rtt / 2, link_bits_per_s / 8)
-    return {"hosts": hosts, "batch": batch, "link_bits_per_s": link_bits_per_s, "rtt_s": rtt,
-            "rtt_assumed": rtt_s is None, "t1_s": t1, "t2_s": t2, "t2_fp16_s": t2_fp16,
-            "gradient_bytes": gradient_bytes, "predicted_speedup": hosts * t1 / (t1 + t2),
-            "predicted_speedup_fp16": hosts * t1 / (t1 + t2_fp16)}
+    t2 = ring_t2(hosts, gradient_bytes, alpha, beta)
+    t2_fp16 = ring_t2(hosts, gradient_bytes / 2, alpha, beta)
+    found = {"hosts": hosts, "batch": batch, "link_bits_per_s": link_bits_per_s, "rtt_s": rtt,
+             "rtt_assumed": rtt_s is None, "t1_s": t1, "t2_s": t2, "t2_fp16_s": t2_fp16,
+             "gradient_bytes": gradient_bytes, "predicted_speedup": hosts * t1 / (t1 + t2),
+             "predicted_speedup_fp16": hosts * t1 / (t1 + t2_fp16),
+             "t2_exposed_s": None, "predicted_speedup_overlap": None, "predicted_speedup_overlap_fp16": None}
+    if readiness:
+        exposed = exposed_t2(t1, readiness, hosts, alpha, beta)
+        halved = exposed_t2(t1, [(share, size / 2) for share, size in readiness], hosts, alpha, beta)
+        found.update({"t2_exposed_s": exposed, "predicted_speedup_overlap": hosts * t1 / (t1 + exposed),
+                      "predicted_speedup_overlap_fp16": hosts * t1 / (t1 + halved)})
+    return found
 
 
 def write(found: dict[str, Any], out: Path) -> Path:
@@ -62,6 +73,13 @@ def describe(found: dict[str, Any]) -> str:
             f"{found['t2_s'] * 1e3:.1f} ms (t2, the ring model), {share:.0%} of the step: predicted speedup "
             f"**{found['predicted_speedup']:.2f}x** over one host ({found['predicted_speedup'] / found['hosts']:.0%} "
             f"scaling efficiency), {found['predicted_speedup_fp16']:.2f}x with fp16 compression "
-            f"(hvd.Compression.fp16). The model assumes t1 does not change with the host count and no overlap of "
-            f"t2 with backpropagation (Horovod overlaps some: a real cluster lands between this and N); "
-            f"recipes/across_hosts.py checks it across emulated hosts.")
+            f"(hvd.Compression.fp16). It assumes t1 does not change with the host count and that the all-reduce "
+            f"starts after backpropagation: a floor. " + (
+                f"Horovod all-reduces each gradient as soon as backpropagation has made it, under the rest of the "
+                f"pass: with the backward pass two thirds of t1 and spread over the layers by their FLOPs, "
+                f"{found['t2_exposed_s'] * 1e3:.1f} ms of t2 is left after it, a ceiling of "
+                f"**{found['predicted_speedup_overlap']:.2f}x** ({found['predicted_speedup_overlap_fp16']:.2f}x "
+                f"with fp16). A real cluster lands between the two, nearer the ceiling the more cores a host has "
+                f"left for communication. " if found["predicted_speedup_overlap"] else
+                "The layers' FLOPs could not be counted one by one, so no ceiling with overlap is given. ")
+            + "recipes/across_hosts.py --models YOUR.keras measures where it lands across emulated hosts.")

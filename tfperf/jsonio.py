@@ -4,32 +4,28 @@ parsing (Python's parser recurses, so a config nested a million deep is a Recurs
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+import numpy as np
 
 MAX_BYTES = 64 * 2**20  # a Keras config or a metadata file is kilobytes; records files stay well under this
 MAX_DEPTH = 200  # Keras configs nest a few dozen levels (a model inside a layer inside a model ...)
 
 
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')  # a JSON string, escapes included: its brackets do not nest
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
 def nesting_depth(text: str) -> int:
-    """The deepest nesting of [ and { in JSON text, brackets inside strings not counted."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+    """The deepest nesting of [ and { in JSON text, brackets inside strings not counted. In C-speed passes (regular
+    expressions, then a cumulative sum), not a Python loop per character: a server checks every request's body."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text) if '"' in text else text)
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets.encode("ascii"), np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
+    return max(int(np.cumsum(steps).max()), 0)
 
 
 def loads(text: str | bytes, where: str, *, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:

@@ -6,6 +6,7 @@ are refused. One server per module, in this process; test_serve_command_drains_o
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -251,8 +252,7 @@ def test_a_full_queue_answers_503_at_once_and_a_passed_deadline_drops_the_reques
     class Repository:
         name, current = "slow", version
 
-    server = Server.__new__(Server)
-    server.repository, server.options = Repository, ServerOptions()
+    server = Server(Repository, ServerOptions())
 
     async def scenario():
         first = asyncio.ensure_future(server.infer(version, {"x": np.full((1, 1), 1.0)}))
@@ -314,18 +314,28 @@ def test_a_new_version_swaps_in_under_load_without_a_failed_request_and_a_broken
 
 
 def test_serve_command_answers_then_drains_on_sigterm_losing_no_accepted_request(tmp_path):
-    """The real command: a cookbook net exported and served; requests in flight when SIGTERM arrives are all
+    """The real command: a cookbook net exported and served by two worker processes sharing free ports, their
+    metrics counted together whichever worker is scraped; requests in flight when SIGTERM arrives are all
     answered, and the process exits 0."""
     proc = subprocess.Popen([sys.executable, "-m", "tfperf", "serve", "mlp", "--port", "0", "--grpc-port", "0",
-                             "--max-batch-size", "16", "--batch-timeout-micros", "400000", "--drain-timeout", "20"],
+                             "--workers", "2", "--max-batch-size", "16", "--batch-timeout-micros", "400000",
+                             "--drain-timeout", "20"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
                                  "TF_CPP_MIN_LOG_LEVEL": "3"})
     try:
-        line = proc.stdout.readline()
-        assert line.startswith("serving mlp version 1"), (line, proc.stderr.read() if proc.poll() else "")
-        port = int(line.split("http://127.0.0.1:")[1].split(" ")[0])
+        lines = [proc.stdout.readline(), proc.stdout.readline()]  # one per worker, the same ports
+        assert all(line.startswith("serving mlp version 1") for line in lines), (lines, proc.poll())
+        ports = {int(line.split("http://127.0.0.1:")[1].split(" ")[0]) for line in lines}
+        assert len(ports) == 1 and "2 worker processes" in lines[0]
+        port = ports.pop()
         body = {"instances": [[0.25] * 512]}
+        # Each request on a connection of its own: the kernel spreads them over the workers (SO_REUSEPORT).
+        for _ in range(12):
+            assert post(port, "/v1/models/mlp:predict", {"instances": [[0.5] * 512]})[0] == 200
+        status, text = get(port, "/monitoring/prometheus/metrics")
+        counted = re.search(rb'tfperf_requests_total\{code="200",model="mlp",protocol="rest"\} ([\d.]+)', text)
+        assert status == 200 and counted and float(counted[1]) == 12.0, text[-1500:]
 
         def timed():
             status, answer = post(port, "/v1/models/mlp:predict", body)
@@ -400,7 +410,7 @@ def test_the_deploy_files_parse_with_each_serving_systems_own_schema(served, tmp
     saved = Swept(ServingConfig("savedmodel", None, 1, BatchingOptions(max_batch_size=8, idle_runs_now=True)),
                   (level(500),))
     found = Found("tiny", Budget(), swept=[saved, onnx], open_loop={onnx.config.name: (800.0, 900.0)})
-    readme = write_deploy(found, onnx, exports, tmp_path / "out", name="tiny", cores=2, target_rate=5000)
+    readme = write_deploy(found, onnx, exports, tmp_path / "out", name="tiny", cores=2, rate=800.0, target_rate=5000)
     out = tmp_path / "out"
     assert json.loads((out / "serve.json").read_text())["runtime"] == "onnx"
     config = text_format.Parse((out / "deploy/tfserving/models.config").read_text(),
@@ -421,3 +431,81 @@ def test_the_deploy_files_parse_with_each_serving_systems_own_schema(served, tmp
     assert service["kind"] == "InferenceService" and service["spec"]["predictor"]["model"]["resources"][
         "requests"]["cpu"] == "2"
     assert any("**9 replica(s)**" in line for line in readme)  # 5000 / (800 * 0.7) = 8.9, rounded up
+
+
+def independent_loadgen(port: int, body: bytes, rate: float, seconds: float, budget_s: float, out) -> tuple[str, float]:
+    """LoadGen's Server scenario driving plain http.client connections from a thread pool, written apart from
+    tfperf's client: (LoadGen's verdict, its p50 in ms), read from its own summary."""
+    import http.client
+    import re
+    import threading
+
+    import mlperf_loadgen as lg
+
+    pool, local = ThreadPoolExecutor(16), threading.local()
+
+    def send(query):
+        if not hasattr(local, "connection"):
+            local.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        local.connection.request("POST", "/v1/models/tiny:predict", body, {"Content-Type": "application/json"})
+        answer = local.connection.getresponse()
+        answer.read()
+        lg.QuerySamplesComplete([lg.QuerySampleResponse(query.id, 0, 0)])
+
+    sut = lg.ConstructSUT(lambda queries: [pool.submit(send, q) for q in queries], lambda: None)
+    qsl = lg.ConstructQSL(16, 16, lambda samples: None, lambda samples: None)
+    settings = lg.TestSettings()
+    settings.scenario, settings.mode = lg.TestScenario.Server, lg.TestMode.PerformanceOnly
+    settings.server_target_qps, settings.server_target_latency_ns = rate, int(budget_s * 1e9)
+    settings.server_target_latency_percentile = 0.9
+    settings.min_duration_ms, settings.min_query_count = int(seconds * 1e3), int(rate * seconds)
+    logs = lg.LogSettings()
+    logs.log_output.outdir, logs.log_output.copy_summary_to_stdout = str(out), False
+    lg.StartTestWithLogSettings(sut, qsl, settings, logs)
+    lg.DestroyQSL(qsl)
+    lg.DestroySUT(sut)
+    pool.shutdown()
+    summary = (out / "mlperf_log_summary.txt").read_text()
+    return re.search(r"Result is : (\w+)", summary)[1], int(re.search(r"50.00 percentile latency \(ns\)\s*: (\d+)",
+                                                                      summary)[1]) / 1e6
+
+
+def test_load_url_reports_p99_with_its_interval_and_a_verdict_and_agrees_with_an_independent_loadgen_client(
+        served, tmp_path):
+    """answer_endpoint (what `tfperf load --url` runs) on the running server over REST and gRPC: p99 with its
+    interval, LoadGen's verdict, the server's own split of the time read from its metrics, the client's ceiling.
+    Then LoadGen at one rate through tfperf's client and through plain http.client: the same verdict and p50."""
+    from tfperf.serving import loadgen
+    from tfperf.serving.endpoint import RemoteServer, parse_url
+    from tfperf.serving.measure import Sizes
+    from tfperf.serving.search import Budget
+    from tfperf.serving.url_load import answer_endpoint, metrics_url_of
+
+    tiny = Sizes(window_s=0.1, max_windows=3, warmup_s=0.05, probe_s=0.4, probes=2, validation_s=0.6,
+                 max_concurrency=4, concurrency_factor=4)
+    x = inputs(rows=16, seed=5)
+    requests = [{k: v[i:i + 1] for k, v in x.items()} for i in range(16)]
+    metrics = f"http://127.0.0.1:{served['rest']}/monitoring/prometheus/metrics"
+    for url in (f"http://127.0.0.1:{served['rest']}/v1/models/tiny", f"grpc://127.0.0.1:{served['grpc']}/tiny"):
+        endpoint = parse_url(url)
+        assert metrics_url_of(endpoint, None) == (metrics if endpoint.protocol == "rest" else None)
+        out = tmp_path / endpoint.protocol
+        out.mkdir()
+        found = answer_endpoint(endpoint, requests, out, budget=Budget(0.05), quick=False, sizes=tiny,
+                                metrics_url=metrics)
+        report = (out / "report.md").read_text()
+        assert found.validations and re.search(r"LoadGen Server validation of .* \*\*(VALID|INVALID)", report), report
+        assert re.search(r"\| 1 \| \d+ \| [\d.]+ \([\d.]+-[\d.]+\) \|", report)  # p50 with its interval
+        assert found.client_ceiling is not None and "an echo of its answers: the client's ceiling" in report
+        records = [json.loads(line) for line in (out / "load.jsonl").read_text().splitlines()]
+        levels = [r for r in records if r["table"] == f"closed loop: {endpoint.name}"]
+        assert levels and all(r["metrics"]["p99_ci95_ms"] and r["metrics"]["server_latency_ms"] > 0 for r in levels)
+    rate, budget = 150.0, Budget(0.05, 90.0)
+    with RemoteServer(parse_url(f"http://127.0.0.1:{served['rest']}/v1/models/tiny"), connections=16) as remote:
+        ours = loadgen.run(lambda i: remote.submit(requests[i % 16]), 16, rate=rate, latency_s=budget.latency_s,
+                           percentile=budget.percentile, duration_s=2.0, min_queries=300)
+    body = json.dumps({"instances": [{k: v[0].tolist() for k, v in requests[0].items()}]}).encode()
+    (tmp_path / "independent").mkdir()
+    verdict, p50_ms = independent_loadgen(served["rest"], body, rate, 2.0, budget.latency_s, tmp_path / "independent")
+    assert (verdict == "VALID") == ours.valid, (verdict, ours)
+    assert abs(ours.percentiles_ms["50.00"] - p50_ms) <= max(1.0, p50_ms), (ours.percentiles_ms, p50_ms)

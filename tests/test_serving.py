@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -318,22 +319,38 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
     from tfperf.serving.measure import Sizes
 
     tiny = Sizes(window_s=0.05, max_windows=3, warmup_s=0.02, probe_s=0.3, probes=2, validation_s=0.5,
-                 max_concurrency=4, concurrency_factor=4, instances=(1, 2), batch_sizes=(8,), all_thread_counts=False)
+                 max_concurrency=4, concurrency_factor=4, instances=(1, 2), batch_sizes=(8,), all_thread_counts=False,
+                 socket_candidates=1)
     monkeypatch.setattr(Sizes, "quick", classmethod(lambda cls: tiny))
-    # The servers in a process of their own: the path every configuration takes through the pipe.
+    # The servers in a process of their own: the path every configuration takes through the pipe. Then the best
+    # served by tfperf serve, alone and in a worker process per core, measured through sockets.
     code, out, err = tfperf("load", "cnn", "--quick", "--runtimes", "litert", "--server-process",
-                            "--out", tmp_path / "run")
+                            "--latency-budget", "50ms", "--out", tmp_path / "run")
     assert code == 0, err[-2000:]
     report = (tmp_path / "run" / "report.md").read_text()
     assert "The servers ran in a process of their own (--server-process)" in report
-    assert "## Answer" in report and "Best within the budget" in report and "LoadGen Server validation" in report
+    assert "## Answer" in report and "Best through a socket, what a deployment gets" in report
+    assert "LoadGen Server validation through the socket" in report and "In process, no socket (the ceiling)" in report
+    assert "an echo of its answers: the client's ceiling" in report
     assert "the SavedModel signature, one request at a time" in report and "BatchFunction" in report
     assert (tmp_path / "run" / "throughput_vs_latency.png").stat().st_size > 1000
     records = [json.loads(line) for line in (tmp_path / "run" / "load.jsonl").read_text().splitlines()]
     assert any(r["table"] == "validation" for r in records) and any(r["table"] == "configurations" for r in records)
     closed = [r for r in records if r["table"].startswith("closed loop")]
     assert closed and all(r["samples_s"] and r["metrics"]["p99_ci95_ms"] for r in closed)
-    assert "best within p99 <= 10 ms" in out and "tfperf export cnn --format" in out
+    through = [r for r in records if r["table"] == "through a socket"]
+    protocols = {(r["metrics"]["protocol"], r["metrics"].get("workers", 1)) for r in through}
+    cores = os.cpu_count()
+    assert protocols == {("v2", 1), ("grpc", 1)} | ({("v2", cores), ("grpc", cores)} if cores > 1 else set())
+    assert all(r["metrics"]["requests_per_s_within_budget"] > 0 for r in through), through
+    # Each level through a socket carries the server's own split of its time, read from its metrics.
+    socket_levels = [r for r in closed if ", through " in r["table"] and "echo" not in r["table"]]
+    assert socket_levels and all(r["metrics"]["server_latency_ms"] > 0 and r["metrics"]["server_model_ms"] > 0
+                                 for r in socket_levels)
+    served = json.loads((tmp_path / "run" / "serve.json").read_text())
+    assert served["runtime"] == "litert" and served["workers"] >= 1
+    assert "best within p99 <= 50 ms through a socket" in out and "tfperf export cnn --format" in out
+    assert f"tfperf serve MODEL --config {tmp_path / 'run' / 'serve.json'}" in out
     code, out, _ = tfperf("compare", tmp_path / "run" / "load.jsonl", tmp_path / "run" / "load.jsonl")
     assert code == 0 and "without a change that counts" in out
 
@@ -491,3 +508,45 @@ def test_the_doctor_answers_the_serving_question_with_the_command_that_reproduce
     assert (tmp_path / "doc" / "serving" / "report.md").is_file() and "Serving under load" in (
         tmp_path / "doc" / "report.md").read_text()
     assert "--latency-budget is for the serving question" in refused("doctor", "mlp", "--latency-budget", "10ms")
+
+
+def test_the_best_are_tried_through_a_socket_and_again_in_a_worker_process_per_core():
+    from tfperf.serving.batcher import BatchingOptions
+    from tfperf.serving.configs import ServingConfig
+    from tfperf.serving.search import Swept
+    from tfperf.serving.through_socket import candidates, label
+
+    batched = ServingConfig("onnx", 2, 2, BatchingOptions(max_batch_size=16, batch_timeout_micros=1000))
+    ranked = [Swept(ServingConfig("tf-batch-function", None, 2, BatchingOptions(max_batch_size=32))), Swept(batched),
+              Swept(ServingConfig("litert", 1, 1)), Swept(ServingConfig("savedmodel"))]
+    picked = candidates(ranked, cores=4, count=2)
+    assert picked[:2] == [batched, ServingConfig("litert", 1, 1)]  # tfperf serve does not run BatchFunction
+    assert picked[2].workers == 4 and picked[2].threads == 1 and picked[2].batching == batched.batching
+    assert candidates(ranked, cores=1, count=1) == [batched]
+    assert label(picked[2], "v2").endswith("4 worker processes, through KServe v2 over HTTP (binary tensors)")
+    back = ServingConfig.from_json(json.dumps(picked[2].to_json()).encode(), "serve.json")
+    assert back == picked[2] and ServingConfig.from_json(b'{"runtime": "onnx"}', "old serve.json").workers == 1
+
+
+def test_the_servers_own_metrics_split_a_levels_time_into_queue_and_model():
+    from tfperf.serving.scrape import split
+
+    before = {"tfperf_request_latency_seconds_count": 10, "tfperf_request_latency_seconds_sum": 0.02,
+              "tfperf_queue_latency_seconds_count": 10, "tfperf_queue_latency_seconds_sum": 0.01,
+              "tfperf_compute_latency_seconds_count": 5, "tfperf_compute_latency_seconds_sum": 0.005,
+              "tfperf_batch_size_sum": 10}
+    after = {"tfperf_request_latency_seconds_count": 110, "tfperf_request_latency_seconds_sum": 0.32,
+             "tfperf_queue_latency_seconds_count": 110, "tfperf_queue_latency_seconds_sum": 0.11,
+             "tfperf_compute_latency_seconds_count": 30, "tfperf_compute_latency_seconds_sum": 0.055,
+             "tfperf_batch_size_sum": 110}
+    assert split(before, after) == pytest.approx({"server_queue_ms": 1.0, "server_model_ms": 2.0,
+                                                  "server_latency_ms": 3.0, "server_batch_rows": 4.0})
+    triton = {"nv_inference_request_success": 0, "nv_inference_queue_duration_us": 0,
+              "nv_inference_compute_infer_duration_us": 0, "nv_inference_request_duration_us": 0,
+              "nv_inference_exec_count": 0, "nv_inference_count": 0}
+    later = {"nv_inference_request_success": 200, "nv_inference_queue_duration_us": 100_000,
+             "nv_inference_compute_infer_duration_us": 300_000, "nv_inference_request_duration_us": 500_000,
+             "nv_inference_exec_count": 50, "nv_inference_count": 200}
+    assert split(triton, later) == pytest.approx({"server_queue_ms": 0.5, "server_model_ms": 1.5,
+                                                  "server_latency_ms": 2.5, "server_batch_rows": 4.0})
+    assert split(None, after) == {} and split(after, after) == {} and split({}, {"up": 1.0}) == {}

@@ -107,13 +107,16 @@ class LoadLevel:
 
 def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float = 1.0, max_windows: int = 10,
                 warmup_s: float = 0.2, label: str | None = None,
-                server_cpu: Callable[[], float] | None = None) -> LoadLevel:
+                server_cpu: Callable[[], float] | None = None,
+                sender_cpu: Callable[[], float] | None = None) -> LoadLevel:
     """N clients, each sending a request (`send(client)`, which returns when answered) and then the next.
 
     Measures in windows of `window_s` after `warmup_s`, until the last three agree (stable) or
     `max_windows` ran; the level is built from the stable windows (else from all, marked unstable).
     A request that raises is counted as an error, not a latency. `server_cpu`: the CPU seconds of a
-    server in another process, so far (its share is counted with this process's).
+    server in another process, so far (its share is counted with this process's). `sender_cpu`: the CPU
+    seconds so far of a thread the clients hand their requests to (an event loop that sends them), counted as
+    the clients'.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
@@ -146,6 +149,7 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
     try:
         time.sleep(warmup_s)
         begin, cpu_begin = time.perf_counter(), time.process_time() + (server_cpu() if server_cpu else 0.0)
+        sent_begin = sender_cpu() if sender_cpu else 0.0
         edge = begin
         while len(windows) < max_windows and not (windows and stable(windows)):
             time.sleep(max(edge + window_s - time.perf_counter(), 0.0))
@@ -157,6 +161,7 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
             if errors and not any(w.latencies_s for w in windows):
                 break  # every request fails: nothing to wait for
         cpu_end = time.process_time() + (server_cpu() if server_cpu else 0.0)
+        sent = (sender_cpu() - sent_begin) if sender_cpu else 0.0
     finally:
         stop.set()
         for thread in threads:
@@ -168,5 +173,5 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
     measured = sum(w.seconds for w in windows)
     return LoadLevel(label or f"concurrency {concurrency}", tuple(lat for w in used for lat in w.latencies_s),
                      sum(w.seconds for w in used), tuple(windows), ok,
-                     client_cpu_s=sum(cpu) * measured / total if total > 0 else 0.0,
+                     client_cpu_s=(sum(cpu) * measured / total if total > 0 else 0.0) + sent,
                      process_cpu_s=cpu_end - cpu_begin, errors=tuple(errors))

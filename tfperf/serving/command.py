@@ -88,6 +88,9 @@ def add_command(sub) -> None:
                                                            "(columnar) instead of {\"instances\": [...]}")
     p.add_argument("--json-tensors", action="store_true",
                    help="with a KServe v2 HTTP --url: JSON tensors instead of binary ones")
+    p.add_argument("--metrics-url", metavar="URL",
+                   help="with --url: the endpoint's Prometheus metrics, to split latency into queue and model (default: "
+                        "tfperf serve's path on an HTTP endpoint's port; Triton's: http://HOST:8002/metrics)")
     p.add_argument("--latency-budget", type=latency, default=0.010, metavar="TIME",
                    help="the latency the percentile must stay within (default 10ms)")
     p.add_argument("--percentile", type=percentile, default=99.0, help="which percentile (default 99)")
@@ -115,6 +118,9 @@ def add_command(sub) -> None:
                                                         f"in under {QUICK_GOAL_S // 60} minutes on 2 cores")
     p.add_argument("--out", help="folder for report.md, load.jsonl and the chart (default load/<model name>/)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--in-process", action="store_true",
+                   help="answer in process only: the best are not then served by tfperf serve and measured through "
+                        "sockets (faster; the figure is then the ceiling, not what a deployment gets)")
     p.add_argument("--server-process", action="store_true",
                    help="serve from a process of its own, the clients staying in this one: no client thread waits for "
                         "the server's GIL (requests then cross a pipe, as they would a socket); the SavedModel is "
@@ -223,8 +229,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if (args.model is None) == (args.url is None):
         raise UserError("give a MODEL to serve and measure, or --url of a running endpoint (not both)")
-    if (args.columnar or args.json_tensors) and not args.url:
-        raise UserError("--columnar and --json-tensors choose how requests go to a --url endpoint")
+    if (args.columnar or args.json_tensors or args.metrics_url) and not args.url:
+        raise UserError("--columnar, --json-tensors and --metrics-url are for a --url endpoint")
     if args.url:
         from tfperf.serving.url_load import load_url
 
@@ -258,7 +264,8 @@ def cmd_load(args: argparse.Namespace) -> int:
                    quick=args.quick, runtimes=args.runtimes, commands=commands, failed=failed,
                    concurrency=args.concurrency, rates=args.rate or (), record_args=vars(args), say=say,
                    server_process=args.server_process, target_rate=args.target_rate,
-                   length_buckets=args.length_buckets, requests_note=how)
+                   length_buckets=args.length_buckets, requests_note=how, through_socket=not args.in_process,
+                   trust=args.trust)
     report = out / "report.md"
     _print_summary(found, report, out)
     return 130 if found.partial else 0
@@ -275,16 +282,19 @@ def searched_threads(runtimes, cores: int, every_count: bool, server_process: bo
 def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quick: bool, runtimes=RUNTIMES,
            commands: dict | None = None, failed: dict | None = None, concurrency: list[int] | None = None,
            rates=(), record_args: dict | None = None, say=lambda what: None, server_process: bool = False,
-           target_rate: float | None = None, length_buckets=None, requests_note: str = ""):
+           target_rate: float | None = None, length_buckets=None, requests_note: str = "",
+           through_socket: bool = False, trust: bool = False):
     """The whole serving question on exported runtimes: the anchors, the search, the best re-searched in open loop,
     the winner validated, LoadGen's ceiling and overhead; report.md, load.jsonl and the chart in `out`. Ctrl-C or
     SIGTERM stops the measuring and still writes them, marked partial. `server_process`: the servers run in a
-    process of their own, the clients (closed loop and LoadGen) in this one. Returns the `Found`."""
+    process of their own, the clients (closed loop and LoadGen) in this one. `through_socket`: the best are then
+    served by `tfperf serve` and measured through sockets (`tfperf.serving.through_socket`), and the best of those
+    is the answer, validated through its socket. Returns the `Found`."""
     from tfperf.records.jsonl import Recorder
     from tfperf.serving.measure import ANCHOR, Bench, Sizes, batch_function_config
     from tfperf.serving.report import Found, write_report
     from tfperf.serving.remote import ServerProcess
-    from tfperf.serving.search import Space, ranked, search
+    from tfperf.serving.search import Space, Swept, ranked, search
 
     started = time.perf_counter()
     sizes = Sizes.quick() if quick else Sizes()
@@ -327,10 +337,33 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             found.open_loop[s.config.name] = bench.open_loop(s.config, 0.9 * s.rate_within(budget), capacity)
         if best:
             winner = max(best[:3], key=lambda s: found.open_loop.get(s.config.name, (0.0,))[0])
-            rate = found.open_loop.get(winner.config.name, (0.0,))[0] or 0.8 * winner.rate_within(budget)
-            say(f"validation (LoadGen Server) of {winner.config.name} at {rate:.0f}/s")
-            found.validated = winner.config
-            found.validations = bench.validate(winner.config, rate)
+            name = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(model).stem if Path(model).exists() else
+                          model.rpartition(":")[2]).strip("-") or "model"
+            if through_socket:
+                from tfperf.serving import through_socket as socket
+
+                configs = socket.candidates(best, cores, sizes.socket_candidates)
+                found.sockets = socket.sweep_through(bench, configs, exports, name, out / "servers", trust=trust,
+                                                     say=say)
+                found.through = socket.best_through(found.sockets, budget)
+            if found.through is not None:
+                through = found.through
+                bracket, found.validations, found.client_ceiling, echo = socket.open_and_validate(
+                    bench, through, exports, name, out / "servers", trust=trust, say=say)
+                found.open_loop[through.swept.config.name] = bracket
+                if echo is not None:
+                    found.open_loop[found.client_ceiling.config.name] = echo
+                found.validated = through.swept.config
+                deployed = Swept(through.config, through.swept.levels)
+                measured = f", measured through a socket over {through.swept.config.name.rpartition(', through ')[2]}"
+                offered = bracket[0] or through.rate_within(budget)
+            else:
+                rate = found.open_loop.get(winner.config.name, (0.0,))[0] or 0.8 * winner.rate_within(budget)
+                say(f"validation (LoadGen Server) of {winner.config.name} at {rate:.0f}/s")
+                found.validated = winner.config
+                found.validations = bench.validate(winner.config, rate)
+                deployed, measured = winner, ""
+                offered = found.open_loop.get(winner.config.name, (0.0,))[0] or winner.rate_within(budget)
             for extra in rates:
                 say(f"LoadGen Server at {extra:.0f}/s")
                 with bench.server(winner.config) as server:
@@ -343,9 +376,9 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             from tfperf.serving.deploy_files import write_deploy
 
             say("the files that deploy it: serve.json and deploy/")
-            name = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(model).stem if Path(model).exists() else
-                          model.rpartition(":")[2]).strip("-") or "model"
-            found.deploy = write_deploy(found, winner, exports, out, name=name, cores=cores, target_rate=target_rate)
+            valid = [v for v in found.validations if v.valid]
+            found.deploy = write_deploy(found, deployed, exports, out, name=name, cores=cores, measured=measured,
+                                        rate=valid[-1].target_qps if valid else offered, target_rate=target_rate)
     except (KeyboardInterrupt, flags.Stopped):  # SIGTERM raises Stopped through the command line's handler
         found.partial = "interrupted (Ctrl-C or SIGTERM)"
     finally:
@@ -353,7 +386,14 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
         if process is not None:
             process.close()
         found.outputs_vary = bench.outputs_vary
+        found.splits = bench.splits
         found.seconds = time.perf_counter() - started
+        inside = max((s.rate_within(budget) for s in found.swept if not s.dropped), default=0.0)
+        for t in found.sockets:  # beside the in-process best, the ceiling
+            rec.add("through a socket", t.swept.config.name, {
+                **t.config.settings(), "protocol": t.protocol, "requests_per_s_within_budget": t.rate_within(budget),
+                "in_process_best_requests_per_s": inside, **({"dropped": t.swept.dropped} if t.swept.dropped else {})},
+                primary="requests_per_s_within_budget", lower_is_better=False, versus_first=False)
         for s in found.swept:
             if not s.dropped:
                 rec.add("configurations", s.config.name, {**s.config.settings(), "requests_per_s_within_budget":
@@ -366,27 +406,42 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
 
 
 def _print_summary(found, report: Path, out: Path) -> None:
-    from tfperf.serving.report import is_echo, serve_command, winner
+    import shlex
+
+    from tfperf.serving.report import serve_command, winner
     from tfperf.serving.search import ranked
 
-    best = [s for s in ranked(found.swept, found.budget) if not is_echo(s)]
+    budget = found.budget
+    best = ranked(found.swept, budget)
     if found.partial:
         print(f"load: PARTIAL ({found.partial})")
+    through = found.through
+    if through is not None:
+        bracket = found.open_loop.get(through.swept.config.name)
+        print(f"best within {budget} through a socket: {through.swept.config.name}: "
+              f"{through.rate_within(budget):.0f} requests/s closed loop"
+              + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket else ""))
     if best:
         b = winner(found, best)
         bracket = found.open_loop.get(b.config.name)
-        print(f"best within {found.budget}: {b.config.name}: {b.rate_within(found.budget):.0f} requests/s closed loop"
+        print(("in process, no socket (the ceiling)" if through is not None else f"best within {budget}")
+              + f": {b.config.name}: {b.rate_within(budget):.0f} requests/s closed loop"
               + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket else ""))
-        for v in found.validations:
-            print(f"LoadGen Server at {v.target_qps:.0f}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
-        echo = next((s for s in found.swept if is_echo(s) and not s.dropped), None)
-        if echo is not None:
-            print(f"the client's ceiling (an echo of the answers, measured the same way): "
-                  f"{echo.rate_within(found.budget):.0f} requests/s closed loop")
-        elif b.config.runtime != "endpoint":
-            for line in serve_command(b.config, found.export_commands.get(
-                    "savedmodel" if b.config.runtime == "tf-batch-function" else b.config.runtime)):
-                print(f"  {line}")
-    elif not found.partial:
-        print(f"no configuration meets {found.budget}: see {report}")
+    for v in found.validations:
+        print(f"LoadGen Server at {v.target_qps:.0f}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
+    echo = found.client_ceiling
+    if echo is not None and not echo.dropped:
+        print(f"the client's ceiling (an echo of the answers, measured the same way): "
+              f"{echo.rate_within(budget):.0f} requests/s closed loop")
+    if through is not None:
+        command = found.export_commands.get(through.config.runtime)
+        print(*([f"  tfperf {shlex.join(command)}"] if command else []), f"  tfperf serve MODEL --config "
+              f"{out / 'serve.json'}", sep="\n")
+    elif best and best[0].config.runtime != "endpoint":
+        b = winner(found, best)
+        for line in serve_command(b.config, found.export_commands.get(
+                "savedmodel" if b.config.runtime == "tf-batch-function" else b.config.runtime)):
+            print(f"  {line}")
+    if not best and through is None and not found.partial:
+        print(f"no configuration meets {budget}: see {report}")
     print(f"report: {report}\nrecords: {out / (RECIPE + '.jsonl')}")

@@ -33,6 +33,7 @@ class ServingConfig:
     threads: int | None = None  # intra-op threads of one call (LiteRT, ONNX Runtime); None: the runtime's own
     instances: int = 1  # threads serving requests (unbatched) or batch threads (batched)
     batching: BatchingOptions | None = None
+    workers: int = 1  # server processes sharing the ports (`tfperf serve --workers`): measured through a socket only
     label: str | None = None  # what to call it instead ("endpoint": a running server measured by its URL)
 
     @property
@@ -53,13 +54,16 @@ class ServingConfig:
                 parts.append(f"length buckets {','.join(map(str, b.length_buckets))}")
             elif b.pad_variable_length_inputs:
                 parts.append("padded to the longest")
+        if self.workers > 1:
+            parts.append(f"{self.workers} worker processes")
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, object]:
         """The configuration as serve.json holds it (`tfperf serve --config`)."""
         batching = None if self.batching is None else {**self.batching.settings(),
                                                        "idle_runs_now": self.batching.idle_runs_now}
-        return {"runtime": self.runtime, "threads": self.threads, "instances": self.instances, "batching": batching}
+        return {"runtime": self.runtime, "threads": self.threads, "instances": self.instances, "batching": batching,
+                "workers": self.workers}
 
     @classmethod
     def from_json(cls, text: bytes, where: str) -> ServingConfig:
@@ -79,18 +83,20 @@ class ServingConfig:
                 length_buckets=tuple(int(s) for s in batching.get("length_buckets") or ()))
             threads = found.get("threads")
             config = cls(str(found["runtime"]), None if threads is None else int(threads),
-                         int(found.get("instances", 1)), options)
+                         int(found.get("instances", 1)), options, int(found.get("workers", 1)))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where} is not a serving configuration ({type(exc).__name__}: {exc})") from None
-        if config.runtime not in ("savedmodel", "litert", "onnx") or config.instances < 1 or (
+        if config.runtime not in ("savedmodel", "litert", "onnx") or min(config.instances, config.workers) < 1 or (
                 config.threads is not None and config.threads < 1):
-            raise ValueError(f"{where}: runtime must be savedmodel, litert or onnx, and threads and instances at "
-                             f"least 1")
+            raise ValueError(f"{where}: runtime must be savedmodel, litert or onnx, and threads, instances and "
+                             f"workers at least 1")
         return config
 
     def settings(self) -> dict[str, object]:
         """The configuration as a record's figures."""
         found: dict[str, object] = {"runtime": self.runtime, "threads": self.threads, "instances": self.instances}
+        if self.workers > 1:
+            found["workers"] = self.workers
         if self.batching is not None:
             found.update(self.batching.settings(), idle_runs_now=self.batching.idle_runs_now)
         return found

@@ -114,12 +114,13 @@ def best_of(found, runtimes: Sequence[str]):
     return max(usable, key=lambda s: s.rate_within(budget), default=None)
 
 
-def write_deploy(found, winner, exports: dict, out, *, name: str, cores: int,
+def write_deploy(found, winner, exports: dict, out, *, name: str, cores: int, rate: float, measured: str = "",
                  target_rate: float | None = None) -> list[str]:
     """serve.json (the winner, for `tfperf serve --config`) and deploy/: TF Serving's files for the best SavedModel
     configuration, Triton's model repository for the best ONNX or SavedModel one, a KServe InferenceService, and
     a README saying which configuration each file carries, its measured rate, and (with `target_rate`) the
-    replicas; the lines of that README."""
+    replicas (from `rate`, what the winner carried within the budget, `measured` saying how); the lines of that
+    README."""
     import json
     import shutil
     from pathlib import Path
@@ -131,7 +132,7 @@ def write_deploy(found, winner, exports: dict, out, *, name: str, cores: int,
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "serve.json", json.dumps(winner.config.to_json(), indent=1) + "\n")
     readme = [f"# Deploying {name}", "", f"Measured by `tfperf load` within {budget} on {cores} core(s). The winner, "
-              f"{winner.config.name}, is in ../serve.json: `tfperf serve MODEL --config serve.json`.", ""]
+              f"{winner.config.name}{measured}, is in ../serve.json: `tfperf serve MODEL --config serve.json`.", ""]
     saved = best_of(found, ("savedmodel",))
     if saved is not None and "savedmodel" in exports:
         threads = saved.config.threads or cores
@@ -169,10 +170,6 @@ def write_deploy(found, winner, exports: dict, out, *, name: str, cores: int,
             name.lower().replace("_", "-"), fmt, f"s3://YOUR-BUCKET/{name}", cores))
         readme.append(f"- kserve/inferenceservice.yaml: the same {fmt} model on KServe ({'TF Serving' if fmt == 'savedmodel' else 'Triton'} "
                       f"runtime), {cores} CPU(s) requested and limited, as measured; upload the model to storageUri.")
-    rate = found.open_loop.get(winner.config.name, (0.0,))[0] or winner.rate_within(budget)
-    valid = [v for v in found.validations if v.valid]
-    if valid:
-        rate = valid[-1].target_qps
     if target_rate:
         replicas = replicas_for(target_rate, rate)
         readme += ["", f"For {target_rate:.0f} requests/s within {budget}: **{replicas} replica(s)** of the winner, "

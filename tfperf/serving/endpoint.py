@@ -203,10 +203,17 @@ class RemoteServer:
             self.close()
             raise
 
+    def sender_cpu_s(self) -> float:
+        """CPU seconds the client's event loop thread (which encodes, sends and reads every request) used so far."""
+        import time
+
+        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+
     def _call(self, coroutine, timeout_s: float | None = None):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s or self.timeout_s + 30)
 
     session = channel = _send = None
+    cpu_s = None  # a callable: the endpoint's CPU seconds so far, when it is a process of this machine (set by its owner)
 
     async def _open(self, connections: int) -> None:
         import aiohttp
@@ -266,10 +273,17 @@ class RemoteServer:
 
     def answer(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's outputs, decoded (to check what the endpoint answers)."""
+        return self._decode(self._call(self._request(self._encode(arrays), decode=True)))
+
+    def decoding(self) -> _Decoding:
+        """This endpoint as a server whose Futures complete with the decoded outputs (to check its answers as
+        `configs.check_agreement` checks any server's)."""
+        return _Decoding(self)
+
+    def _decode(self, found: Any) -> dict[str, np.ndarray]:
         from tfperf.serving.grpc_wire import from_tensor_proto
         from tfperf.serving.wire import from_v2_bytes
 
-        found = self._call(self._request(self._encode(arrays), decode=True))
         if self.endpoint.protocol == "rest":
             data = json.loads(found[0])
             if "outputs" in data:
@@ -314,3 +328,24 @@ class RemoteServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Decoding:
+    """A RemoteServer whose `submit` Futures complete with the decoded outputs."""
+
+    def __init__(self, remote: RemoteServer):
+        self.remote = remote
+
+    def submit(self, arrays: Mapping[str, np.ndarray]) -> Future:
+        decoded: Future = Future()
+        sent = asyncio.run_coroutine_threadsafe(self.remote._request(self.remote._encode(arrays), decode=True),
+                                                self.remote.loop)
+
+        def done(answered: Future) -> None:
+            try:
+                decoded.set_result(self.remote._decode(answered.result()))
+            except BaseException as exc:  # noqa: BLE001  (handed to whoever waits on the Future)
+                decoded.set_exception(exc)
+
+        sent.add_done_callback(done)
+        return decoded

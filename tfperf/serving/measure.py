@@ -40,12 +40,14 @@ class Sizes:
     instances: tuple[int, ...] = (1, 2, 4)  # the search's space
     batch_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
     all_thread_counts: bool = True  # LiteRT and ONNX Runtime at 1 thread and at every core; else every core only
+    socket_candidates: int = 2  # the best served by tfperf serve and measured through sockets (and the best again
+    # with a worker process per core)
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(window_s=0.25, max_windows=6, warmup_s=0.1, probe_s=0.8, probes=4, validation_s=2.0,
                    max_concurrency=32, concurrency_factor=4, instances=(1, 2), batch_sizes=(4, 16, 64),
-                   all_thread_counts=False)
+                   all_thread_counts=False, socket_candidates=1)
 
 
 def batch_function_config(cores: int) -> ServingConfig:
@@ -69,6 +71,10 @@ class Bench:
     tf_processes: dict[int, Any] = dataclasses.field(default_factory=dict)  # SavedModel children by intra-op threads
     probes: list[tuple[ServingConfig, loadgen.LoadGenResult]] = dataclasses.field(default_factory=list)
     endpoint: Any = None  # a running server (tfperf.serving.endpoint.Endpoint): configurations "endpoint" reach it
+    endpoint_runtime: str | None = None  # the runtime the endpoint serves, when known: its answers are checked
+    endpoint_cpu: Callable[[], float] | None = None  # the endpoint's CPU seconds so far, when it runs on this machine
+    metrics_url: str | None = None  # the endpoint's Prometheus metrics (tfperf.serving.scrape): latency split
+    splits: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)  # (config, level)
     outputs_vary: bool | None = None  # False: the model answers every request alike, so agreement shows nothing
 
     def reference(self, runtime: str) -> Callable[[Arrays], Arrays]:
@@ -85,7 +91,9 @@ class Bench:
         if config.runtime == "endpoint":
             from tfperf.serving.endpoint import RemoteServer
 
-            return RemoteServer(self.endpoint, connections=self.sizes.max_concurrency)
+            remote = RemoteServer(self.endpoint, connections=self.sizes.max_concurrency)
+            remote.cpu_s = self.endpoint_cpu
+            return remote
         if self.server_process is not None:
             source = "savedmodel" if config.runtime == "tf-batch-function" else config.runtime
             process = self.server_process
@@ -110,13 +118,21 @@ class Bench:
             process.close()
         self.tf_processes.clear()
 
-    def level(self, server, concurrency: int) -> LoadLevel:
-        """One closed-loop level: `concurrency` clients, each cycling through the requests from its own offset."""
+    def level(self, server, concurrency: int, config: ServingConfig | None = None) -> LoadLevel:
+        """One closed-loop level: `concurrency` clients, each cycling through the requests from its own offset;
+        with `metrics_url`, the server's own split of the time is kept in `splits`."""
+        from tfperf.serving import scrape
+
         counters = [itertools.count(i * 7) for i in range(concurrency)]
         n = len(self.requests)
-        return closed_loop(lambda client: server(self.requests[next(counters[client]) % n]), concurrency,
-                           window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
-                           warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None))
+        before = scrape.snapshot(self.metrics_url) if self.metrics_url else None
+        level = closed_loop(lambda client: server(self.requests[next(counters[client]) % n]), concurrency,
+                            window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
+                            warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None),
+                            sender_cpu=getattr(server, "sender_cpu_s", None))
+        if before is not None and config is not None:
+            self.splits[(config.name, level.label)] = scrape.split(before, scrape.snapshot(self.metrics_url))
+        return level
 
     def sweep(self, config: ServingConfig, concurrencies: list[int] | None = None) -> Swept:
         """The configuration checked, then swept in closed loop (given levels, or doubling within the budget)."""
@@ -124,18 +140,22 @@ class Bench:
             server = self.server(config)
         except Exception as exc:  # noqa: BLE001  (a runtime that cannot serve this way is dropped, named)
             return self._dropped(config, f"does not start ({type(exc).__name__}: {str(exc)[:150]})")
+        runtime = self.endpoint_runtime if config.runtime == "endpoint" else config.runtime
         with server:
-            # A running endpoint's model is not known here: its answers are the user's to check.
-            wrong = None if config.runtime == "endpoint" else check_agreement(server, self.reference(config.runtime),
-                                                                               self.requests)
+            # A running endpoint's model is not known here unless it was served from these exports: then its
+            # answers through the socket are checked as any server's; otherwise they are the user's to check.
+            wrong = None
+            if runtime is not None:
+                answering = server.decoding() if config.runtime == "endpoint" else server
+                wrong = check_agreement(answering, self.reference(runtime), self.requests)
             if wrong:
                 return self._dropped(config, wrong)
-            if config.runtime != "endpoint" and self.outputs_vary is None:
-                self.outputs_vary = answers_vary(self.reference(config.runtime), self.requests)
+            if runtime is not None and self.outputs_vary is None:
+                self.outputs_vary = answers_vary(self.reference(runtime), self.requests)
             if concurrencies:
-                levels = [self.level(server, c) for c in concurrencies]
+                levels = [self.level(server, c, config) for c in concurrencies]
             else:
-                levels = concurrency_sweep(lambda c: self.level(server, c), self.budget,
+                levels = concurrency_sweep(lambda c: self.level(server, c, config), self.budget,
                                            limit=self.sizes.max_concurrency, factor=self.sizes.concurrency_factor)
             padding = getattr(server, "padding", None)
         failing = next((lv for lv in levels if lv.errors), None)
@@ -155,7 +175,9 @@ class Bench:
 
         extra = {"useful_token_share": padding} if padding is not None else {}
         for level in levels:
-            self.rec.add(f"closed loop: {config.name}", level.label, {**level.metrics(), **config.settings(), **extra},
+            split = self.splits.get((config.name, level.label), {})
+            self.rec.add(f"closed loop: {config.name}", level.label, {**level.metrics(), **config.settings(), **extra,
+                                                                       **split},
                          primary="p50_ms", lower_is_better=True, versus_first=False,
                          measurement=Measurement(level.label, level.latencies_s) if level.latencies_s else None)
 

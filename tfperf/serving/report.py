@@ -35,6 +35,10 @@ class Found:
     deploy: list[str] = dataclasses.field(default_factory=list)  # deploy/README.md's lines, when written
     outputs_vary: bool | None = None  # False: the model answered every request alike
     requests_note: str = ""  # what the requests were, when it needs saying (lengths, roles of inputs)
+    sockets: list = dataclasses.field(default_factory=list)  # through_socket.Through: served by tfperf serve
+    through: object = None  # the through_socket.Through that answers (validated through its socket), if any
+    client_ceiling: Swept | None = None  # an echo of the answers measured the same way: the client's ceiling
+    splits: dict = dataclasses.field(default_factory=dict)  # (config name, level label) -> the server's own split
 
 
 def _ms(seconds: float) -> str:
@@ -93,7 +97,7 @@ def write_report(found: Found, out: Path) -> Path:
     if found.partial:
         lines += [f"**PARTIAL: {found.partial}.** What follows is what was measured before it stopped.", ""]
     lines += [f"Budget: {budget}. The run took {found.seconds:.0f} s.", ""]
-    usable = sorted((s for s in found.swept if not s.dropped and s.rate_within(budget) > 0 and not is_echo(s)),
+    usable = sorted((s for s in found.swept if not s.dropped and s.rate_within(budget) > 0),
                     key=lambda s: -s.rate_within(budget))
     lines += ["## Answer", ""]
     if not usable:
@@ -101,6 +105,8 @@ def write_report(found: Found, out: Path) -> Path:
         lowest = min(seen) if seen else None
         lines.append(f"No configuration meets {budget}, not even one request at a time" + (
             f": the lowest p{p:g} seen was {_ms(lowest[0])} ms ({lowest[1]}, concurrency 1)." if lowest else "."))
+    elif found.through is not None:
+        lines += _answer_through_socket(found, usable)
     else:
         best = winner(found, usable)
         bracket = found.open_loop.get(best.config.name)
@@ -147,14 +153,17 @@ def write_report(found: Found, out: Path) -> Path:
     for runtime, why in found.not_exported.items():
         lines.append(f"| {runtime} | - | - | not exported: {why} |")
     lines += ["", "## Closed loop, level by level", ""]
-    for s in found.swept:
+    for s in _measured(found):
         if not s.levels:
             continue
+        split = any(found.splits.get((s.config.name, lv.label)) for lv in s.levels)
         lines += [f"**{s.config.name}**", "", "| clients | requests/s | p50 ms (95% CI) | p90 ms (95% CI) | "
-                  "p99 ms (95% CI) | stable | clients' CPU share |", "|---|---|---|---|---|---|---|"]
+                  "p99 ms (95% CI) | stable | clients' CPU share |" + (f" {SPLIT_HEADER} |" if split else ""),
+                  "|---|---|---|---|---|---|---|" + ("---|" if split else "")]
         for lv in s.levels:
             lines.append(f"| {lv.label.split()[-1]} | {lv.throughput:.0f} | {_ci(lv, 50)} | {_ci(lv, 90)} | "
-                         f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {lv.client_share:.0%} |")
+                         f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {lv.client_share:.0%} |"
+                         + (f" {_split(found.splits.get((s.config.name, lv.label)), lv)} |" if split else ""))
         lines.append("")
     lines += _generator(found)
     chart = _chart(found, out)
@@ -165,14 +174,79 @@ def write_report(found: Found, out: Path) -> Path:
     return path
 
 
-def is_echo(swept: Swept) -> bool:
-    """True for the echo of an endpoint's answers (the client's ceiling), which is never the answer."""
-    return swept.config.runtime == "endpoint" and (swept.config.label or "").startswith("the client's ceiling")
+SPLIT_HEADER = "the server's own means (tfperf.serving.scrape): queue / model per batch / rows per batch / server"
+
+
+def _measured(found: Found) -> list[Swept]:
+    """Every closed-loop sweep: in process, through a socket, and the client's ceiling."""
+    return [*found.swept, *(t.swept for t in found.sockets), *([found.client_ceiling] if found.client_ceiling else [])]
+
+
+def _split(split: dict | None, level: LoadLevel) -> str:
+    """The server's own account of a level's time beside the client's mean (the rest is the hop)."""
+    if not split:
+        return "-"
+    parts = [f"{split[k]:.2f} ms" if k in split else "-" for k in ("server_queue_ms", "server_model_ms")]
+    rows = f"{split['server_batch_rows']:.1f}" if "server_batch_rows" in split else "-"
+    server = split.get("server_latency_ms")
+    mean = sum(level.latencies_s) / len(level.latencies_s) * 1e3 if level.latencies_s else math.nan
+    hop = f" (client's mean {mean:.2f} ms: the hop {mean - server:.2f} ms)" if server is not None and \
+        math.isfinite(mean) else ""
+    return f"{parts[0]} / {parts[1]} / {rows} / {server:.2f} ms{hop}" if server is not None else \
+        f"{parts[0]} / {parts[1]} / {rows} / -"
+
+
+def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
+    """The answer measured through a socket, the in-process best beside it as the ceiling, what each protocol
+    cost, the client's own ceiling, and how to serve it."""
+    budget, p, best = found.budget, found.budget.percentile, found.through
+    bracket = found.open_loop.get(best.swept.config.name)
+    offered = ""
+    if bracket:
+        offered = f"{bracket[0]:.0f} requests/s offered as Poisson arrivals (LoadGen Server" + (
+            f"; the next rate tried, {bracket[1]:.0f}/s, missed), " if math.isfinite(bracket[1]) else "), ")
+    lines = [f"Best through a socket, what a deployment gets: **{best.config.name}**, served by `tfperf serve` and "
+             f"called over {best.swept.config.name.rpartition(', through ')[2]}: {offered}{best.rate_within(budget):.0f} "
+             f"requests/s in closed loop."]
+    for v in found.validations:
+        word = "VALID" if v.valid else "INVALID (" + "; ".join(v.reasons) + ")"
+        lines.append(f"LoadGen Server validation through the socket at {v.target_qps:.0f} requests/s: **{word}**, "
+                     f"p{p:g} {v.percentiles_ms.get(f'{p:.2f}', math.nan):.2f} ms from scheduled time over "
+                     f"{v.query_count} queries.")
+    if found.validations and found.validations[-1].valid:
+        lines.append(f"The claim: **{found.validations[-1].target_qps:.0f} requests/s within {budget}** through a "
+                     f"socket, VALID by LoadGen.")
+    ceiling = winner(found, usable) if usable else None
+    if ceiling is not None:
+        inside = ceiling.rate_within(budget)
+        lines += ["", f"In process, no socket (the ceiling): **{ceiling.config.name}**, {inside:.0f} requests/s in "
+                      f"closed loop. Through the socket the best served {best.rate_within(budget) / inside:.2f}x of "
+                      f"it: the rest is what the protocol, the socket and the client cost here."]
+    lines += ["", "| served by tfperf serve, called over | requests/s within budget | "
+              f"p50 ms (95% CI) | p{p:g} ms (95% CI) | vs in process | clients' CPU share (both processes) | "
+              f"dropped because |", "|---|---|---|---|---|---|---|"]
+    for t in found.sockets:
+        level = t.swept.best_level(budget)
+        rate = t.rate_within(budget)
+        ratio = f"{rate / ceiling.rate_within(budget):.2f}x" if ceiling is not None and level else "-"
+        why = t.swept.dropped or ("" if level else "misses the budget even one request at a time")
+        lines.append(f"| {t.swept.config.name} | {rate:.0f} | {_ci(level, 50) if level else '-'} | "
+                     f"{_ci(level, p) if level else '-'} | {ratio} | "
+                     f"{f'{level.client_share:.0%}' if level else '-'} | {why} |")
+    lines += ["", "The server's own split of each level's time is under \"Closed loop, level by level\"."]
+    lines += [""] + _client_ceiling(found, best.swept)
+    lines += ["Serve it:", "", "```"]
+    command = found.export_commands.get(best.config.runtime)
+    if command:
+        lines.append("tfperf " + shlex.join(command) + "   # or any model tfperf serve takes")
+    lines += ["tfperf serve MODEL --config serve.json", "```", "", "In process, the same configuration in code:", "",
+              "```", *serve_command(best.config, None), "```", ""]
+    return lines + _anchors(found, usable) if usable else lines
 
 
 def _client_ceiling(found: Found, endpoint: Swept) -> list[str]:
     """The endpoint beside an echo of its answers measured the same way: what the client could see at most."""
-    echo = next((s for s in found.swept if is_echo(s)), None)
+    echo = found.client_ceiling
     if echo is None or echo.dropped:
         return ["The client's ceiling was not measured" + (f" ({echo.dropped})." if echo else ".")]
     budget = found.budget
@@ -252,7 +326,7 @@ def _generator(found: Found) -> list[str]:
 
 def _chart(found: Found, out: Path) -> Path | None:
     """Throughput against the percentile, a line per configuration measured."""
-    measured = [s for s in found.swept if s.levels]
+    measured = [s for s in _measured(found) if s.levels]
     if not measured:
         return None
     import matplotlib

@@ -61,9 +61,9 @@ def add_command(sub) -> None:
                    help="on SIGTERM, how long requests already accepted may take to finish (default 30)")
     p.add_argument("--poll-seconds", type=flags.positive_float, default=1.0,
                    help="how often a folder of versions is read for new ones (default 1)")
-    p.add_argument("--workers", type=flags.positive_int, default=1,
+    p.add_argument("--workers", type=flags.positive_int,
                    help="server processes sharing the ports (SO_REUSEPORT): each loads the model; for a model where "
-                        "Python's GIL, not the cores, is the limit")
+                        "Python's GIL, not the cores, is the limit (default: the configuration's, else 1)")
     p.add_argument("--root", help="where a model given as a model is exported (default: a temporary folder)")
     p.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
                    help="sizes to check an export at where the model leaves them free (default 32)")
@@ -99,7 +99,7 @@ def configuration(args: argparse.Namespace):
         except ValueError as exc:
             raise UserError(str(exc)) from None
     changed = {k: v for k, v in (("runtime", args.runtime), ("threads", args.threads),
-                                 ("instances", args.instances)) if v}
+                                 ("instances", args.instances), ("workers", args.workers)) if v}
     batching = config.batching
     if args.max_batch_size:
         batching = BatchingOptions(max_batch_size=args.max_batch_size, batch_timeout_micros=1000
@@ -172,15 +172,16 @@ async def serve(repository, options, say, ready) -> None:
             loop.remove_signal_handler(sig)
 
 
-def worker(args: argparse.Namespace, config_json: str, folder: str, name: str) -> int:
-    """One server process: load, check, warm, listen, serve until told to stop."""
+def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, metrics_dir: str | None = None) -> int:
+    """One server process: load, check, warm, listen, serve until told to stop (`metrics_dir`: where the workers
+    of one server keep their Prometheus metrics, so that a scrape of any of them counts them all)."""
     from tfperf.deploy.errors import ModelError
     from tfperf.serving.configs import ServingConfig
     from tfperf.serving.repository import Repository
     from tfperf.serving.server import ServerOptions
 
     config = ServingConfig.from_json(config_json.encode(), "the configuration")
-    pid = f"[{os.getpid()}] " if args.workers > 1 else ""
+    pid = f"[{os.getpid()}] " if config.workers > 1 else ""
 
     def say(line: str) -> None:
         print(f"tfperf serve: {pid}{line}", file=sys.stderr, flush=True)
@@ -196,7 +197,7 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str) -
     except ModelError as exc:
         raise UserError(str(exc)) from None
     options = ServerOptions(args.host, args.port, args.grpc_port, args.max_request_size, args.drain_timeout,
-                            reuse_port=args.workers > 1)
+                            reuse_port=config.workers > 1, metrics_dir=metrics_dir)
     # The millions of objects the runtime and model made at start live as long as the process: frozen out of the
     # collector, whose full passes over them (set off by the objects each JSON request makes) took 100-150 ms,
     # the p99 of every REST request here. (A version swapped out later leaves its cycles to the collector as usual;
@@ -206,9 +207,10 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str) -
 
     def ready(ports: tuple[int, int]) -> None:
         repository.watch(args.poll_seconds)
+        # One write, the newline in it: the workers share stdout, and print writes the end apart.
         print(f"serving {name} version {version.number} ({version.format}, {config.name}) on "
               f"http://{args.host}:{ports[0]} (TF Serving REST /v1/models/{name}, KServe v2 /v2/models/{name}) and "
-              f"grpc://{args.host}:{ports[1]}{'' if not pid else ' ' + pid.strip()}", flush=True)
+              f"grpc://{args.host}:{ports[1]}{'' if not pid else ' ' + pid.strip()}\n", end="", flush=True)
 
     try:
         asyncio.run(serve(repository, options, say, ready))
@@ -220,33 +222,58 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str) -
     return 0
 
 
-def _worker_main(args: argparse.Namespace, config_json: str, folder: str, name: str) -> None:
+def _worker_main(args: argparse.Namespace, config_json: str, folder: str, name: str, metrics_dir: str) -> None:
+    # prometheus_client reads this when it is first imported, which happens below, in this process only.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        sys.exit(worker(args, config_json, folder, name))
+        sys.exit(worker(args, config_json, folder, name, metrics_dir))
     except UserError as exc:
         print(f"tfperf serve: error: {flags.one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
+def reserve_port(host: str, port: int):
+    """A socket bound to `port` (0: a free one) with SO_REUSEPORT and not listening, so that worker processes can
+    bind the same port (connections reach only sockets that listen); hold it while they run."""
+    import socket
+
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    held = socket.socket(family, socket.SOCK_STREAM)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        held.bind((host, port))
+    except OSError:
+        held.close()
+        raise
+    return held
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve MODEL until SIGTERM; with --workers, in that many processes sharing the ports."""
+    """Serve MODEL until SIGTERM; with workers, in that many processes sharing the ports."""
     import multiprocessing
     import shutil
 
     def say(line: str) -> None:
         print(f"tfperf serve: {line}", file=sys.stderr, flush=True)
 
-    if args.workers > 1 and (args.port == 0 or args.grpc_port == 0):
-        raise UserError("--workers share their ports: give --port and --grpc-port (not 0)")
     config = configuration(args)
     folder, name, temporary = source_of(args, config, say)
     config_json = json.dumps(config.to_json())
+    held, metrics_dir = [], None
     try:
-        if args.workers == 1:
+        if config.workers == 1:
             return worker(args, config_json, str(folder), name)
+        try:
+            held = [reserve_port(args.host, p) for p in (args.port, args.grpc_port)]
+        except OSError as exc:
+            raise UserError(f"cannot listen on {args.host}: {exc.strerror or exc} (is another server on port "
+                            f"{args.port} or {args.grpc_port}? --port 0 takes any free one)") from None
+        ports = argparse.Namespace(**{**vars(args), "port": held[0].getsockname()[1],
+                                      "grpc_port": held[1].getsockname()[1]})
+        metrics_dir = tempfile.mkdtemp(prefix="tfperf-serve-metrics-")
         context = multiprocessing.get_context("spawn")  # forking a process that has loaded TensorFlow is unsafe
-        children = [context.Process(target=_worker_main, args=(args, config_json, str(folder), name))
-                    for _ in range(args.workers)]
+        children = [context.Process(target=_worker_main, args=(ports, config_json, str(folder), name, metrics_dir))
+                    for _ in range(config.workers)]
         previous = signal.signal(signal.SIGTERM, lambda *_: [c.terminate() for c in children if c.is_alive()])
         try:
             for child in children:
@@ -261,5 +288,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         codes = [c.exitcode for c in children]
         return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else max(abs(c or 0) for c in codes) or 1
     finally:
-        if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
+        for sock in held:
+            sock.close()
+        for removed in (temporary, metrics_dir):
+            if removed is not None:
+                shutil.rmtree(removed, ignore_errors=True)

@@ -52,7 +52,10 @@ def metrics(registry) -> dict[str, Any]:
                              ["model"], buckets=latency, registry=registry),
         "batch": Histogram("tfperf_batch_size", "Rows in each batch the model ran", ["model"],
                            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=registry),
-        "depth": Gauge("tfperf_queue_depth", "Rows waiting for a batch now", ["model"], registry=registry),
+        # Set as rows arrive and as batches end (a callback would read only the scraped worker's queue); summed over
+        # the live worker processes when they share a metrics folder.
+        "depth": Gauge("tfperf_queue_depth", "Rows waiting for a batch now", ["model"], registry=registry,
+                       multiprocess_mode="livesum"),
     }
 
 
@@ -66,6 +69,8 @@ class ServerOptions:
     max_request_bytes: int = 64 * 2**20
     drain_timeout_s: float = 30.0
     reuse_port: bool = False  # worker processes share the ports (SO_REUSEPORT)
+    metrics_dir: str | None = None  # where the workers of one server keep their metrics (prometheus_client's
+    # multiprocess mode, set up before it was imported): a scrape of any worker then counts every worker
 
 
 class Server:
@@ -77,8 +82,6 @@ class Server:
         self.repository, self.options, self.log = repository, options, log
         self.registry = CollectorRegistry()  # the server's own: nothing process-wide
         self.metrics = metrics(self.registry)
-        self.metrics["depth"].labels(repository.name).set_function(
-            lambda: repository.current.server.waiting_rows if repository.current else 0)
         self.ports: tuple[int, int] | None = None
         self._runner = None
         self._grpc = None
@@ -90,6 +93,11 @@ class Server:
         self.metrics["compute"].labels(name).observe(compute_s)
         for wait in waits:
             self.metrics["queue"].labels(name).observe(wait)
+        self._count_waiting()
+
+    def _count_waiting(self) -> None:
+        current = self.repository.current
+        self.metrics["depth"].labels(self.repository.name).set(current.server.waiting_rows if current else 0)
 
     async def start(self) -> tuple[int, int]:
         """Listen on both ports (0: any free one); the (REST, gRPC) ports bound."""
@@ -136,6 +144,7 @@ class Server:
             raise RequestError(400, str(exc)) from None
         except RuntimeError:  # the version closed under us: the server is stopping
             raise RequestError(503, "the server is shutting down") from None
+        self._count_waiting()
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), deadline_s)
         except asyncio.TimeoutError:
@@ -274,9 +283,15 @@ class Server:
 
     async def _metrics(self, request):
         from aiohttp import web
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-        return web.Response(body=generate_latest(self.registry),
+        registry = self.registry
+        if self.options.metrics_dir:  # every worker's metrics, from the files they share
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=self.options.metrics_dir)
+        return web.Response(body=generate_latest(registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

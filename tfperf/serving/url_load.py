@@ -4,7 +4,6 @@ REST or gRPC API or KServe's v2), and of an echo of its answers, the client's ow
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -59,6 +58,7 @@ def load_url(args: argparse.Namespace, started: float, recipe: str) -> tuple[Any
             remote.answer(requests[0])  # one request answered before anything is timed
     except (EndpointError, InputError) as exc:
         raise UserError(str(exc)) from None
+    metrics_url = metrics_url_of(endpoint, args.metrics_url)
     out = Path(args.out or Path("load") / f"{endpoint.model}-{endpoint.protocol.replace('+', '-')}")
     if (out / f"{recipe}.jsonl").exists():
         raise UserError(f"{out} already holds a load run: pass another --out, or remove it")
@@ -69,56 +69,62 @@ def load_url(args: argparse.Namespace, started: float, recipe: str) -> tuple[Any
 
     found = answer_endpoint(endpoint, requests, out, budget=Budget(args.latency_budget, args.percentile),
                             quick=args.quick, concurrency=args.concurrency, record_args=vars(args), say=say,
-                            recipe=recipe)
+                            recipe=recipe, metrics_url=metrics_url)
     return found, out
 
 
-def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool, concurrency=None,
-                    record_args: dict | None = None, say=lambda what: None, recipe: str = "load"):
-    """The serving question asked of a running endpoint (closed loop, LoadGen's rate search, validation) and of an
-    echo of its answers (the client's ceiling on this machine); report.md and load.jsonl in `out`."""
-    import asyncio
+def metrics_url_of(endpoint, given: str | None) -> str | None:
+    """Where the endpoint's Prometheus metrics are: --metrics-url, else tfperf serve's path on an HTTP endpoint's
+    own port when it answers metrics a known server exports (Triton's are on a port of their own: give it)."""
+    from tfperf.serving.scrape import TFPERF_PATH, snapshot
 
+    if given:
+        if snapshot(given) is None:
+            raise UserError(f"--metrics-url {given} answered no metrics of tfperf serve or Triton")
+        return given
+    if endpoint.protocol in ("rest", "v2"):
+        url = f"http://{endpoint.host}:{endpoint.port}{TFPERF_PATH}"
+        return url if snapshot(url) is not None else None
+    return None
+
+
+def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool, concurrency=None,
+                    record_args: dict | None = None, say=lambda what: None, recipe: str = "load",
+                    metrics_url: str | None = None, sizes=None):
+    """The serving question asked of a running endpoint (closed loop, LoadGen's rate search, validation) and of an
+    echo of its answers (the client's ceiling on this machine); report.md and load.jsonl in `out`. With
+    `metrics_url`, each level's time is split by the server's own metrics (queue, model). `sizes`: how long
+    each measurement runs (default: --quick's or the full ones)."""
     from tfperf.records.jsonl import Recorder
     from tfperf.serving.configs import ServingConfig
-    from tfperf.serving.echo import EchoProcess, record
-    from tfperf.serving.endpoint import RemoteServer
     from tfperf.serving.measure import Bench, Sizes
     from tfperf.serving.report import Found, write_report
+    from tfperf.serving.through_socket import client_ceiling
 
     started = time.perf_counter()
-    sizes = Sizes.quick() if quick else Sizes()
+    sizes = sizes or (Sizes.quick() if quick else Sizes())
     rec = Recorder(recipe, {k: v for k, v in (record_args or {}).items() if k != "func"})
     found = Found(f"{endpoint.name} at {endpoint.host}:{endpoint.port}, model {endpoint.model}", budget)
+    bench = Bench({}, requests, budget, sizes, rec, out / "loadgen", endpoint=endpoint, metrics_url=metrics_url)
     try:
-        for who, target in (("endpoint", endpoint), ("echo", None)):
-            if who == "echo":
-                with RemoteServer(endpoint) as remote:
-                    remote._encode(requests[0])
-                    recorded = asyncio.run_coroutine_threadsafe(record(remote), remote.loop).result(60)
-                echo = EchoProcess(recorded)
-                target = dataclasses.replace(endpoint, host="127.0.0.1", port=echo.port)
-            config = ServingConfig("endpoint", label=endpoint.name if who == "endpoint" else
-                                   f"the client's ceiling: an echo of its answers ({endpoint.name})")
-            bench = Bench({}, requests, budget, sizes, rec, out / "loadgen", endpoint=target)
-            try:
-                say(f"closed loop: {config.name}")
-                swept = bench.sweep(config, concurrency)
-                found.swept.append(swept)
-                if not swept.dropped and swept.rate_within(budget) > 0:
-                    say(f"open loop (LoadGen Server): {config.name}")
-                    capacity = max(lv.throughput for lv in swept.levels)
-                    found.open_loop[config.name] = bench.open_loop(config, 0.9 * swept.rate_within(budget), capacity)
-                    if who == "endpoint":
-                        rate = found.open_loop[config.name][0] or 0.8 * swept.rate_within(budget)
-                        say(f"validation (LoadGen Server) at {rate:.0f}/s")
-                        found.validated, found.validations = config, bench.validate(config, rate)
-            finally:
-                if who == "echo":
-                    echo.close()
+        config = ServingConfig("endpoint", label=endpoint.name)
+        say(f"closed loop: {config.name}")
+        swept = bench.sweep(config, concurrency)
+        found.swept.append(swept)
+        if not swept.dropped and swept.rate_within(budget) > 0:
+            say(f"open loop (LoadGen Server): {config.name}")
+            capacity = max(lv.throughput for lv in swept.levels)
+            found.open_loop[config.name] = bench.open_loop(config, 0.9 * swept.rate_within(budget), capacity)
+            rate = found.open_loop[config.name][0] or 0.8 * swept.rate_within(budget)
+            say(f"validation (LoadGen Server) at {rate:.0f}/s")
+            found.validated, found.validations = config, bench.validate(config, rate)
+        found.client_ceiling, bracket = client_ceiling(bench, endpoint, say)
+        if bracket is not None:
+            found.open_loop[found.client_ceiling.config.name] = bracket
     except (KeyboardInterrupt, flags.Stopped):
         found.partial = "interrupted (Ctrl-C or SIGTERM)"
     finally:
+        found.splits = bench.splits
         found.seconds = time.perf_counter() - started
         rec.save(out)
         write_report(found, out)

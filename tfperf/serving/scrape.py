@@ -1,0 +1,86 @@
+"""Where a request's time went inside the server, from the server's own Prometheus metrics read before and after
+a load level: the mean wait for a batch, the model's time for a batch, rows per batch, and the server's time
+from request read to answer written; the rest of what the client measured is the hop (protocol, sockets, the
+client itself). Two servers' metric names are known: `tfperf serve`'s and Triton's."""
+
+from __future__ import annotations
+
+import math
+import urllib.error
+import urllib.request
+
+TFPERF_PATH = "/monitoring/prometheus/metrics"  # tfperf serve's (TF Serving's path)
+
+# Cumulative sums and counts each server exports, by what they mean here (summed over the labels).
+NAMES = {
+    "tfperf": {"queue_s": "tfperf_queue_latency_seconds_sum", "waits": "tfperf_queue_latency_seconds_count",
+               "compute_s": "tfperf_compute_latency_seconds_sum", "batches": "tfperf_compute_latency_seconds_count",
+               "rows": "tfperf_batch_size_sum", "server_s": "tfperf_request_latency_seconds_sum",
+               "requests": "tfperf_request_latency_seconds_count"},
+    # Triton charges each request its batch's compute time; durations in microseconds.
+    "triton": {"queue_us": "nv_inference_queue_duration_us", "compute_us": "nv_inference_compute_infer_duration_us",
+               "batches": "nv_inference_exec_count", "rows": "nv_inference_count",
+               "server_us": "nv_inference_request_duration_us", "requests": "nv_inference_request_success"},
+}
+
+
+def snapshot(url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """Every sample in the metrics at `url` summed over its labels, by sample name; None when it does not answer
+    metrics a known server exports."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+            text = answer.read().decode("utf-8", errors="replace")
+        families = list(text_string_to_metric_families(text))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    totals: dict[str, float] = {}
+    for family in families:
+        for sample in family.samples:
+            if sample.name.endswith("_bucket") or sample.name.endswith("_created"):
+                continue
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    # A family declared but not yet observed (no request answered so far) counts as zero.
+    declared = {family.name for family in families}
+    for names in NAMES.values():
+        for name in names.values():
+            if name not in totals and any(name.startswith(family) for family in declared):
+                totals[name] = 0.0
+    return totals if any(kind_of(totals) == k for k in NAMES) else None
+
+
+def kind_of(totals: dict[str, float]) -> str | None:
+    """Which server's names the metrics hold (tfperf or triton), or None."""
+    for kind, names in NAMES.items():
+        if names["requests"] in totals:
+            return kind
+    return None
+
+
+def split(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """The server's means over what it answered between two snapshots, in ms (empty when either is missing or
+    nothing was answered): server_queue_ms (a request's wait for its batch), server_model_ms (a batch's call),
+    server_batch_rows, server_latency_ms (request read to answer written)."""
+    if not before or not after or kind_of(after) is None:
+        return {}
+    kind = kind_of(after)
+    names = NAMES[kind]
+
+    def delta(key: str) -> float:
+        return after.get(names[key], 0.0) - before.get(names[key], 0.0)
+
+    requests, batches = delta("requests"), delta("batches")
+    if requests <= 0:
+        return {}
+    if kind == "tfperf":
+        waits = delta("waits")
+        found = {"server_queue_ms": delta("queue_s") / waits * 1e3 if waits > 0 else math.nan,
+                 "server_model_ms": delta("compute_s") / batches * 1e3 if batches > 0 else math.nan,
+                 "server_latency_ms": delta("server_s") / requests * 1e3}
+    else:
+        found = {"server_queue_ms": delta("queue_us") / requests / 1e3,
+                 "server_model_ms": delta("compute_us") / requests / 1e3,
+                 "server_latency_ms": delta("server_us") / requests / 1e3}
+    found["server_batch_rows"] = delta("rows") / batches if batches > 0 else math.nan
+    return {k: v for k, v in found.items() if math.isfinite(v)}

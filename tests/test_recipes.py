@@ -660,3 +660,22 @@ def test_bert_servers_check_catches_padding_that_changes_an_answer():
     options = BatchingOptions(max_batch_size=4, batch_timeout_micros=200_000, pad_variable_length_inputs=True)
     with Batcher(lambda size: call, options) as batcher:
         assert bert_server.check_answers(batcher, unmasked, requests) > 0.1
+
+
+def test_serving_protocols_sends_each_encoding_as_written_and_measures_them_at_the_same_load(tmp_path):
+    """The seed MLP served by tfperf serve: the recipe's own REST rows, columnar, v2 binary and gRPC requests
+    answer as the model does, then the same levels are measured in each protocol and in process."""
+    protocols = load_recipe("serving_protocols")
+    args = protocols.parse(["--quick", "--model", "mlp", "--concurrency", "1", "2", "--window", "0.05",
+                            "--latency-ms", "500", "--out", str(tmp_path)])
+    rec, found = protocols.run(args)
+    assert found.disagreement <= 1e-4 and found.spread > 1e-3  # the answers vary: their agreement means something
+    assert list(found.swept) == ["rest", "rest-columnar", "v2", "grpc", "in process"]
+    assert all(not s.dropped and [lv.label for lv in s.levels] == ["concurrency 1", "concurrency 2"]
+               for s in found.swept.values())
+    shown = [r["row"] for r in rec.table("the same load, by protocol (closed loop)")]
+    assert shown == ["TF Serving REST (row format)", "TF Serving REST (columnar)", "KServe v2 over HTTP (binary tensors)",
+                     "TF Serving gRPC", "in process"]
+    conclusion = protocols.conclude(args, rec, found)
+    assert not conclusion.failure and len(conclusion.lines) == 5 and "of in process" in conclusion.lines[0]
+    assert conclusion.headline.rests_on == ("TF Serving REST (row format)", "KServe v2 over HTTP (binary tensors)")

@@ -53,11 +53,12 @@ def candidates(ranked: Sequence[Swept], cores: int, count: int) -> list[ServingC
 
 
 def label(config: ServingConfig, protocol: str) -> str:
-    """How a configuration measured through a socket is named in the report and the records."""
-    from tfperf.serving.endpoint import PROTOCOLS as NAMES
+    """How a configuration measured through a socket is named in the report and the records ("rest-columnar": TF
+    Serving REST's columnar format)."""
+    from tfperf.serving.endpoint import Endpoint
 
-    style = " (binary tensors)" if protocol == "v2" else ""
-    return f"{config.name}, through {NAMES[protocol]}{style}"
+    wire = Endpoint(protocol.removesuffix("-columnar"), "", 0, "", columnar=protocol.endswith("-columnar"))
+    return f"{config.name}, through {wire.name}"
 
 
 class ServeProcess:
@@ -133,26 +134,40 @@ class ServeProcess:
         self.close()
 
 
-def bench_for(bench, server: ServeProcess, protocol: str, name: str, runtime: str):
-    """A copy of `bench` (same requests, budget, sizes, records) that measures `server` in `protocol`, checks its
-    answers against `runtime`'s own call and reads its metrics around each level."""
+def bench_for(bench, server: ServeProcess, protocol: str, name: str, runtime: str, *, columnar: bool = False):
+    """A copy of `bench` (same requests, budget, sizes, records) that measures `server` in `protocol` (TF Serving
+    REST `columnar` or in rows), checks its answers against `runtime`'s own call and reads its metrics around
+    each level."""
     from tfperf.serving.endpoint import Endpoint
     from tfperf.serving.scrape import TFPERF_PATH
 
     port = server.ports[0] if protocol in ("rest", "v2") else server.ports[1]
-    return dataclasses.replace(bench, endpoint=Endpoint(protocol, "127.0.0.1", port, name), endpoint_runtime=runtime,
-                               endpoint_cpu=server.cpu_s,
+    return dataclasses.replace(bench, endpoint=Endpoint(protocol, "127.0.0.1", port, name, columnar=columnar),
+                               endpoint_runtime=runtime, endpoint_cpu=server.cpu_s,
                                metrics_url=f"http://127.0.0.1:{server.ports[0]}{TFPERF_PATH}")
 
 
+def sweep_protocols(bench, server: ServeProcess, config: ServingConfig, name: str,
+                    protocols: Sequence[str] = PROTOCOLS, say=lambda what: None,
+                    concurrencies: list[int] | None = None) -> list[Through]:
+    """One running server swept in closed loop in each protocol ("rest-columnar": TF Serving REST's columnar
+    format), at the given levels or doubling within the budget, its answers checked first in each."""
+    found = []
+    for protocol in protocols:
+        wire, columnar = protocol.removesuffix("-columnar"), protocol.endswith("-columnar")
+        measuring = bench_for(bench, server, wire, name, config.runtime, columnar=columnar)
+        labelled = ServingConfig("endpoint", label=label(config, protocol))
+        say(f"closed loop: {labelled.name}")
+        found.append(Through(config, protocol, measuring.sweep(labelled, concurrencies)))
+    return found
+
+
 def sweep_through(bench, configs: Sequence[ServingConfig], exports: dict, name: str, logs: Path, *,
-                  trust: bool = False, say=lambda what: None, should_stop=lambda: False) -> list[Through]:
+                  trust: bool = False, say=lambda what: None) -> list[Through]:
     """Each configuration served by `tfperf serve` and swept in closed loop in every one of PROTOCOLS; one that
     does not start, fails or answers differently is kept, dropped, with its reason."""
     found = []
     for i, config in enumerate(configs):
-        if should_stop():
-            break
         say(f"through a socket: starting tfperf serve ({config.name})")
         try:
             server = ServeProcess(Path(exports[config.runtime]), config, name, logs / f"serve-{i}.log", trust=trust)
@@ -162,11 +177,7 @@ def sweep_through(bench, configs: Sequence[ServingConfig], exports: dict, name: 
                 found.append(Through(config, protocol, bench._dropped(labelled, str(exc))))
             continue
         with server:
-            for protocol in PROTOCOLS:
-                labelled = ServingConfig("endpoint", label=label(config, protocol))
-                say(f"closed loop: {labelled.name}")
-                found.append(Through(config, protocol, bench_for(bench, server, protocol, name, config.runtime)
-                                     .sweep(labelled)))
+            found += sweep_protocols(bench, server, config, name, PROTOCOLS, say)
     return found
 
 

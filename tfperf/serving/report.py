@@ -116,14 +116,7 @@ def write_report(found: Found, out: Path) -> Path:
                 f"; the next rate tried, {bracket[1]:.0f}/s, missed)" if math.isfinite(bracket[1]) else ")")
         lines.append(f"Best within the budget: **{best.config.name}**{offered}; {best.rate_within(budget):.0f} "
                      f"requests/s in closed loop.")
-        for v in found.validations:
-            word = "VALID" if v.valid else "INVALID (" + "; ".join(v.reasons) + ")"
-            lines.append(f"LoadGen Server validation of {found.validated.name} at {v.target_qps:.0f} requests/s: "
-                         f"**{word}**, p{p:g} {v.percentiles_ms.get(f'{p:.2f}', math.nan):.2f} ms from scheduled "
-                         f"time over {v.query_count} queries.")
-        if found.validations and found.validations[-1].valid:
-            lines.append(f"The claim: **{found.validations[-1].target_qps:.0f} requests/s within {budget}**, "
-                         f"VALID by LoadGen.")
+        lines += _validation(found, f"of {found.validated.name}" if found.validated else "", "")
         if best.config.runtime == "endpoint":
             lines += [""] + _client_ceiling(found, best)
         else:
@@ -196,6 +189,21 @@ def _split(split: dict | None, level: LoadLevel) -> str:
         f"{parts[0]} / {parts[1]} / {rows} / -"
 
 
+def _validation(found: Found, what: str, where: str) -> list[str]:
+    """Each LoadGen validation run of the answer (`what` it validated) and, when the last was VALID, the claim."""
+    p = found.budget.percentile
+    lines = []
+    for v in found.validations:
+        word = "VALID" if v.valid else "INVALID (" + "; ".join(v.reasons) + ")"
+        lines.append(f"LoadGen Server validation {what} at {v.target_qps:.0f} requests/s: **{word}**, p{p:g} "
+                     f"{v.percentiles_ms.get(f'{p:.2f}', math.nan):.2f} ms from scheduled time over "
+                     f"{v.query_count} queries.")
+    if found.validations and found.validations[-1].valid:
+        lines.append(f"The claim: **{found.validations[-1].target_qps:.0f} requests/s within {found.budget}**{where}, "
+                     f"VALID by LoadGen.")
+    return lines
+
+
 def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
     """The answer measured through a socket, the in-process best beside it as the ceiling, what each protocol
     cost, the client's own ceiling, and how to serve it."""
@@ -208,14 +216,7 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
     lines = [f"Best through a socket, what a deployment gets: **{best.config.name}**, served by `tfperf serve` and "
              f"called over {best.swept.config.name.rpartition(', through ')[2]}: {offered}{best.rate_within(budget):.0f} "
              f"requests/s in closed loop."]
-    for v in found.validations:
-        word = "VALID" if v.valid else "INVALID (" + "; ".join(v.reasons) + ")"
-        lines.append(f"LoadGen Server validation through the socket at {v.target_qps:.0f} requests/s: **{word}**, "
-                     f"p{p:g} {v.percentiles_ms.get(f'{p:.2f}', math.nan):.2f} ms from scheduled time over "
-                     f"{v.query_count} queries.")
-    if found.validations and found.validations[-1].valid:
-        lines.append(f"The claim: **{found.validations[-1].target_qps:.0f} requests/s within {budget}** through a "
-                     f"socket, VALID by LoadGen.")
+    lines += _validation(found, "through the socket", " through a socket")
     ceiling = winner(found, usable) if usable else None
     if ceiling is not None:
         inside = ceiling.rate_within(budget)

@@ -406,9 +406,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
 
 
 def _print_summary(found, report: Path, out: Path) -> None:
-    import shlex
-
-    from tfperf.serving.report import serve_command, winner
+    from tfperf.serving.report import serve_command, serve_line, winner
     from tfperf.serving.search import ranked
 
     budget = found.budget
@@ -434,9 +432,7 @@ def _print_summary(found, report: Path, out: Path) -> None:
         print(f"the client's ceiling (an echo of the answers, measured the same way): "
               f"{echo.rate_within(budget):.0f} requests/s closed loop")
     if through is not None:
-        command = found.export_commands.get(through.config.runtime)
-        print(*([f"  tfperf {shlex.join(command)}"] if command else []), f"  tfperf serve MODEL --config "
-              f"{out / 'serve.json'}", sep="\n")
+        print(f"  {serve_line(found, str(out / 'serve.json'))}")
     elif best and best[0].config.runtime != "endpoint":
         b = winner(found, best)
         for line in serve_command(b.config, found.export_commands.get(

@@ -189,6 +189,19 @@ def _split(split: dict | None, level: LoadLevel) -> str:
         f"{parts[0]} / {parts[1]} / {rows} / -"
 
 
+def serve_line(found: Found, config: str) -> str:
+    """The `tfperf serve` command line that serves the answer: the model as `load` was given it, with the flags
+    that loaded it (the export command's), and `config` (serve.json's path)."""
+    command = found.export_commands.get(found.through.config.runtime if found.through else "savedmodel") or []
+    kept, words = [], iter(command[4:])  # after: export MODEL --format RUNTIME
+    for word in words:
+        if word in ("--input-shape", "--signature"):
+            kept += [word, next(words, "")]
+        elif word == "--trust":
+            kept.append(word)
+    return shlex.join(["tfperf", "serve", command[1] if command else found.model, "--config", config, *kept])
+
+
 def _validation(found: Found, what: str, where: str) -> list[str]:
     """Each LoadGen validation run of the answer (`what` it validated) and, when the last was VALID, the claim."""
     p = found.budget.percentile
@@ -236,11 +249,8 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
                      f"{f'{level.client_share:.0%}' if level else '-'} | {why} |")
     lines += ["", "The server's own split of each level's time is under \"Closed loop, level by level\"."]
     lines += [""] + _client_ceiling(found, best.swept)
-    lines += ["Serve it:", "", "```"]
-    command = found.export_commands.get(best.config.runtime)
-    if command:
-        lines.append("tfperf " + shlex.join(command) + "   # or any model tfperf serve takes")
-    lines += ["tfperf serve MODEL --config serve.json", "```", "", "In process, the same configuration in code:", "",
+    lines += ["Serve it:", "", "```", serve_line(found, "serve.json"), "```", "",
+              "In process, the same configuration in code:", "",
               "```", *serve_command(best.config, None), "```", ""]
     return lines + _anchors(found, usable) if usable else lines
 

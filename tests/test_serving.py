@@ -349,7 +349,7 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
                                  for r in socket_levels)
     served = json.loads((tmp_path / "run" / "serve.json").read_text())
     assert served["runtime"] == "litert" and served["workers"] >= 1
-    assert "best within p99 <= 50 ms through a socket" in out
+    assert "best within p99 <= 50 ms through a socket" in out and "tfperf export cnn --format litert" in out
     assert f"tfperf serve cnn --config {tmp_path / 'run' / 'serve.json'}" in out  # runs as printed
     code, out, _ = tfperf("compare", tmp_path / "run" / "load.jsonl", tmp_path / "run" / "load.jsonl")
     assert code == 0 and "without a change that counts" in out

@@ -4,9 +4,12 @@ MODEL is what `export` and `doctor` take (exported here to each runtime asked, w
 path and its check) or an export folder of any format. The run: the two anchors a TensorFlow user
 has today (the SavedModel signature one request at a time, and TensorFlow's BatchFunction), then the
 search (`tfperf.serving.search`) over runtime x threads x instances x batching, the best three
-searched again in open loop with LoadGen, the winner validated by a LoadGen Server run, LoadGen's
-Offline ceiling and its own overhead; then report.md, load.jsonl (`tfperf compare` reads it) and a
-chart in --out. Ctrl-C or SIGTERM stops the measuring and still writes the report, marked partial.
+searched again in open loop with LoadGen; then the best served by `tfperf serve` and measured through
+sockets (`tfperf.serving.through_socket`), the best of those validated by a LoadGen Server run through
+its socket (the answer; without sockets, `--in-process`, the in-process winner is validated); LoadGen's
+Offline ceiling and its own overhead; then report.md, load.jsonl (`tfperf compare` reads it), serve.json,
+deploy/ and a chart in --out. Ctrl-C or SIGTERM stops the measuring and still writes the report, marked
+partial.
 """
 
 from __future__ import annotations
@@ -342,7 +345,9 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             if through_socket:
                 from tfperf.serving import through_socket as socket
 
-                configs = socket.candidates(best, cores, sizes.socket_candidates)
+                # The in-process answer first (the open-loop winner), then the rest by closed-loop rate.
+                configs = socket.candidates([winner, *[s for s in best if s is not winner]], cores,
+                                            sizes.socket_candidates)
                 found.sockets = socket.sweep_through(bench, configs, exports, name, out / "servers", trust=trust,
                                                      say=say)
                 found.through = socket.best_through(found.sockets, budget)
@@ -406,6 +411,8 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
 
 
 def _print_summary(found, report: Path, out: Path) -> None:
+    import shlex
+
     from tfperf.serving.report import serve_command, serve_line, winner
     from tfperf.serving.search import ranked
 
@@ -431,8 +438,10 @@ def _print_summary(found, report: Path, out: Path) -> None:
     if echo is not None and not echo.dropped:
         print(f"the client's ceiling (an echo of the answers, measured the same way): "
               f"{echo.rate_within(budget):.0f} requests/s closed loop")
-    if through is not None:
-        print(f"  {serve_line(found, str(out / 'serve.json'))}")
+    if through is not None:  # the export, for TF Serving or Triton; and tfperf serve, which exports by itself
+        command = found.export_commands.get(through.config.runtime)
+        for line in ([f"tfperf {shlex.join(command)}"] if command else []) + [serve_line(found, str(out / "serve.json"))]:
+            print(f"  {line}")
     elif best and best[0].config.runtime != "endpoint":
         b = winner(found, best)
         for line in serve_command(b.config, found.export_commands.get(

@@ -385,5 +385,7 @@ def describe(found: Found, reproduce: str, report: Path) -> str:
         if anchor is not None and anchor.config.name in found.open_loop and found.open_loop[anchor.config.name][0]:
             text += (f" The SavedModel signature one request at a time: "
                      f"{found.open_loop[anchor.config.name][0]:.0f} requests/s offered.")
+        text += (" Measured in process, no socket: the ceiling; the figure through a socket, which a deployment gets,"
+                 " is tfperf load's answer (below).")
     partial = f" (PARTIAL: {found.partial})" if found.partial else ""
     return f"{text}{partial} Reproduce: `{reproduce}`. Every configuration and level: {report}."

@@ -88,8 +88,9 @@ class LoadLevel:
 
     @property
     def client_share(self) -> float:
-        """The clients' share of the CPU time this process (and the server's, when apart) used while they ran."""
-        return self.client_cpu_s / self.process_cpu_s if self.process_cpu_s > 0 else 0.0
+        """The clients' share of the CPU time this process (and the server's, when apart) used while they ran (at
+        most 1: the threads' clocks and the process's are read at slightly different moments)."""
+        return min(self.client_cpu_s / self.process_cpu_s, 1.0) if self.process_cpu_s > 0 else 0.0
 
     def metrics(self) -> dict[str, Any]:
         """Figures for a record: throughput, percentiles in ms with their intervals, stability, client CPU."""

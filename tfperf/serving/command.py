@@ -425,13 +425,13 @@ def _print_summary(found, report: Path, out: Path) -> None:
         bracket = found.open_loop.get(through.swept.config.name)
         print(f"best within {budget} through a socket: {through.swept.config.name}: "
               f"{through.rate_within(budget):.0f} requests/s closed loop"
-              + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket else ""))
+              + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket and bracket[0] else ""))
     if best:
         b = winner(found, best)
         bracket = found.open_loop.get(b.config.name)
         print(("in process, no socket (the ceiling)" if through is not None else f"best within {budget}")
               + f": {b.config.name}: {b.rate_within(budget):.0f} requests/s closed loop"
-              + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket else ""))
+              + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket and bracket[0] else ""))
     for v in found.validations:
         print(f"LoadGen Server at {v.target_qps:.0f}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
     echo = found.client_ceiling

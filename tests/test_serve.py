@@ -313,21 +313,22 @@ def test_a_new_version_swaps_in_under_load_without_a_failed_request_and_a_broken
     assert states == {"2": "AVAILABLE", "1": "END", "3": "END"}
 
 
-def test_serve_command_answers_then_drains_on_sigterm_losing_no_accepted_request(tmp_path):
-    """The real command: a cookbook net exported and served by two worker processes sharing free ports, their
-    metrics counted together whichever worker is scraped; requests in flight when SIGTERM arrives are all
-    answered, and the process exits 0."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_command_answers_then_drains_on_sigterm_losing_no_accepted_request(tmp_path, workers):
+    """The real command: a cookbook net exported and served by one process, or by two worker processes sharing
+    free ports, their metrics counted together whichever worker is scraped; requests in flight when SIGTERM
+    arrives are all answered, and the process exits 0."""
     proc = subprocess.Popen([sys.executable, "-m", "tfperf", "serve", "mlp", "--port", "0", "--grpc-port", "0",
-                             "--workers", "2", "--max-batch-size", "16", "--batch-timeout-micros", "400000",
+                             "--workers", str(workers), "--max-batch-size", "16", "--batch-timeout-micros", "400000",
                              "--drain-timeout", "20"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
                                  "TF_CPP_MIN_LOG_LEVEL": "3"})
     try:
-        lines = [proc.stdout.readline(), proc.stdout.readline()]  # one per worker, the same ports
+        lines = [proc.stdout.readline() for _ in range(workers)]  # one per worker, the same ports
         assert all(line.startswith("serving mlp version 1") for line in lines), (lines, proc.poll())
         ports = {int(line.split("http://127.0.0.1:")[1].split(" ")[0]) for line in lines}
-        assert len(ports) == 1 and "2 worker processes" in lines[0]
+        assert len(ports) == 1 and ("2 worker processes" in lines[0]) == (workers == 2)
         port = ports.pop()
         body = {"instances": [[0.25] * 512]}
         # Each request on a connection of its own: the kernel spreads them over the workers (SO_REUSEPORT).

@@ -343,17 +343,17 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             name = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(model).stem if Path(model).exists() else
                           model.rpartition(":")[2]).strip("-") or "model"
             if through_socket:
-                from tfperf.serving import through_socket as socket
+                from tfperf.serving import through_socket as socket_phase
 
                 # The in-process answer first (the open-loop winner), then the rest by closed-loop rate.
-                configs = socket.candidates([winner, *[s for s in best if s is not winner]], cores,
-                                            sizes.socket_candidates)
-                found.sockets = socket.sweep_through(bench, configs, exports, name, out / "servers", trust=trust,
-                                                     say=say)
-                found.through = socket.best_through(found.sockets, budget)
+                configs = socket_phase.candidates([winner, *[s for s in best if s is not winner]], cores,
+                                                  sizes.socket_candidates)
+                found.sockets = socket_phase.sweep_through(bench, configs, exports, name, out / "servers",
+                                                           trust=trust, say=say)
+                found.through = socket_phase.best_through(found.sockets, budget)
             if found.through is not None:
                 through = found.through
-                bracket, found.validations, found.client_ceiling, echo = socket.open_and_validate(
+                bracket, found.validations, found.client_ceiling, echo = socket_phase.open_and_validate(
                     bench, through, exports, name, out / "servers", trust=trust, say=say)
                 found.open_loop[through.swept.config.name] = bracket
                 if echo is not None:

@@ -550,3 +550,10 @@ def test_the_servers_own_metrics_split_a_levels_time_into_queue_and_model():
     assert split(triton, later) == pytest.approx({"server_queue_ms": 0.5, "server_model_ms": 1.5,
                                                   "server_latency_ms": 2.5, "server_batch_rows": 4.0})
     assert split(None, after) == {} and split(after, after) == {} and split({}, {"up": 1.0}) == {}
+
+
+def test_a_serve_json_that_asks_for_a_horde_of_workers_is_refused_before_anything_is_exported(tmp_path):
+    config = tmp_path / "serve.json"
+    config.write_text(json.dumps({"runtime": "onnx", "workers": 5000}))
+    line = refused("serve", "mlp", "--config", config, "--root", tmp_path / "root", "--port", "0", "--grpc-port", "0")
+    assert "5000 workers is more than 4 per core" in line and not (tmp_path / "root").exists()

@@ -336,8 +336,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
         anchors = [s for s in found.swept[:2] if not s.dropped and s.rate_within(budget) > 0]
         for s in {s.config.name: s for s in [*best[:3], *anchors]}.values():
             say(f"open loop (LoadGen Server): {s.config.name}")
-            capacity = max(lv.throughput for lv in s.levels)
-            found.open_loop[s.config.name] = bench.open_loop(s.config, 0.9 * s.rate_within(budget), capacity)
+            found.open_loop[s.config.name] = bench.open_loop_of(s)
         if best:
             winner = max(best[:3], key=lambda s: found.open_loop.get(s.config.name, (0.0,))[0])
             name = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(model).stem if Path(model).exists() else
@@ -363,7 +362,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
                 measured = f", measured through a socket over {through.swept.config.name.rpartition(', through ')[2]}"
                 offered = bracket[0] or through.rate_within(budget)
             else:
-                rate = found.open_loop.get(winner.config.name, (0.0,))[0] or 0.8 * winner.rate_within(budget)
+                rate = bench.validation_rate(winner, found.open_loop.get(winner.config.name))
                 say(f"validation (LoadGen Server) of {winner.config.name} at {rate:.0f}/s")
                 found.validated = winner.config
                 found.validations = bench.validate(winner.config, rate)

@@ -202,6 +202,17 @@ class Bench:
 
             return bracket_rate(within, max(start_rate, 1.0), steps=self.sizes.probes, limit=capacity)
 
+    def open_loop_of(self, swept: Swept) -> tuple[float, float]:
+        """`open_loop` of a configuration swept in closed loop: from 0.9x its rate within the budget, never above
+        the most it answered."""
+        return self.open_loop(swept.config, 0.9 * swept.rate_within(self.budget),
+                              max(lv.throughput for lv in swept.levels))
+
+    def validation_rate(self, swept: Swept, bracket: tuple[float, float] | None) -> float:
+        """The rate to validate at: the highest open-loop rate found within the budget, else 0.8x the closed-loop
+        rate within it."""
+        return (bracket[0] if bracket else 0.0) or 0.8 * swept.rate_within(self.budget)
+
     def validate(self, config: ServingConfig, rate: float, tries: int = 4) -> list[loadgen.LoadGenResult]:
         """LoadGen Server runs at `rate` until one is VALID (`loadgen.validated`'s rule), their logs kept."""
         with self.server(config) as server:

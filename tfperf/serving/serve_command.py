@@ -117,7 +117,12 @@ def configuration(args: argparse.Namespace):
             raise UserError("--pad-variable-length and --length-buckets are for batching: give --max-batch-size too")
         batching = dataclasses.replace(batching, pad_variable_length_inputs=args.pad_variable_length,
                                        length_buckets=tuple(args.length_buckets or ()))
-    return dataclasses.replace(config, batching=batching, **changed)
+    config = dataclasses.replace(config, batching=batching, **changed)
+    most = 4 * (os.cpu_count() or 1)  # each worker loads the model: a serve.json from elsewhere must not fork a horde
+    if config.workers > most:
+        raise UserError(f"{config.workers} workers is more than 4 per core on this machine ({most}): give fewer "
+                        f"(--workers, or serve.json's workers)")
+    return config
 
 
 def source_of(args: argparse.Namespace, config, say) -> tuple[Path, str, Path | None]:

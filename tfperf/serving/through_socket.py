@@ -195,9 +195,8 @@ def open_and_validate(bench, best: Through, exports: dict, name: str, logs: Path
                       trust=trust) as server:
         measuring = bench_for(bench, server, best.protocol, name, best.config.runtime)
         say(f"open loop (LoadGen Server): {best.swept.config.name}")
-        capacity = max(lv.throughput for lv in best.swept.levels)
-        bracket = measuring.open_loop(best.swept.config, 0.9 * best.rate_within(bench.budget), capacity)
-        rate = bracket[0] or 0.8 * best.rate_within(bench.budget)
+        bracket = measuring.open_loop_of(best.swept)
+        rate = measuring.validation_rate(best.swept, bracket)
         say(f"validation (LoadGen Server) at {rate:.0f}/s")
         validations = measuring.validate(best.swept.config, rate)
         echo, echo_bracket = client_ceiling(measuring, measuring.endpoint, say)
@@ -224,6 +223,5 @@ def client_ceiling(bench, endpoint, say=lambda what: None) -> tuple[Swept, tuple
         bracket = None
         if not swept.dropped and swept.rate_within(bench.budget) > 0:
             say(f"open loop (LoadGen Server): {config.name}")
-            capacity = max(lv.throughput for lv in swept.levels)
-            bracket = measuring.open_loop(config, 0.9 * swept.rate_within(bench.budget), capacity)
+            bracket = measuring.open_loop_of(swept)
     return swept, bracket

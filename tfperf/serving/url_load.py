@@ -113,9 +113,8 @@ def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool,
         found.swept.append(swept)
         if not swept.dropped and swept.rate_within(budget) > 0:
             say(f"open loop (LoadGen Server): {config.name}")
-            capacity = max(lv.throughput for lv in swept.levels)
-            found.open_loop[config.name] = bench.open_loop(config, 0.9 * swept.rate_within(budget), capacity)
-            rate = found.open_loop[config.name][0] or 0.8 * swept.rate_within(budget)
+            found.open_loop[config.name] = bench.open_loop_of(swept)
+            rate = bench.validation_rate(swept, found.open_loop[config.name])
             say(f"validation (LoadGen Server) at {rate:.0f}/s")
             found.validated, found.validations = config, bench.validate(config, rate)
         found.client_ceiling, bracket = client_ceiling(bench, endpoint, say)

@@ -21,6 +21,7 @@ doubling its connections until p99 passes the budget: what a client that is not 
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -144,6 +145,7 @@ def main() -> int:
     from tfperf.serving.endpoint import RemoteServer, parse_url
     from tfperf.serving.measure import Bench, Sizes
     from tfperf.serving.search import Budget, Space, ranked, search
+    from tfperf.serving.through_socket import ServeProcess
     from tfperf.serving.wire import Tensor, dump_json, tfserving_metadata
 
     budget, sizes, cores = Budget(args.budget_ms / 1e3, 99.0), Sizes.quick(), os.cpu_count() or 1
@@ -160,24 +162,14 @@ def main() -> int:
                       instances=sizes.instances, batch_sizes=sizes.batch_sizes, timeouts_us=(1000,))
         best = ranked(search(bench.sweep, space, budget), budget)[0].config
         print(f"found: {best.name}", file=sys.stderr, flush=True)
-        (tmp / "serve.json").write_text(json.dumps(best.to_json()))
-        root = tmp / "exports" / best.runtime
-
-        rest, grpc_port = free_port(), free_port()
-        serve = subprocess.Popen([sys.executable, "-m", "tfperf", "serve", str(root), "--name", "cnn", "--config",
-                                  str(tmp / "serve.json"), "--port", str(rest), "--grpc-port", str(grpc_port)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        serve = ServeProcess(exports[best.runtime], best, "cnn", tmp / "serve.log")
         procs.append(serve)
-        wait_for(serve, "serving cnn")
+        rest, grpc_port = serve.ports
         # The same configuration in a process per core sharing the ports, each runtime on one thread: for wrk below.
-        workers_port = free_port()
-        workers = subprocess.Popen([sys.executable, "-m", "tfperf", "serve", str(root), "--name", "cnn", "--config",
-                                    str(tmp / "serve.json"), "--workers", str(cores), "--threads", "1",
-                                    "--port", str(workers_port), "--grpc-port", str(free_port())],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        workers = ServeProcess(exports[best.runtime], dataclasses.replace(best, workers=cores, threads=1), "cnn",
+                               tmp / "workers.log")
         procs.append(workers)
-        for _ in range(cores):
-            wait_for(workers, "serving cnn")
+        workers_port = workers.ports[0]
         runner = load(exports["savedmodel"])
         outputs = runner(requests[0])
         meta = tfserving_metadata("cnn", 1, "serving_default", [Tensor(s.name, s.dtype, s.shape) for s in runner.inputs],

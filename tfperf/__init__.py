@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Importing TensorFlow takes seconds; load it only when a name that needs it is used,
 # so that `tfperf compare` and `tfperf --help` answer at once.

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tfperf import __version__, flags
+from tfperf import __version__, extras, flags
 from tfperf.deploy import commands as deploy_commands
 from tfperf.doctor import command as doctor_command
 from tfperf.serving import command as load_command
@@ -31,6 +32,9 @@ def recipe_declarations(only: Sequence[str] = (), folder: Path = RECIPES_DIR) ->
     """The recipes of a folder (the cookbook's by default) in the order they declare (the report's order);
     `only` picks some by name."""
     if not Path(folder).is_dir():
+        if Path(folder) == RECIPES_DIR:  # installed from a wheel: the recipes live in the cookbook's repository
+            raise UserError("the cookbook's recipes are not part of the installed package: run this from a clone "
+                            "of tfperf's repository, or give --recipes DIR")
         raise UserError(f"no such folder of recipes: {folder}")
     try:
         found = {d.name: d for d in declarations(folder)}
@@ -119,7 +123,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     calibration = _calibration(args.calibration, default=args.calibration == CALIBRATION)
     try:
-        print(build_report(args.dir, order=recipe_order(), calibration=calibration))
+        # The cookbook's order where its recipes are at hand; a doctor's or load's folder needs none.
+        order = recipe_order() if RECIPES_DIR.is_dir() else ()
+        print(build_report(args.dir, order=order, calibration=calibration))
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from None
     return 0
@@ -314,10 +320,27 @@ def fraction(text: str) -> float:
     return value
 
 
+def version_line() -> str:
+    """tfperf's version and the TensorFlow, Keras and Python it runs on, read from the installed distributions
+    (importing TensorFlow would take seconds)."""
+    from importlib import metadata
+
+    def installed(*names: str) -> str:
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return "not installed"
+
+    return (f"tfperf {__version__} (TensorFlow {installed('tensorflow', 'tensorflow-cpu', 'tf-nightly')}, "
+            f"Keras {installed('keras', 'keras-nightly')}, Python {platform.python_version()})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `tfperf` parser with its subcommands."""
     p = flags.ArgumentParser(prog="tfperf", description=__doc__)
-    p.add_argument("--version", action="version", version=f"tfperf {__version__}")
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True, parser_class=flags.ArgumentParser)
 
     run = sub.add_parser("run", help="the main job: run the recipes and write results/report.md and report.html")
@@ -419,6 +442,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except UserError as exc:
         print(f"tfperf {args.command}: error: {flags.one_line(exc)}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # an optional part the command reached is not installed: say which extra
+        why = extras.explain(exc, f"tfperf {args.command}")
+        if why is None:
+            raise
+        print(f"tfperf {args.command}: error: {why}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, flags.Stopped) as exc:
         how = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"

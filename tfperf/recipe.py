@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfperf import flags
+from tfperf import extras, flags
 from tfperf.records.findings import Headline, headline_path
 from tfperf.records.jsonl import Recorder
 
@@ -158,6 +158,12 @@ class Recipe:
         except ChildError as exc:  # a failed run, not bad input: the message names what failed
             print(f"{self.name}: failed: {exc}", file=sys.stderr)
             return 1
+        except ModuleNotFoundError as exc:  # an optional part of tfperf the recipe uses is not installed
+            why = extras.explain(exc, self.name)
+            if why is None:
+                raise
+            print(f"{self.name}: error: {why}", file=sys.stderr)
+            return 2
         except (KeyboardInterrupt, flags.Stopped) as exc:
             stopped = isinstance(exc, flags.Stopped)
             print(f"{self.name}: stopped by {'SIGTERM' if stopped else 'Ctrl-C'}", file=sys.stderr)

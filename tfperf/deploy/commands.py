@@ -114,7 +114,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tfperf.deploy.layout import CALIBRATION_ROWS, export_subject
     from tfperf.deploy.loader import COOKBOOK_INPUT, cookbook_subject, load_subject, parse_input_shapes
 
+    from tfperf.deploy.formats import FORMATS
+
     try:
+        FORMATS[args.format].require()  # a converter not installed is said before the model is loaded
         shapes = parse_input_shapes(args.input_shape or [])
         sample = read_sample(args.sample, args.max_input_size) if args.sample else None
         if args.model in MODEL_NAMES:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tfperf import extras
 from tfperf.deploy.converters import (ONNX_OPSET, SIGNATURE, litert_flex_ops, litert_from_saved_model,
                                       onnx_from_function)
 from tfperf.deploy.errors import ExportError, ModelError, first_line, listed
@@ -92,6 +93,12 @@ class Format:
     write: Callable[..., dict[str, Any]]  # (servable, folder, quantize=, representative=) -> metadata
     load: Callable[..., Runner]  # (folder, threads=None, signature=None) -> Runner
     describe: str  # one line for --help
+    extra: str | None = None  # the tfperf extra that brings its converter and runtime
+
+    def require(self) -> None:
+        """MissingExtra (one line naming the extra) when this format's converter or runtime is not installed."""
+        if self.extra is not None:
+            extras.require(self.extra, f"the {self.name} format")
 
 
 def choose_signature(available: list[str], asked: str | None, where: str) -> str:
@@ -143,6 +150,7 @@ def check_options(fmt: str, quantize: str = "none", select_tf_ops: bool = False,
     """An ExportError unless the options fit the format (checked before anything is written)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}: choose from {', '.join(FORMATS)}")
+    FORMATS[fmt].require()
     if quantize not in QUANTIZATIONS:
         raise ExportError(f"unknown quantization {quantize!r}: choose from {', '.join(QUANTIZATIONS)}")
     if quantize != "none" and fmt != "litert":
@@ -340,9 +348,9 @@ FORMATS: Mapping[str, Format] = {f.name: f for f in (
     Format("savedmodel", "saved_model.pb", write_savedmodel, load_savedmodel,
            "SavedModel for TensorFlow and TF Serving (the default)"),
     Format("litert", "model.tflite", write_litert, load_litert,
-           "LiteRT flatbuffer (.tflite) for the LiteRT interpreter; --quantize dynamic or int8"),
+           "LiteRT flatbuffer (.tflite) for the LiteRT interpreter; --quantize dynamic or int8", "litert"),
     Format("onnx", "model.onnx", write_onnx, load_onnx,
-           "ONNX (opset 17) for ONNX Runtime"),
+           "ONNX (opset 17) for ONNX Runtime", "onnx"),
 )}
 
 

@@ -267,7 +267,9 @@ def load(path: Path | str, threads: int | None = None, signature: str | None = N
       signature: the SavedModel or LiteRT signature to serve (default serving_default, serve, or the only one).
     """
     path = check_model_dir(path)
-    return format_of(path).load(path, threads=threads, signature=signature)
+    fmt = format_of(path)
+    fmt.require()
+    return fmt.load(path, threads=threads, signature=signature)
 
 
 def predict(runner: Runner, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfperf import flags
+from tfperf import extras, flags
 from tfperf.flags import UserError
 from tfperf.serving.command import latency, percentile
 
@@ -195,6 +195,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 link_bits, rtt = parse_link(args.link)
             except ValueError as exc:
                 raise UserError(str(exc)) from None
+        # Optional parts an asked-for experiment needs are checked before anything is loaded or measured.
+        if args.memory_budget:
+            extras.require("profile", "--memory-budget (it reads each try's peak from a trace)")
+        if args.serve:
+            extras.require("serve", "--serve")
+            extras.require("loadgen", "--serve")
         free = flags.available_memory()
         if args.memory_budget and free and args.memory_budget > free:
             raise UserError(f"--memory-budget {args.memory_budget / 2**30:.1f} GB is more than the "

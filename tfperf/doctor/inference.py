@@ -18,6 +18,7 @@ from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
+from tfperf.extras import MissingExtra
 from tfperf.gpus import exact_float32, float32_tolerance, tensorflow_gpus, tf32_here
 
 RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
@@ -51,6 +52,9 @@ def exported_runtimes(subject: Subject, options: Options, workdir: Path) -> tupl
             exported = export_subject(subject, workdir / "exports", name=fmt, format=fmt, sample=options.sample,
                                       seed=options.seed)
             runners[row] = load(exported.path, threads=os.cpu_count())
+        except MissingExtra as exc:  # not installed here: said, with the extra that brings it
+            skipped[row] = str(exc)
+            continue
         except Exception as exc:  # a converter that cannot take this model: a finding, not a failure
             skipped[row] = f"export failed: {type(exc).__name__}: {first_line(exc)}"
             continue

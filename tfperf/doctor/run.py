@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tfperf import extras
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.advice import Diagnosis
 from tfperf.doctor.inference import inference, model_facts
@@ -67,7 +68,10 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     findings: list[Finding] = []
     skipped: dict[str, str] = {}
     traces = traces or workdir / "traces"
-    profiler = ProfilePass(traces, rec, facts) if options.profile else None
+    # The traces are read through XProf: without it (tfperf[profile]) the pass is said to be skipped, not tried.
+    profiler = ProfilePass(traces, rec, facts) if options.profile and extras.installed("xprof") else None
+    if options.profile and profiler is None:
+        skipped["profile pass"] = f"not run: {extras.message('xprof', 'the profile pass')}"
     found: dict[str, object] = {}  # what a section finds beside its findings (an InputCheck, a BatchFit)
 
     def keep(name: str, result: tuple) -> tuple[list[Finding], dict]:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tfperf import extras
 from tfperf.measure import stats
 from tfperf.records.jsonl import atomic_write_text, read_records
 from tfperf.records.noise import Noise, measure_noise, rerun_range
@@ -323,6 +324,7 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
     reruns = repeat_dirs(results_dir)
     noise = run_noise(results_dir, calibration)
     sections, found = [], []
+    drawn, html = extras.installed("matplotlib"), extras.installed("markdown")
     for f in files:
         records = read_records(f)
         recipe = records[0]["recipe"] if records else f.stem
@@ -340,7 +342,7 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
             again_rows = [o.get((recipe, table), []) for o in others]
             sections += [f"### {table}", "", markdown_table(rows, reruns=again_rows, noise=noise, fold=True,
                                                             steadier=steadier), ""]
-            if len(rows) > 1:  # one bar compares nothing
+            if len(rows) > 1 and drawn:  # one bar compares nothing
                 chart = bar_chart(rows, figures / f"{recipe}-{slug(table)}.png")
                 sections += [f"![{table}](figures/{chart.name})", ""]
         table_charts = {f"{recipe}-{slug(t)}.png" for (_, t) in tables}
@@ -356,7 +358,11 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
         parts += [f"Each recipe ran {len(reruns) + 1} times in fresh processes: the tables show the first run, "
                   f"and a column the spread over all runs and the verdicts each reached.", ""]
     parts += [f"## {FINDINGS}", "", findings_table(found, steadier), "", intervals_note(noise, results_dir), ""]
+    if not (drawn and html):
+        parts += [f"No charts and no report.html: they need matplotlib and Markdown, which are not installed here "
+                  f"({extras.install_line('report')}).", ""]
     report = results_dir / "report.md"
     atomic_write_text(report, "\n".join(parts + sections))
-    write_html(report)
+    if html:
+        write_html(report)
     return report

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tfperf import flags
+from tfperf import extras, flags
 from tfperf.flags import UserError
 
 RECIPE = "load"
@@ -210,6 +210,7 @@ def export_runtimes(subject, out: Path, runtimes, sample=None, flags_after: list
     and its check: (folders by runtime, the `tfperf export` argv of each, runtimes that failed and why)."""
     from tfperf.deploy.errors import ExportError, ModelError
     from tfperf.deploy.layout import export_subject
+    from tfperf.extras import MissingExtra
 
     exports, commands, failed = {}, {}, {}
     for runtime in dict.fromkeys(["savedmodel", *runtimes]):
@@ -218,7 +219,7 @@ def export_runtimes(subject, out: Path, runtimes, sample=None, flags_after: list
             exports[runtime] = export_subject(subject, out / "exports", name=runtime, format=runtime,
                                               sample=sample).path
             commands[runtime] = ["export", subject.source, "--format", runtime, *flags_after]
-        except (ExportError, ModelError) as exc:
+        except (ExportError, ModelError, MissingExtra) as exc:  # a runtime not installed here is skipped, said
             failed[runtime] = str(exc)
     if "savedmodel" not in exports:
         raise ModelError(f"{subject.source} does not export as a SavedModel: {failed['savedmodel']}")
@@ -230,6 +231,9 @@ def cmd_load(args: argparse.Namespace) -> int:
     from tfperf.deploy.errors import ExportError, InputError, ModelError
 
     started = time.perf_counter()
+    # Its clients, servers, deploy files (TF Serving's and Triton's protos) and open-loop runs are extras.
+    extras.require("serve", "tfperf load")
+    extras.require("loadgen", "tfperf load")
     if (args.model is None) == (args.url is None):
         raise UserError("give a MODEL to serve and measure, or --url of a running endpoint (not both)")
     if (args.columnar or args.json_tensors or args.metrics_url) and not args.url:

@@ -7,6 +7,7 @@ import math
 import shlex
 from pathlib import Path
 
+from tfperf import extras
 from tfperf.measure.load import LoadLevel
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.loadgen import LoadGenResult
@@ -338,7 +339,7 @@ def _generator(found: Found) -> list[str]:
 def _chart(found: Found, out: Path) -> Path | None:
     """Throughput against the percentile, a line per configuration measured."""
     measured = [s for s in _measured(found) if s.levels]
-    if not measured:
+    if not measured or not extras.installed("matplotlib"):  # tfperf[report] draws it; the tables say the same
         return None
     import matplotlib
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tfperf import flags
+from tfperf import extras, flags
 from tfperf.flags import UserError
 
 RUNTIMES = ("savedmodel", "litert", "onnx")
@@ -261,6 +261,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"tfperf serve: {line}", file=sys.stderr, flush=True)
 
+    extras.require("serve", "tfperf serve")
     config = configuration(args)
     folder, name, temporary = source_of(args, config, say)
     config_json = json.dumps(config.to_json())

@@ -1,0 +1,149 @@
+"""tfperf as a user installs it: the wheel, built once, in fresh virtual environments that share nothing with
+.venv, beside the highest TensorFlow supported (the one requirements.txt pins) and the lowest (every core
+dependency at its lower bound); the console script runs there on a model that a user's script saved outside the
+repository. pip's cache holds the wheels after the first run, so an environment costs about 30 s to make."""
+
+import os
+import re
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+# The lower bounds pyproject.toml declares, installed together: the oldest environment tfperf promises to run in.
+LOWEST = ["tensorflow==2.16.2", "keras==3.6.0", "numpy==1.26.4", "scipy==1.11.4", "psutil==5.9.8"]
+HIGHEST = [re.search(r"^tensorflow==\S+", (REPO / "requirements.txt").read_text(), re.M)[0]]
+
+USER_SCRIPT = '''
+"""A user's script: a small CNN saved as a .keras file, and a few inputs for it."""
+import keras
+import numpy as np
+
+inputs = keras.Input((28, 28, 1), name="image")
+x = keras.layers.Conv2D(8, 3, activation="relu")(inputs)
+x = keras.layers.MaxPooling2D()(x)
+x = keras.layers.Flatten()(x)
+keras.Model(inputs, keras.layers.Dense(10, name="logits")(x)).save("small.keras")
+np.savez("rows.npz", image=np.random.default_rng(0).normal(size=(3, 28, 28, 1)).astype("float32"))
+'''
+
+
+HELPS = """
+import contextlib, io, sys
+from tfperf.cli import main
+texts = []
+for command in sys.argv[1:]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main([command, "--help"])
+        except SystemExit as done:
+            assert done.code == 0, (command, done.code)
+    texts.append(out.getvalue())
+print("\\0".join(texts), end="")
+"""
+
+
+def packages_in(root: Path, package: str) -> set[str]:
+    """The Python packages of `package` under `root`, dotted (tfperf, tfperf.deploy, ...)."""
+    return {".".join(p.parent.relative_to(root).parts) for p in (root / package).rglob("__init__.py")}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(REPO)], check=True, capture_output=True, cwd=out)
+    return next(out.glob("tfperf-*.whl"))
+
+
+class Env:
+    """A fresh virtual environment (no system site-packages, nothing of .venv) with the wheel installed."""
+
+    def __init__(self, folder: Path, wheel: Path, pins: list[str]):
+        self.folder, self.wheel = folder, wheel
+        venv.create(folder, with_pip=True)
+        self.python = folder / "bin" / "python"
+        self.pip(str(wheel), *pins)
+
+    def pip(self, *args: str) -> None:
+        proc = subprocess.run([str(self.python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                               *args], capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def run(self, *args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+        """`tfperf ARGS` through the environment's console script, as a user types it (PATH: that env only)."""
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env.update(PATH=f"{self.folder / 'bin'}{os.pathsep}/usr/bin:/bin", TF_CPP_MIN_LOG_LEVEL="2")
+        proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=600, stdin=subprocess.DEVNULL)
+        if check:
+            assert proc.returncode == 0, f"{args} exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        return proc
+
+
+def test_the_wheel_holds_every_subpackage_and_declares_its_dependencies(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    held = {".".join(Path(n).parent.parts) for n in names if n.endswith("/__init__.py")}
+    assert held == packages_in(REPO, "tfperf") and "tfperf.deploy" in held
+    required = re.findall(r"^Requires-Dist: ([\w-]+)[^;\n]*$", metadata, re.M)
+    assert {"tensorflow", "keras", "numpy", "scipy", "psutil"} == set(required)
+    assert {"onnx", "litert", "serve", "report", "loadgen", "profile", "jax", "all"} <= set(
+        re.findall(r"^Provides-Extra: (\S+)", metadata, re.M))
+
+
+@pytest.mark.parametrize("pins", [HIGHEST, LOWEST], ids=["highest", "lowest"])
+def test_the_console_script_on_a_users_model_in_a_fresh_environment(pins, wheel, tmp_path):
+    env = Env(tmp_path / "env", wheel, pins)
+    user = tmp_path / "user"  # the user's folder: nothing of the repository on the path
+    user.mkdir()
+    subprocess.run([str(env.python), "-c", USER_SCRIPT], cwd=user, check=True, capture_output=True,
+                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    tfperf = env.folder / "bin" / "tfperf"
+
+    version = env.run(tfperf, "--version", cwd=user).stdout
+    tf_version = pins[0].split("==")[1].rstrip("*").rstrip(".")
+    assert version.startswith("tfperf ") and f"TensorFlow {tf_version}" in version and "Python 3." in version
+    commands = re.search(r"\{([\w,]+)\}", env.run(tfperf, "--help", cwd=user).stdout)[1].split(",")
+    assert {"doctor", "export", "predict", "inspect", "load", "serve"} <= set(commands)
+    # Each command's --help through the console script's own entry point, in one interpreter (a second each saved).
+    helps = env.run(env.python, "-c", HELPS, *commands, cwd=user).stdout.split("\0")
+    assert len(helps) == len(commands) and all(h.startswith("usage: tfperf ") for h in helps), helps
+
+    # A command that needs an extra not installed: one line naming it, exit 2, nothing written.
+    for argv, extra in ((["serve", "small.keras"], "serve"), (["load", "small.keras", "--quick"], "serve"),
+                        (["export", "small.keras", "--format", "onnx", "--root", "exports"], "onnx")):
+        refused = env.run(tfperf, *argv, cwd=user, check=False)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert f"pip install 'tfperf[{extra}]'" in refused.stderr and "Traceback" not in refused.stderr
+        ours = [line for line in refused.stderr.splitlines() if line.startswith("tfperf")]  # not TF's own logs
+        assert len(ours) == 1 and ours[0].startswith(f"tfperf {argv[0]}: error: "), refused.stderr
+    assert not (user / "exports").exists() and not (user / "load").exists()
+
+    doctor = env.run(tfperf, "doctor", "small.keras", "--quick", cwd=user)
+    assert "Advice" in doctor.stdout or "none measurably faster" in doctor.stdout
+    report = (user / "doctor" / "small" / "report.md").read_text()
+    # The optional parts it could not use are listed with the extra that brings them, not silently left out.
+    for extra in ("onnx", "litert", "profile", "report"):
+        assert f"pip install 'tfperf[{extra}]'" in report, extra
+
+    env.run(tfperf, "export", "small.keras", "--root", "exports", cwd=user)
+    env.run(tfperf, "predict", "exports/small/1", "--input", "rows.npz", "--output", "out.npz", cwd=user)
+    assert "signature 'serving_default'" in env.run(tfperf, "inspect", "exports/small/1", cwd=user).stdout
+    if pins is LOWEST:
+        return
+    # With the extras a user adds, what was refused runs: an ONNX export, and the report's charts and HTML.
+    env.pip(f"{env.wheel}[onnx,report]")
+    env.run(tfperf, "export", "small.keras", "--format", "onnx", "--root", "exports", cwd=user)
+    assert (user / "exports" / "small" / "2" / "model.onnx").exists()
+    env.run(tfperf, "report", "doctor/small", cwd=user)
+    assert (user / "doctor" / "small" / "report.html").exists()

@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # horovodrun starts `python` from PATH: it must be this environment's.
 RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: install browser report test clean
+.PHONY: install browser report test docs wheel clean
 
 install: $(STAMP)
 
@@ -33,5 +33,14 @@ browser:
 test: install browser
 	$(RUN) $(BIN)/python -m pytest -q
 
+# The documentation site, built strictly (a broken link or API reference fails it): open site/index.html.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The package as a user installs it: pip install dist/tfperf-*.whl into any environment with TensorFlow.
+wheel: install
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	rm -rf build
+
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) results site dist

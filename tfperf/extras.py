@@ -7,6 +7,9 @@ comes as extras named for what they enable (pyproject.toml lists them): `tfperf[
 from __future__ import annotations
 
 import importlib.util
+import re
+import shlex
+from importlib import metadata
 
 from tfperf.flags import UserError
 
@@ -39,8 +42,20 @@ HOROVOD = ("Horovod is not installed: it is built from source against your Tenso
            "in tfperf's repository (docs: Horovod)")
 
 
+# Packages released with each TensorFlow minor, each requiring that TensorFlow.
+FOLLOW_TENSORFLOW = ("tensorflow-serving-api", "tf-keras")
+
+
 class MissingExtra(UserError):
     """An optional part that is not installed: one line naming the extra to install (exit 2 in the CLI)."""
+
+
+def _version(distribution: str) -> str | None:
+    """An installed distribution's version, or None."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def installed(module: str) -> bool:
@@ -57,8 +72,19 @@ def missing(extra: str) -> list[str]:
 
 
 def install_line(extra: str) -> str:
-    """The command that installs an extra into the environment tfperf runs in."""
-    return f"pip install 'tfperf[{extra}]'"
+    """The command that installs an extra's packages into the environment tfperf runs in, read from the installed
+    distribution's own metadata (tfperf is installed from a clone or a wheel, so `tfperf[extra]` names no index)."""
+    declared = (metadata.requires("tfperf") or []) if _version("tfperf") else []  # None: a source tree
+    specs = [r.split(";")[0].strip() for r in declared if re.search(rf"extra\s*==\s*['\"]{extra}['\"]", r)]
+    if not specs:
+        return f"pip install 'tfperf[{extra}]'"
+    # These release with TensorFlow and require their own version of it: the newest would upgrade the user's TF.
+    tf = _version("tensorflow")
+    if tf:
+        minor = ".".join(tf.split(".")[:2])
+        specs = [f"{name}=={minor}.*" if (name := re.split(r"[<>=\[]", s)[0]) in FOLLOW_TENSORFLOW else s
+                 for s in specs]
+    return f"pip install {' '.join(shlex.quote(s) for s in specs)} (tfperf's [{extra}] extra)"
 
 
 def message(module: str, needed_for: str | None = None) -> str | None:

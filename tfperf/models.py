@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import keras
 import numpy as np
@@ -98,7 +99,8 @@ def _builder(name: str):
 
 
 def get_net(
-    name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None, keras_module=None
+    name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None,
+    keras_module: ModuleType | None = None,
 ) -> keras.Model:
     """Build the named model, uncompiled, with float32 logits whatever the dtype policy.
 

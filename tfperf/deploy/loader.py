@@ -139,6 +139,13 @@ class Subject:
         """True when the model leaves a size of some input free."""
         return any(i.free for i in self.inputs)
 
+    @property
+    def free_axes(self) -> str | None:
+        """What the free sizes are to a reader: an image's "height and width" (inputs of rank 3 with free
+        axes), else a "sequence length"; None when every size is fixed."""
+        ranks = {len(i.declared) for i in self.inputs if i.free}
+        return None if not ranks else "height and width" if ranks == {3} else "sequence length"
+
     def function(self, batch: int | None = None):
         """The model as a tf.function of its inputs, flat and named, returning its outputs by name."""
         import tensorflow as tf

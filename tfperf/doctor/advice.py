@@ -32,6 +32,7 @@ class Diagnosis:
     input_check: Any = None  # pipeline.InputCheck, with --data
     batch_fit: Any = None  # profile.BatchFit, with --memory-budget
     lengths: Any = None  # lengths.LengthSweep, for a model whose sequence axis is free
+    shapes: Any = None  # shapes.ShapesFound, with --shapes
     serving: str | None = None  # the serving answer within a latency budget, with --serve
     scaling: str | None = None  # the predicted speedup on hosts, with --hosts
 
@@ -129,6 +130,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines += [d.batch_fit.describe(), ""]
     if d.lengths is not None:
         lines += ["## Sequence length", "", d.lengths.advice(), ""]
+    if d.shapes is not None:
+        lines += ["## New shapes", "", d.shapes.describe(), ""]
     lines += ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")

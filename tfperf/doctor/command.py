@@ -76,6 +76,12 @@ def add_command(sub) -> None:
                    help="skip the experiments that would start after this many seconds (default: none; "
                         f"--quick {QUICK_GOAL_S - 30})")
     p.add_argument("--no-threads", action="store_true", help="skip the thread-pool sweep (it starts processes)")
+    p.add_argument("--shapes", action="store_true",
+                   help="why is the first call slow at every new shape: call the model at new batch sizes (and new "
+                        "heights and widths, or lengths, where it leaves them free) through predict(), predict() with "
+                        "XLA, tf.function, XLA and its SavedModel; traces and XLA compiles counted, the first call and "
+                        "the steady time, beside input_signature, reduce_retracing and bucket padding (a process of "
+                        "its own; about a minute for a small model)")
     p.add_argument("--serve", action="store_true",
                    help="also answer the serving question: requests/s within --latency-budget, and the configuration "
                         "(runtime, threads, instances, batching) that gives the most (tfperf load's search)")
@@ -93,7 +99,8 @@ def add_command(sub) -> None:
     p.add_argument("--trust", action="store_true",
                    help="load a model that would run code on load (Keras lambdas, ops off the allowlist) knowingly")
     # Internal: a thread-sweep process (its thread pools are fixed when TensorFlow starts).
-    p.add_argument("--role", choices=["threads"], help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=["threads", "shapes"], help=argparse.SUPPRESS)
+    p.add_argument("--xla-dump", help=argparse.SUPPRESS)  # the shapes process: where XLA writes what it compiles
     p.add_argument("--intra", type=flags.positive_int, help=argparse.SUPPRESS)
     p.add_argument("--inter", type=flags.positive_int, help=argparse.SUPPRESS)
     p.add_argument("--child-memory-limit", type=int, help=argparse.SUPPRESS)
@@ -174,6 +181,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if args.role == "threads":
             args.batch_sizes = args.batch_sizes or [1]
             return serve_thread_timers(args)
+        if args.role == "shapes":
+            from tfperf.doctor.shapes import serve_shapes
+
+            return serve_shapes(args)
         if args.train and not args.loss:
             raise UserError("--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)")
         if args.loss and not args.train:
@@ -219,7 +230,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             threads=not args.no_threads, quick=args.quick,
             budget_s=args.budget or (QUICK_GOAL_S - 30 if args.quick else None), seed=args.seed, sample=sample,
             sample_path=args.sample, trust=args.trust, input_shapes=shapes, profile=not args.no_profile,
-            memory_budget=args.memory_budget)
+            memory_budget=args.memory_budget, shapes=args.shapes)
         # What can be refused is refused before anything is measured or written.
         if args.train:
             loss = training_loss(args.loss, args.from_logits)

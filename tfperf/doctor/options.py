@@ -58,6 +58,7 @@ class Options:
     trust: bool = False
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     profile: bool = True  # the profile pass: traces of measured variants, read through XProf
+    shapes: bool = False  # the first call at new sizes, per way of calling the model (a process of its own)
     data: Any = None  # pipeline.UserData: the user's tf.data pipeline to train on (--data)
     memory_budget: int | None = None  # bytes: find the largest batch within them (--memory-budget)
 

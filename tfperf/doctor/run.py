@@ -27,6 +27,7 @@ from tfperf.doctor.options import RECIPE, Finding, Options
 from tfperf.doctor.pipeline import input_pipeline
 from tfperf.doctor.profile import ProfilePass
 from tfperf.doctor.retracing import retracing
+from tfperf.doctor.shapes import shapes
 from tfperf.doctor.threads import thread_batches, threads
 from tfperf.doctor.lengths import length_sweep
 from tfperf.doctor.training import training
@@ -36,7 +37,7 @@ def plan(subject: Subject, options: Options) -> list[str]:
     """The steps a run takes, in order (for a progress bar)."""
     batches = [b for b in options.batch_sizes if subject.fixed_batch in (None, b)] or [subject.fixed_batch]
     steps = ["the model", *[f"inference at batch {b}" for b in batches]]
-    if subject.free:
+    if subject.free_axes == "sequence length":
         steps.append("sequence length")
     if options.threads:
         steps += [f"threads at batch {b}" for b in thread_batches(subject, options)]
@@ -46,6 +47,8 @@ def plan(subject: Subject, options: Options) -> list[str]:
         steps.append("training")
     if options.memory_budget:
         steps.append("memory budget")
+    if options.shapes:
+        steps.append("new shapes")
     return [*steps, "retracing"]
 
 
@@ -80,7 +83,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
 
     sections: list[tuple[str, Callable[[], tuple[list[Finding], dict]]]] = [
         ("inference", lambda: inference(subject, rec, options, workdir, progress, facts, profiler))]
-    if subject.free:  # a Transformer's cost grows with its requests' lengths: how, and from where attention leads
+    if subject.free_axes == "sequence length":  # a Transformer's cost grows with its requests' lengths
         sections.append(("sequence length", lambda: keep("sequence length", length_sweep(
             subject, rec, options, progress))))
     if options.threads:
@@ -96,6 +99,8 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     if options.memory_budget:
         sections.append(("memory budget", lambda: keep("memory budget", memory_budget(
             subject, options, progress, traces / "memory-budget"))))
+    if options.shapes:  # asked for: before the budget's last minutes go to the pitfalls
+        sections.append(("new shapes", lambda: keep("new shapes", shapes(subject, rec, options, progress))))
     sections.append(("retracing", lambda: (progress("retracing"), retracing(subject, rec, options))[1]))
     for name, run in sections:
         spent = time.perf_counter() - started
@@ -112,6 +117,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     return Diagnosis(subject, rec, findings, skipped, facts, time.perf_counter() - started, took,
                      profiles=profiler.found if profiler else [], peaks=profiler.peaks if profiler else {},
                      profile_s=profiler.took_s if profiler else 0.0, input_check=found.get("input pipeline"),
-                     batch_fit=found.get("memory budget"), lengths=found.get("sequence length"))
+                     batch_fit=found.get("memory budget"), lengths=found.get("sequence length"),
+                     shapes=found.get("new shapes"))
 
 

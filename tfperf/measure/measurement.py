@@ -165,14 +165,16 @@ def _time(seconds: float) -> str:
 
 
 def versus(baseline: Measurement, candidate: Measurement, *, threshold: float = 0.0,
-           seed: int = 0) -> stats.Comparison:
+           seed: int = 0, statistic: str = "median") -> stats.Comparison:
     """How many times faster `candidate` is than `baseline` per item, with a bootstrap 95% CI and a verdict.
 
-    Measurements taken by the same `interleave` (the same rounds) are compared round by round.
+    Measurements taken by the same `interleave` (the same rounds) are compared round by round. `statistic="mean"`
+    compares their totals rather than their medians.
     """
     paired = baseline.rounds > 1 and baseline.rounds == candidate.rounds
     return stats.compare_times(baseline.per_item_s, candidate.per_item_s, names=(baseline.name, candidate.name),
-                               rounds=baseline.rounds if paired else None, threshold=threshold, seed=seed)
+                               rounds=baseline.rounds if paired else None, threshold=threshold, seed=seed,
+                               statistic=statistic)
 
 
 def one_after_another(measurements: Sequence[Measurement], *, name: str) -> Measurement:

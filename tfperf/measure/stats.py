@@ -87,8 +87,12 @@ def ratio_ci(
     confidence: float = 0.95,
     resamples: int = 2000,
     seed: int = 0,
+    statistic: str = "median",
 ) -> tuple[float, tuple[float, float]]:
     """median(baseline) / median(candidate), with a percentile-bootstrap confidence interval.
+
+    `statistic="mean"` compares totals instead: what a user pays over all the calls, where a few long ones (a
+    compile at two of six new sizes) matter and a median would hide them.
 
     With `rounds`, both sample sets were taken in that many interleaved rounds (round i of one beside
     round i of the other, equal samples per round): the bootstrap then draws whole rounds, the same
@@ -100,16 +104,17 @@ def ratio_ci(
     b = np.asarray(candidate, dtype=np.float64)
     if len(a) == 0 or len(b) == 0:
         raise ValueError("a ratio needs samples on both sides")
-    point = float(np.median(a) / np.median(b))
+    center = {"median": np.median, "mean": np.mean}[statistic]
+    point = float(center(a) / center(b))
     rng = np.random.default_rng(seed)
     if rounds is not None:
         ra, rb = _rounds(a, rounds), _rounds(b, rounds)
         picks = rng.integers(0, rounds, size=(resamples, rounds))
-        med_a = np.median(ra[picks].reshape(resamples, -1), axis=1)
-        med_b = np.median(rb[picks].reshape(resamples, -1), axis=1)
+        med_a = center(ra[picks].reshape(resamples, -1), axis=1)
+        med_b = center(rb[picks].reshape(resamples, -1), axis=1)
     else:
-        med_a = np.median(a[rng.integers(0, len(a), size=(resamples, len(a)))], axis=1)
-        med_b = np.median(b[rng.integers(0, len(b), size=(resamples, len(b)))], axis=1)
+        med_a = center(a[rng.integers(0, len(a), size=(resamples, len(a)))], axis=1)
+        med_b = center(b[rng.integers(0, len(b), size=(resamples, len(b)))], axis=1)
     ratios = med_a / med_b
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
@@ -174,6 +179,7 @@ class Comparison:
     units: int | None = None  # the rounds (paired) or the smaller side's samples the interval rests on
     # The times per item both sides were judged on (baseline, candidate), so that a record can be re-judged.
     samples: tuple[tuple[float, ...], tuple[float, ...]] | None = dataclasses.field(default=None, repr=False)
+    statistic: str = "median"  # what the ratio divides: medians, or means (totals)
 
     @property
     def too_few(self) -> bool:
@@ -212,14 +218,16 @@ def compare_times(
     rounds: int | None = None,
     threshold: float = 0.0,
     seed: int = 0,
+    statistic: str = "median",
 ) -> Comparison:
-    """Compare two sets of times (seconds per item): the candidate's speedup over the baseline."""
-    ratio, ci = ratio_ci(baseline, candidate, rounds=rounds, seed=seed)
+    """Compare two sets of times (seconds per item): the candidate's speedup over the baseline (by their
+    medians, or with `statistic="mean"` their totals)."""
+    ratio, ci = ratio_ci(baseline, candidate, rounds=rounds, seed=seed, statistic=statistic)
     units = rounds if rounds is not None else min(len(baseline), len(candidate))
     judged = verdict(ci, threshold=threshold) if units >= MIN_UNITS else NO_DIFFERENCE
     return Comparison(baseline=names[0], candidate=names[1], ratio=ratio, ci95=ci, verdict=judged,
                       paired=rounds is not None, threshold=threshold, units=units,
-                      samples=(tuple(map(float, baseline)), tuple(map(float, candidate))))
+                      samples=(tuple(map(float, baseline)), tuple(map(float, candidate))), statistic=statistic)
 
 
 def geometric_mean(values: Sequence[float]) -> float:

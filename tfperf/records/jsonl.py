@@ -86,7 +86,8 @@ def compared_fields(c: Comparison) -> dict[str, Any]:
     fields = {"versus": c.baseline, "ratio": c.ratio, "ratio_ci95": list(c.ci95), "verdict": c.verdict}
     if c.samples is not None:
         fields["compared"] = {"baseline_per_item_s": list(c.samples[0]), "candidate_per_item_s": list(c.samples[1]),
-                              "rounds": c.units if c.paired else None, "threshold": c.threshold}
+                              "rounds": c.units if c.paired else None, "threshold": c.threshold,
+                              **({"statistic": c.statistic} if c.statistic != "median" else {})}
     return fields
 
 

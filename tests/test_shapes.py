@@ -1,0 +1,97 @@
+"""`tfperf doctor --shapes`: the first call at new sizes, per way of calling the model, with traces and XLA compiles
+counted from TensorFlow, proved on models whose retracing is known: a small CNN with free height and width, and a
+small Transformer with a free length. Each runs the experiment's own process (XLA dumps what it compiles there)."""
+
+import keras
+import numpy as np
+import pytest
+
+from tfperf.doctor.options import Options
+from tfperf.doctor.shapes import BUCKETS, PLAIN, RELAXED, SIGNATURE, cut_back, pad_to, shapes, signature_text
+from tfperf.records.jsonl import Recorder
+
+pytestmark = pytest.mark.slow
+
+
+def cnn() -> keras.Model:
+    """Free height and width, pooled: padding an image changes what the average sees."""
+    inputs = keras.Input((None, None, 3), name="image")
+    x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, keras.layers.Dense(3)(x))
+
+
+def transformer() -> keras.Model:
+    """Token ids of any length through an embedding and one attention block, an answer per position."""
+    ids = keras.Input((None,), dtype="int32", name="token_ids")
+    x = keras.layers.Embedding(50, 8)(ids)
+    x = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(x, x)
+    return keras.Model(ids, keras.layers.Dense(2)(x))
+
+
+def diagnosed(model: keras.Model, tmp_path):
+    from tfperf.deploy.loader import load_subject
+
+    keras.utils.set_random_seed(0)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    subject = load_subject(str(path))
+    rec = Recorder("doctor", {})
+    findings, skipped, found = shapes(subject, rec, Options(), lambda step: None)
+    assert not skipped, skipped
+    return subject, rec, findings, found
+
+
+def rows(rec: Recorder, table: str) -> dict:
+    return {r["row"]: r["metrics"] for r in rec.table(table)}
+
+
+def test_new_batch_sizes_and_image_sizes_are_counted_per_way_and_the_fixes_measured(tmp_path):
+    subject, rec, findings, found = diagnosed(cnn(), tmp_path)
+    assert [axis for axis, _, _ in found.axes] == ["batch", "height and width"]
+    for table in ("new shapes: batch", "new shapes: height and width"):
+        got = rows(rec, table)
+        # Known counts: a plain tf.function traces once per new shape, XLA compiles once per new shape; a None axis
+        # in the signature traces none; the restored signature is a concrete function; two buckets, two compiles.
+        assert (got[PLAIN]["traces"], got[PLAIN]["compiles"]) == (6, 0)
+        assert (got["tf.function, jit_compile=True"]["traces"], got["tf.function, jit_compile=True"]["compiles"]) == (6, 6)
+        assert (got[SIGNATURE]["traces"], got[SIGNATURE]["compiles"]) == (0, 0)
+        assert got[RELAXED]["traces"] <= 1 and got[RELAXED]["compiles"] == 0
+        assert (got["SavedModel, tf.saved_model.load"]["traces"], got["SavedModel, tf.saved_model.load"]["compiles"]) == (0, 0)
+        assert (got[BUCKETS]["traces"], got[BUCKETS]["compiles"]) == (0, 2)
+        assert got["predict(), compile(jit_compile=True)"]["compiles"] == 6 and got["predict()"]["compiles"] == 0
+        assert all(m["first_call_ms"] > 0 and m["steady_ms"] > 0 and m["new_sizes"] == 6 for m in got.values())
+    by_row = {(f.section, f.row): f for f in findings}
+    # Padded rows cut back are the same answers; padded pixels are not (the average sees the zeros).
+    assert by_row[("new shapes: batch", BUCKETS)].agrees
+    assert not by_row[("new shapes: height and width", BUCKETS)].agrees
+    assert "padding changes this model's answers" in by_row[("new shapes: height and width", BUCKETS)].note
+    signed = by_row[("new shapes: height and width", SIGNATURE)]
+    assert signed.baseline == PLAIN and signed.comparison.statistic == "mean" and signed.comparison.paired
+    assert "tf.TensorSpec([None, None, None, 3], tf.float32)" in signed.code
+    assert "6 traces" in found.describe() and "6 XLA compiles" in found.describe()
+
+
+def test_a_transformers_new_lengths_are_counted_and_padding_with_a_mask_free_model_is_checked(tmp_path):
+    subject, rec, findings, found = diagnosed(transformer(), tmp_path)
+    assert [axis for axis, _, _ in found.axes] == ["batch", "sequence length"]
+    got = rows(rec, "new shapes: sequence length")
+    assert (got[PLAIN]["traces"], got["tf.function, jit_compile=True"]["compiles"], got[BUCKETS]["compiles"]) == (6, 6, 2)
+    assert got[SIGNATURE]["traces"] == 0
+    # Attention without a mask sees the padded positions: the bucketed answers differ, and the doctor says so.
+    assert got[BUCKETS]["answers_differ_by"] > 1e-4
+    assert signature_text(subject) == "[tf.TensorSpec([None, None], tf.int32)]"
+
+
+def test_padding_goes_on_the_axis_that_varies_and_the_answer_is_cut_back():
+    from tfperf.deploy.loader import InputSpec
+
+    class Spec:
+        inputs = (InputSpec("image", "float32", (4, 4, 3), (None, None, 3)),)
+
+    flat = {"image": np.ones((2, 4, 4, 3), np.float32)}
+    assert pad_to(flat, Spec, "batch", 5)["image"].shape == (5, 4, 4, 3)
+    wide = pad_to(flat, Spec, "height and width", 6)["image"]
+    assert wide.shape == (2, 6, 6, 3) and wide[:, 4:].sum() == 0 and wide[:, :4, :4].sum() == 2 * 4 * 4 * 3
+    back = cut_back({"y": np.arange(10).reshape(5, 2)}, {"y": np.zeros((3, 2))})
+    assert back["y"].tolist() == [[0, 1], [2, 3], [4, 5]]

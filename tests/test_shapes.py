@@ -95,3 +95,45 @@ def test_padding_goes_on_the_axis_that_varies_and_the_answer_is_cut_back():
     assert wide.shape == (2, 6, 6, 3) and wide[:, 4:].sum() == 0 and wide[:, :4, :4].sum() == 2 * 4 * 4 * 3
     back = cut_back({"y": np.arange(10).reshape(5, 2)}, {"y": np.zeros((3, 2))})
     assert back["y"].tolist() == [[0, 1], [2, 3], [4, 5]]
+
+
+CUSTOM = '''
+import keras
+
+
+@keras.saving.register_keras_serializable(package="user")
+class Doubled(keras.layers.Layer):
+    def call(self, x):
+        return 2.0 * x
+
+
+def build():
+    inputs = keras.Input((6,), name="features")
+    return keras.Model(inputs, keras.layers.Dense(2)(Doubled()(inputs)))
+'''
+
+
+def test_load_time_cold_starts_each_form_in_fresh_processes_with_the_users_module(tmp_path, monkeypatch):
+    """`--load-time` on a module:factory model with a custom layer: each form is loaded in a fresh process that
+    imports the user's module first (its layer registers there), and import, load and first call are timed apart."""
+    from tfperf.deploy.loader import load_subject
+    from tfperf.doctor.loading import FORMS, load_times
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "usermodel.py").write_text(CUSTOM)
+    subject = load_subject("usermodel:build")
+    forms = {k: v for k, v in FORMS.items() if k.startswith((".keras", "ONNX"))}
+    rec = Recorder("doctor", {})
+    findings, skipped, found = load_times(subject, rec, Options(), tmp_path / "work", lambda step: None, runs=2,
+                                          forms=forms)
+    assert not skipped, skipped
+    got = {r["row"]: r["metrics"] for r in rec.table("load time")}
+    assert set(got) == set(forms)
+    keras_file = got[".keras file, keras.saving.load_model"]
+    # The .keras form imports TensorFlow in its process; ONNX Runtime's does not.
+    assert keras_file["import_s"] > got["ONNX Runtime, InferenceSession"]["import_s"]
+    assert all(m["load_s"] > 0 and m["first_call_ms"] > 0 and m["runs"] == 2 for m in got.values())
+    assert [f.baseline for f in findings] == [".keras file, keras.saving.load_model"]  # the form it was given in
+    assert "too few to judge" in findings[0].comparison.describe()  # 2 rounds: no verdict claimed
+    assert "ONNX Runtime, InferenceSession:" in found.describe()

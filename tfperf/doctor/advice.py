@@ -33,6 +33,7 @@ class Diagnosis:
     batch_fit: Any = None  # profile.BatchFit, with --memory-budget
     lengths: Any = None  # lengths.LengthSweep, for a model whose sequence axis is free
     shapes: Any = None  # shapes.ShapesFound, with --shapes
+    load_times: Any = None  # loading.LoadTimes, with --load-time
     serving: str | None = None  # the serving answer within a latency budget, with --serve
     scaling: str | None = None  # the predicted speedup on hosts, with --hosts
 
@@ -132,6 +133,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines += ["## Sequence length", "", d.lengths.advice(), ""]
     if d.shapes is not None:
         lines += ["## New shapes", "", d.shapes.describe(), ""]
+    if d.load_times is not None:
+        lines += ["## Load time", "", d.load_times.describe(), ""]
     lines += ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")

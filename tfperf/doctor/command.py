@@ -82,6 +82,10 @@ def add_command(sub) -> None:
                         "XLA, tf.function, XLA and its SavedModel; traces and XLA compiles counted, the first call and "
                         "the steady time, beside input_signature, reduce_retracing and bucket padding (a process of "
                         "its own; about a minute for a small model)")
+    p.add_argument("--load-time", action="store_true",
+                   help="why does my model take so long to load: a cold start (import, load, first call) of each form "
+                        "it can take (.keras, .h5, SavedModel through tf.saved_model.load and Keras, LiteRT, ONNX), "
+                        "each in fresh processes taking turns, 6 rounds (about 4 s a process where TensorFlow is imported)")
     p.add_argument("--serve", action="store_true",
                    help="also answer the serving question: requests/s within --latency-budget, and the configuration "
                         "(runtime, threads, instances, batching) that gives the most (tfperf load's search)")
@@ -230,7 +234,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             threads=not args.no_threads, quick=args.quick,
             budget_s=args.budget or (QUICK_GOAL_S - 30 if args.quick else None), seed=args.seed, sample=sample,
             sample_path=args.sample, trust=args.trust, input_shapes=shapes, profile=not args.no_profile,
-            memory_budget=args.memory_budget, shapes=args.shapes)
+            memory_budget=args.memory_budget, shapes=args.shapes, load_time=args.load_time)
         # What can be refused is refused before anything is measured or written.
         if args.train:
             loss = training_loss(args.loss, args.from_logits)

@@ -3,6 +3,7 @@ attention, several inputs in dicts and lists, several outputs, a SavedModel from
 Keras; retracing detected where it happens and only there; every bad input in one line with exit 2."""
 
 import json
+import os
 import sys
 import textwrap
 
@@ -425,6 +426,10 @@ def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, cap
     threads = [r for r in records if r["table"] == "threads at batch 8"]
     assert threads[0]["row"] == "default threads" and len(threads) >= 2
     assert all(r["timing"]["rounds"] >= 6 for r in threads)
+    # oneDNN off and OpenMP held to one thread, each in its process, with the cores each process kept busy.
+    rows = {r["row"]: r["metrics"] for r in threads}
+    assert {"oneDNN off (TF_ENABLE_ONEDNN_OPTS=0)", "OMP_NUM_THREADS=1", "intra 1, inter 1"} <= set(rows)
+    assert all(0 < m["cores_used"] <= os.cpu_count() * 1.2 for m in rows.values())
     line = one_line_error(capsys, [tmp_path / "small.keras", "--out", out], "already holds a doctor run")
     assert "tfperf compare" in line
     assert main(["compare", str(out / "doctor.jsonl"), str(out / "doctor.jsonl")]) == 0
@@ -526,3 +531,49 @@ def test_a_share_above_the_roof_is_named_a_defect_and_quick_measures_the_full_ro
     monkeypatch.setattr(tfperf.measure, "peak_matmul_flops_per_s", lambda *a, **k: sizes.append(a) or 1e11)
     inference.model_facts(load_subject("mlp"), quick=True)
     assert sizes == [()]  # the default sizes, up to 2048, at --quick too
+
+
+def test_the_thread_sweep_covers_counts_onednn_and_openmp_and_says_when_a_limit_did_not_take():
+    from tfperf.doctor.threads import cores_text, thread_configs
+
+    rows = [row for row, *_ in thread_configs(8)]
+    assert rows[:2] == ["default threads", "intra 1, inter 1"]
+    assert {"intra 2, inter 1", "intra 4, inter 1", "intra 8, inter 1", "intra 4, inter 2"} <= set(rows)
+    assert [env for row, _, _, env in thread_configs(2) if env] == [{"TF_ENABLE_ONEDNN_OPTS": "0"},
+                                                                    {"OMP_NUM_THREADS": "1"}]
+    assert "did not take effect" in cores_text(1.9, 2.0, limits=True)
+    assert "did not take effect" not in cores_text(1.0, 2.0, limits=True)
+    assert "did not take effect" not in cores_text(1.9, 2.0, limits=False)
+
+
+def test_a_timer_server_reports_the_cores_its_process_kept_busy():
+    """Two threads hashing in the child (hashlib lets go of the GIL on large buffers): its CPU time over the wall
+    time of the samples is about 2 cores; a timer that sleeps keeps none busy."""
+    import sys
+    import textwrap
+
+    from tfperf.measure import TimerServer
+
+    child = textwrap.dedent("""
+        import hashlib, threading, time
+        from tfperf.measure import Timer, serve_timers
+
+        block = bytes(1 << 20)
+
+        def spin(seconds=0.05):
+            end = time.perf_counter() + seconds
+            def work():
+                while time.perf_counter() < end:
+                    hashlib.sha256(block).digest()
+            helper = threading.Thread(target=work)
+            helper.start()
+            work()
+            helper.join()
+
+        serve_timers([Timer(spin, name="spin"), Timer(lambda: time.sleep(0.05), name="sleep")])
+    """)
+    with TimerServer([sys.executable, "-c", child]) as server:
+        server.timer("spin").take(6)
+        server.timer("sleep").take(6)
+        spinning, sleeping = server.cores_used("spin"), server.cores_used("sleep")
+    assert 1.3 < spinning <= 2.2 and sleeping < 0.3, (spinning, sleeping)

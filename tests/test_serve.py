@@ -420,7 +420,11 @@ def test_the_deploy_files_parse_with_each_serving_systems_own_schema(served, tmp
     batching = (out / "deploy/tfserving/batching_parameters.txt").read_text()
     assert "max_batch_size { value: 8 }" in batching and "batch_timeout_micros { value: 0 }" in batching
     command = (out / "deploy/tfserving/command.sh").read_text()
-    assert "--enable_batching" in command and "--tensorflow_intra_op_parallelism=2" in command
+    # The thread flags as measured: this SavedModel configuration ran TensorFlow's own pools (0: its own choice),
+    # and its best level within the budget had 4 requests in flight.
+    assert "--enable_batching" in command and "--tensorflow_intra_op_parallelism=0" in command
+    assert "--tensorflow_inter_op_parallelism=0" in command and "--rest_api_num_threads=4" in command
+    assert "# intra- and inter-op 0: TensorFlow's own pools" in command
     triton = text_format.Parse((out / "deploy/triton/model_repository/tiny/config.pbtxt").read_text(),
                                model_config_pb2.ModelConfig())
     assert triton.platform == "onnxruntime_onnx" and triton.max_batch_size == 16

@@ -169,6 +169,17 @@ def test_closed_loop_counts_latencies_and_failures():
     assert level.count == 0 and level.errors and "RuntimeError: no" in level.errors[0]
 
 
+def test_a_levels_server_cores_are_its_cpu_without_the_clients_and_unseen_for_an_endpoint_elsewhere():
+    from tfperf.measure.load import Window
+
+    windows = (Window(1.0, (0.001,)), Window(1.0, (0.001,)))
+    level = LoadLevel("concurrency 2", (0.001, 0.001), 2.0, windows, client_cpu_s=0.5, process_cpu_s=3.5)
+    assert level.server_cores == pytest.approx(1.5) and level.metrics()["server_cores_used"] == pytest.approx(1.5)
+    elsewhere = LoadLevel("concurrency 2", (0.001,), 2.0, windows, client_cpu_s=0.5, process_cpu_s=3.5,
+                          server_seen=False)
+    assert elsewhere.server_cores is None
+
+
 def fake_level(throughput, p99_s, label="c"):
     """A level with `throughput` requests in one second, every latency p99_s."""
     return LoadLevel(label, (p99_s,) * int(throughput), 1.0)
@@ -338,6 +349,10 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
     assert any(r["table"] == "validation" for r in records) and any(r["table"] == "configurations" for r in records)
     closed = [r for r in records if r["table"].startswith("closed loop")]
     assert closed and all(r["samples_s"] and r["metrics"]["p99_ci95_ms"] for r in closed)
+    # The server's CPU per level (its process's, the clients' apart), beside its rate; the echo's is not measured.
+    served = [r for r in closed if "echo" not in r["table"]]
+    assert served and all(0 < r["metrics"]["server_cores_used"] <= 2.5 * os.cpu_count() for r in served)
+    assert "server's cores busy" in report
     through = [r for r in records if r["table"] == "through a socket"]
     protocols = {(r["metrics"]["protocol"], r["metrics"].get("workers", 1)) for r in through}
     cores = os.cpu_count()

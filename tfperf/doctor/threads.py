@@ -11,15 +11,28 @@ from tfperf.doctor.options import MIN_GAIN, Finding, Options
 from tfperf.gpus import child_gpu_env
 
 
-def thread_configs(cores: int) -> list[tuple[str, int | None, int | None]]:
-    """(row, intra-op threads, inter-op threads): TensorFlow's default first, then one pool of 1 and of all
-    cores, and a split pool where there are cores to split."""
-    configs = [("default threads", None, None), ("intra 1, inter 1", 1, 1)]
-    if cores > 1:
-        configs.append((f"intra {cores}, inter 1", cores, 1))
+def thread_configs(cores: int) -> list[tuple[str, int | None, int | None, dict[str, str]]]:
+    """(row, intra-op threads, inter-op threads, environment): TensorFlow's default first; one pool of 1, of each
+    power of two between, and of all cores; a split pool where there are cores to split; then TensorFlow's default
+    pools with oneDNN off, and with OpenMP held to one thread (it applies only where a build runs on OpenMP)."""
+    configs = [("default threads", None, None, {}), ("intra 1, inter 1", 1, 1, {})]
+    counts = [2 ** k for k in range(1, cores.bit_length()) if 2 ** k < cores] + ([cores] if cores > 1 else [])
+    configs += [(f"intra {n}, inter 1", n, 1, {}) for n in counts]
     if cores >= 4:
-        configs.append((f"intra {cores // 2}, inter 2", cores // 2, 2))
+        configs.append((f"intra {cores // 2}, inter 2", cores // 2, 2, {}))
+    configs.append(("oneDNN off (TF_ENABLE_ONEDNN_OPTS=0)", None, None, {"TF_ENABLE_ONEDNN_OPTS": "0"}))
+    configs.append(("OMP_NUM_THREADS=1", None, None, {"OMP_NUM_THREADS": "1"}))
     return configs
+
+
+# How each kind of setting is applied in the user's program: all are fixed when TensorFlow starts.
+APPLY = {
+    "TF_ENABLE_ONEDNN_OPTS": "export TF_ENABLE_ONEDNN_OPTS=0  # in the environment, before Python imports TensorFlow",
+    "OMP_NUM_THREADS": "export OMP_NUM_THREADS=1  # in the environment, before Python imports TensorFlow",
+}
+FRESH = ("fixed when TensorFlow starts: measured in a process of its own; in a running process it takes effect only "
+         "if set before TensorFlow runs its first op (tf.config.threading raises RuntimeError after) or, for an "
+         "environment variable, before TensorFlow is imported")
 
 
 def thread_batches(subject: Subject, options: Options) -> list[int]:
@@ -36,12 +49,13 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
     from tfperf.flags import available_memory
 
     configs = thread_configs(os.cpu_count() or 1)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **child_gpu_env([])}
     batches = thread_batches(subject, options)
     free = available_memory()  # the children run side by side: each may take its share, and stops itself past it
     ceiling = ["--child-memory-limit", str(int(MEMORY_SHARE * free / len(configs)))] if free else []
     processes = []
     try:
-        for row, intra, inter in configs:  # started side by side; each says when it is ready
+        for row, intra, inter, extra_env in configs:  # started side by side; each says when it is ready
             argv = [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "threads",
                     "--batch-sizes", ",".join(map(str, batches)), "--seed", str(options.seed),
                     *[a for name, shape in options.input_shapes.items()
@@ -56,27 +70,46 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
             if intra is not None:
                 argv += ["--intra", str(intra), "--inter", str(inter)]
             # Thread pools are the CPU's: the sweep runs without GPUs, beside the GPU the parent holds.
-            processes.append(TimerServer(argv, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **child_gpu_env([])}))
+            processes.append(TimerServer(argv, env={**env, **extra_env}))
         findings = []
         for batch in batches:
             progress(f"threads at batch {batch}")
-            timers = [process.timer(f"batch {batch}", name=row) for (row, _, _), process in zip(configs, processes)]
+            timers = [process.timer(f"batch {batch}", name=row) for (row, *_), process in zip(configs, processes)]
+            by_row = {t.name: t for t in timers}
             table = f"threads at batch {batch}"
+            # Beside each setting, the cores its process kept busy: a setting that does not take effect shows.
             raced = race_table(rec, table, timers, metrics=lambda m, _: {
                 "ms_per_call": m.median_s * 1e3, "p99_ms": m.p99_s * 1e3, "rows_per_s": m.items_per_s,
-                "batch": batch}, primary="ms_per_call" if batch == 1 else "rows_per_s", lower_is_better=batch == 1,
+                "cores_used": by_row[m.name].cores_used(), "batch": batch},
+                primary="ms_per_call" if batch == 1 else "rows_per_s", lower_is_better=batch == 1,
                 rounds=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
                 min_time_s=options.min_time_s, seed=options.seed)
-            for row, intra, inter in configs[1:]:
+            default_cores = by_row[configs[0][0]].cores_used()
+            for row, intra, inter, extra_env in configs[1:]:
+                used = by_row[row].cores_used()
+                code = (APPLY[next(iter(extra_env))] if extra_env else
+                        f"tf.config.threading.set_intra_op_parallelism_threads({intra}); "
+                        f"tf.config.threading.set_inter_op_parallelism_threads({inter})  # before TensorFlow runs an op")
                 findings.append(Finding(
-                    table, row, configs[0][0], raced.comparisons[row],
-                    f"tf.config.threading.set_intra_op_parallelism_threads({intra}); "
-                    f"tf.config.threading.set_inter_op_parallelism_threads({inter})  # before TensorFlow runs an op",
-                    "process-wide; a server running several models side by side divides the cores between them"))
+                    table, row, configs[0][0], raced.comparisons[row], code,
+                    f"{cores_text(used, default_cores, limits=bool(extra_env.get('OMP_NUM_THREADS')) or intra == 1)}"
+                    f"; {FRESH}; process-wide: a server running several models side by side divides the cores "
+                    f"between them"))
         return findings, {}
     finally:
         for process in processes:
             process.close()
+
+
+def cores_text(used: float | None, default: float | None, *, limits: bool) -> str:
+    """The cores a setting's process kept busy beside the default's, and whether a setting meant to hold it to
+    fewer took effect."""
+    if used is None or default is None:
+        return "cores used not measured"
+    said = f"its process kept {used:.1f} cores busy (the default {default:.1f})"
+    if limits and default > 1.2 and used > 0.9 * default:
+        said += ": this setting did not take effect here"
+    return said
 
 
 def serve_thread_timers(args) -> int:

@@ -69,6 +69,7 @@ class LoadLevel:
     client_cpu_s: float = 0.0  # CPU time the clients' threads used over the measured windows
     process_cpu_s: float = 0.0  # CPU time of the process (and of a server process, if any) over the same time
     errors: tuple[str, ...] = ()  # why requests failed (the first few), if any did
+    server_seen: bool = True  # the server's CPU is in process_cpu_s (in this process, or a process of this machine)
 
     @property
     def count(self) -> int:
@@ -87,6 +88,15 @@ class LoadLevel:
         return quantile_ci(self.latencies_s, p / 100) if self.latencies_s else (math.inf, math.inf)
 
     @property
+    def server_cores(self) -> float | None:
+        """The cores the server kept busy while the level ran: the CPU time of this process (and of a server
+        process, if any) that the clients did not use, over the measured windows' wall time."""
+        wall = sum(w.seconds for w in self.windows)
+        if not (self.server_seen and wall > 0 and self.process_cpu_s):
+            return None  # an endpoint elsewhere: its CPU is not seen from here
+        return max(self.process_cpu_s - self.client_cpu_s, 0.0) / wall
+
+    @property
     def client_share(self) -> float:
         """The clients' share of the CPU time this process (and the server's, when apart) used while they ran (at
         most 1: the threads' clocks and the process's are read at slightly different moments)."""
@@ -95,7 +105,8 @@ class LoadLevel:
     def metrics(self) -> dict[str, Any]:
         """Figures for a record: throughput, percentiles in ms with their intervals, stability, client CPU."""
         found: dict[str, Any] = {"requests_per_s": self.throughput, "requests": self.count,
-                                 "stable": self.stable, "client_cpu_share": self.client_share}
+                                 "stable": self.stable, "client_cpu_share": self.client_share,
+                                 "server_cores_used": self.server_cores}
         for p in PERCENTILES:
             low, high = self.percentile_ci_s(p)
             found[f"p{p}_ms"] = self.percentile_s(p) * 1e3
@@ -109,7 +120,7 @@ class LoadLevel:
 def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float = 1.0, max_windows: int = 10,
                 warmup_s: float = 0.2, label: str | None = None,
                 server_cpu: Callable[[], float] | None = None,
-                sender_cpu: Callable[[], float] | None = None) -> LoadLevel:
+                sender_cpu: Callable[[], float] | None = None, server_seen: bool = True) -> LoadLevel:
     """N clients, each sending a request (`send(client)`, which returns when answered) and then the next.
 
     Measures in windows of `window_s` after `warmup_s`, until the last three agree (stable) or
@@ -117,7 +128,7 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
     A request that raises is counted as an error, not a latency. `server_cpu`: the CPU seconds of a
     server in another process, so far (its share is counted with this process's). `sender_cpu`: the CPU
     seconds so far of a thread the clients hand their requests to (an event loop that sends them), counted as
-    the clients'.
+    the clients'. `server_seen`: False for an endpoint elsewhere, whose CPU this process cannot see.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
@@ -175,4 +186,4 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
     return LoadLevel(label or f"concurrency {concurrency}", tuple(lat for w in used for lat in w.latencies_s),
                      sum(w.seconds for w in used), tuple(windows), ok,
                      client_cpu_s=(sum(cpu) * measured / total if total > 0 else 0.0) + sent,
-                     process_cpu_s=cpu_end - cpu_begin, errors=tuple(errors))
+                     process_cpu_s=cpu_end - cpu_begin, errors=tuple(errors), server_seen=server_seen)

@@ -137,6 +137,7 @@ class TimerServer:
         self._answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_answers, daemon=True).start()
         self._ready: dict[str, dict] | None = None
+        self._used: dict[str, list[float]] = {}  # per timer: the process's CPU seconds and wall seconds taking it
         self.result: Any = None  # what the process replied after `quit` (its last reply), once closed
 
     def timer(self, remote: str, name: str | None = None, *, peers: Sequence[TimerServer] = ()) -> RemoteTimer:
@@ -180,9 +181,31 @@ class TimerServer:
         raise ChildError(f"{self.name} exited with {self.proc.returncode}: {tail or 'no output'}")
 
     def take(self, name: str, samples: int) -> list[float]:
-        """`samples` samples of the timer `name`, taken in the process while this one waits."""
+        """`samples` samples of the timer `name`, taken in the process while this one waits; the process's CPU
+        time meanwhile is added to what `cores_used` reports."""
+        cpu, wall = self._cpu_s(), time.perf_counter()
         self.ask(name, samples)
-        return self.samples()
+        taken = self.samples()
+        used = self._used.setdefault(name, [0.0, 0.0])
+        used[0] += self._cpu_s() - cpu
+        used[1] += time.perf_counter() - wall
+        return taken
+
+    def cores_used(self, name: str) -> float | None:
+        """The cores the process kept busy while it took the samples of `name`: its CPU time (every thread's)
+        over the wall time; what a thread setting actually did, whatever it asked for. None before any sample."""
+        cpu, wall = self._used.get(name, (0.0, 0.0))
+        return cpu / wall if wall > 0 else None
+
+    def _cpu_s(self) -> float:
+        """The child's CPU time so far, user and system, all threads."""
+        import psutil
+
+        try:
+            times = psutil.Process(self.proc.pid).cpu_times()
+        except psutil.Error:  # it has ended: what `samples` reports
+            return 0.0
+        return times.user + times.system
 
     def ask(self, name: str, samples: int) -> None:
         """Ask for `samples` samples of the timer `name` without waiting for them (see `samples`)."""
@@ -284,6 +307,10 @@ class RemoteTimer:
 
     def take(self, samples: int) -> list[float]:
         return self.process.take(self.remote, samples)
+
+    def cores_used(self) -> float | None:
+        """The cores its process kept busy while sampling (a TimerServer's; None for a cluster)."""
+        return self.process.cores_used(self.remote) if isinstance(self.process, TimerServer) else None
 
     def overhead_s(self) -> float | None:
         return self._overhead_s

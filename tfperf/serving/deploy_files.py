@@ -57,17 +57,37 @@ def config_pbtxt(config: dict[str, Any]) -> str:
     return text_format.MessageToString(json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
 
-def tfserving_files(name: str, base_path: str, config: ServingConfig, intra_op_threads: int,
-                    inter_op_threads: int = 1, port: int = 8500, rest_port: int = 8501) -> dict[str, str]:
+def tfserving_threads(config: ServingConfig, concurrency: int | None) -> tuple[dict[str, int], list[str]]:
+    """TF Serving's thread flags as measured, each with where its value came from: the intra-op threads of the
+    SavedModel configuration (0, TensorFlow's own choice, where its default pools were what ran), the inter-op
+    threads as they ran (tfperf serve sets one pool of 1 where it sets the intra-op threads, else TensorFlow's own),
+    and REST threads for the requests in flight at the best level within the budget."""
+    flags, why = {}, []
+    if config.threads is None:
+        flags["tensorflow_intra_op_parallelism"] = flags["tensorflow_inter_op_parallelism"] = 0
+        why.append("intra- and inter-op 0: TensorFlow's own pools, the ones this configuration ran with when it was "
+                   "measured (with --server-process, tfperf load also measures counts of its own)")
+    else:
+        flags["tensorflow_intra_op_parallelism"] = config.threads
+        flags["tensorflow_inter_op_parallelism"] = 1
+        why.append(f"intra-op {config.threads}, inter-op 1: the pools the measured server process ran with")
+    if concurrency:
+        flags["rest_api_num_threads"] = concurrency
+        why.append(f"REST threads {concurrency}: the requests in flight at the best level within the budget")
+    return flags, why
+
+
+def tfserving_files(name: str, base_path: str, config: ServingConfig, concurrency: int | None = None,
+                    port: int = 8500, rest_port: int = 8501) -> dict[str, str]:
     """TF Serving's models.config, batching_parameters.txt (when the configuration batches) and the
-    tensorflow_model_server command line that serves them with the threads measured best."""
+    tensorflow_model_server command line that serves them with the threads that were measured (`tfserving_threads`),
+    each flag's source said in a comment."""
     models = (f"model_config_list {{\n  config {{\n    name: \"{name}\"\n    base_path: \"{base_path}\"\n"
               f"    model_platform: \"tensorflow\"\n  }}\n}}\n")
     files = {"models.config": models}
+    threads, why = tfserving_threads(config, concurrency)
     command = ["tensorflow_model_server", f"--port={port}", f"--rest_api_port={rest_port}",
-               "--model_config_file=models.config",
-               f"--tensorflow_intra_op_parallelism={intra_op_threads}",
-               f"--tensorflow_inter_op_parallelism={inter_op_threads}"]
+               "--model_config_file=models.config", *[f"--{k}={v}" for k, v in threads.items()]]
     batching = config.batching
     if batching is not None:
         sizes = "".join(f"allowed_batch_sizes {{ value: {s} }}\n" for s in batching.allowed_batch_sizes)
@@ -77,7 +97,7 @@ def tfserving_files(name: str, base_path: str, config: ServingConfig, intra_op_t
             f"num_batch_threads {{ value: {config.instances} }}\n"
             f"max_enqueued_batches {{ value: {batching.max_enqueued_batches} }}\n{sizes}")
         command += ["--enable_batching", "--batching_parameters_file=batching_parameters.txt"]
-    files["command.sh"] = " \\\n  ".join(command) + "\n"
+    files["command.sh"] = "".join(f"# {line}\n" for line in why) + " \\\n  ".join(command) + "\n"
     return files
 
 
@@ -135,8 +155,9 @@ def write_deploy(found, winner, exports: dict, out, *, name: str, cores: int, ra
               f"{winner.config.name}{measured}, is in ../serve.json: `tfperf serve MODEL --config serve.json`.", ""]
     saved = best_of(found, ("savedmodel",))
     if saved is not None and "savedmodel" in exports:
-        threads = saved.config.threads or cores
-        files = tfserving_files(name, str(Path(exports["savedmodel"]).resolve().parent), saved.config, threads)
+        best = saved.best_level(budget)
+        in_flight = int(best.label.split()[-1]) if best is not None and best.label.startswith("concurrency") else None
+        files = tfserving_files(name, str(Path(exports["savedmodel"]).resolve().parent), saved.config, in_flight)
         for file, text in files.items():
             atomic_write_text(folder / "tfserving" / file, text)
         other = "" if saved is winner else f" (the winner is {winner.config.name}: TF Serving runs SavedModels only)"

@@ -129,7 +129,8 @@ class Bench:
         level = closed_loop(lambda client: server(self.requests[next(counters[client]) % n]), concurrency,
                             window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
                             warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None),
-                            sender_cpu=getattr(server, "sender_cpu_s", None))
+                            sender_cpu=getattr(server, "sender_cpu_s", None),
+                            server_seen=self.endpoint is None or self.endpoint_cpu is not None)
         if before is not None and config is not None:
             self.splits[(config.name, level.label)] = scrape.split(before, scrape.snapshot(self.metrics_url))
         return level

@@ -152,11 +152,13 @@ def write_report(found: Found, out: Path) -> Path:
             continue
         split = any(found.splits.get((s.config.name, lv.label)) for lv in s.levels)
         lines += [f"**{s.config.name}**", "", "| clients | requests/s | p50 ms (95% CI) | p90 ms (95% CI) | "
-                  "p99 ms (95% CI) | stable | clients' CPU share |" + (f" {SPLIT_HEADER} |" if split else ""),
-                  "|---|---|---|---|---|---|---|" + ("---|" if split else "")]
+                  "p99 ms (95% CI) | stable | clients' CPU share | server's cores busy |"
+                  + (f" {SPLIT_HEADER} |" if split else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if split else "")]
         for lv in s.levels:
+            cores = "-" if lv.server_cores is None else f"{lv.server_cores:.2f}"
             lines.append(f"| {lv.label.split()[-1]} | {lv.throughput:.0f} | {_ci(lv, 50)} | {_ci(lv, 90)} | "
-                         f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {lv.client_share:.0%} |"
+                         f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {lv.client_share:.0%} | {cores} |"
                          + (f" {_split(found.splits.get((s.config.name, lv.label)), lv)} |" if split else ""))
         lines.append("")
     lines += _generator(found)

@@ -24,6 +24,7 @@ import numpy as np
 from tfperf import flags
 from tfperf.measure.processes import ChildError
 from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
+from tfperf.stacks import INSTALL, STACKS, backend_device, keras_module, stack_env
 
 # The technique: the backend is chosen before Keras is imported ---------------------------------------
 # "My model got slower after moving to Keras 3" is the most frequent performance complaint of the last
@@ -34,11 +35,6 @@ from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 #     KERAS_BACKEND=tensorflow python train.py      Keras 3 on TensorFlow (the default)
 #     KERAS_BACKEND=jax python train.py             Keras 3 on JAX
 # The same model code runs under each, with `import keras` (or `import tf_keras as keras` for Keras 2).
-STACKS = {
-    "Keras 2 (tf_keras)": {"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "tensorflow"},
-    "Keras 3, TensorFlow": {"KERAS_BACKEND": "tensorflow"},
-    "Keras 3, JAX": {"KERAS_BACKEND": "jax"},
-}
 SEQUENCE = (32, 8, 4)  # time steps, features, classes of the synthetic sequence task
 
 
@@ -63,12 +59,6 @@ def build(name: str, k):
 
 FIT, FIRST, PREDICT, LOSS, JIT = ("fit throughput", "first epoch (trace and compile)", "inference calls",
                                   "final loss after the same steps", "Keras 3 on TensorFlow: jit_compile")
-# How to install a stack that is missing (requirements.txt pins each; `make install` installs them all).
-INSTALL = {
-    "Keras 2 (tf_keras)": "pip install tf-keras==2.21.0",
-    "Keras 3, TensorFlow": "pip install 'tensorflow==2.21.*' 'keras==3.*'",
-    "Keras 3, JAX": "pip install 'jax[cpu]==0.10.2'",
-}
 MODELS = ("cnn", "lstm")
 BATCH = 128
 # Same weights, same batches in the same order: the stacks' losses differ only by floating-point
@@ -99,10 +89,7 @@ def sequence_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def serve_stack(stack: str, work: Path, calls: int, seed: int) -> None:
     """A stack's process: builds each model from the shared weights, serves its timers (fit epochs, predict()
     and model(x)), and after `quit` replies with each model's first epoch, jit_compile and final loss."""
-    if STACKS[stack].get("TF_USE_LEGACY_KERAS"):
-        import tf_keras as k
-    else:
-        import keras as k
+    k = keras_module(stack)
     from tfperf.measure import Timer, serve_timers
     from tfperf.measure.processes import reply
     from tfperf.train import fit_epochs
@@ -147,18 +134,6 @@ def serve_stack(stack: str, work: Path, calls: int, seed: int) -> None:
                  for name, (model, x_test, y_test, found) in models.items()}), flush=True)
 
 
-def backend_device(k) -> str:
-    """Where this Keras' backend runs its ops by default: "gpu" or "cpu" (a comparison across devices is not
-    a comparison of backends)."""
-    if getattr(k, "backend", None) is not None and hasattr(k.backend, "backend") and k.backend.backend() == "jax":
-        import jax
-
-        return jax.default_backend()
-    import tensorflow as tf
-
-    return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
-
-
 def add_flags(p) -> None:
     p.add_argument("--rounds", type=flags.positive_int, help="rounds in which every stack takes its turn")
     p.add_argument("--epochs", type=flags.positive_int, help="timed epochs per model and stack in each round")
@@ -186,9 +161,7 @@ def start_stack(stack: str, args, work: Path):
     """One stack's process, with its environment: a TimerServer of its timers."""
     from tfperf.measure import TimerServer
 
-    env = {**os.environ, **STACKS[stack]}
-    if "TF_USE_LEGACY_KERAS" not in STACKS[stack]:
-        env.pop("TF_USE_LEGACY_KERAS", None)
+    env = stack_env(stack)
     argv = [sys.executable, __file__, "--role", "stack", "--stack", stack, "--work", work, "--calls", args.calls,
             "--seed", args.seed]
     return TimerServer(argv, env=env, name=f"the {stack} process")

@@ -34,6 +34,7 @@ class Diagnosis:
     lengths: Any = None  # lengths.LengthSweep, for a model whose sequence axis is free
     shapes: Any = None  # shapes.ShapesFound, with --shapes
     load_times: Any = None  # loading.LoadTimes, with --load-time
+    stacks: Any = None  # keras_stacks.StacksFound, with --keras-stacks
     serving: str | None = None  # the serving answer within a latency budget, with --serve
     scaling: str | None = None  # the predicted speedup on hosts, with --hosts
 
@@ -135,6 +136,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines += ["## New shapes", "", d.shapes.describe(), ""]
     if d.load_times is not None:
         lines += ["## Load time", "", d.load_times.describe(), ""]
+    if d.stacks is not None:
+        lines += ["## Keras stacks", "", d.stacks.describe(), ""]
     lines += ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")

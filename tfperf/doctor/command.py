@@ -86,6 +86,11 @@ def add_command(sub) -> None:
                    help="why does my model take so long to load: a cold start (import, load, first call) of each form "
                         "it can take (.keras, .h5, SavedModel through tf.saved_model.load and Keras, LiteRT, ONNX), "
                         "each in fresh processes taking turns, 6 rounds (about 4 s a process where TensorFlow is imported)")
+    p.add_argument("--keras-stacks", action="store_true",
+                   help="why is my model slower on Keras 3: the model under Keras 2 (tf_keras), Keras 3 on TensorFlow "
+                        "and Keras 3 on JAX, each in its own process from the same weights (needs --loss): first "
+                        "epoch, fit throughput, predict() and model(x), and one training step split into forward, "
+                        "loss, gradient and optimizer update, each timed on its own")
     p.add_argument("--serve", action="store_true",
                    help="also answer the serving question: requests/s within --latency-budget, and the configuration "
                         "(runtime, threads, instances, batching) that gives the most (tfperf load's search)")
@@ -191,8 +196,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             return serve_shapes(args)
         if args.train and not args.loss:
             raise UserError("--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)")
-        if args.loss and not args.train:
-            raise UserError("--loss is for the training experiments: add --train")
+        if args.loss and not (args.train or args.keras_stacks):
+            raise UserError("--loss is for the training experiments: add --train (or --keras-stacks)")
+        if args.keras_stacks and not args.loss:
+            raise UserError("--keras-stacks trains the model under each Keras: give --loss (a Keras loss name such as "
+                            "sparse_categorical_crossentropy)")
         if args.data and not args.train:
             raise UserError("--data is what the training experiments train on: add --train --loss LOSS")
         if args.latency_budget and not args.serve:
@@ -234,9 +242,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             threads=not args.no_threads, quick=args.quick,
             budget_s=args.budget or (QUICK_GOAL_S - 30 if args.quick else None), seed=args.seed, sample=sample,
             sample_path=args.sample, trust=args.trust, input_shapes=shapes, profile=not args.no_profile,
-            memory_budget=args.memory_budget, shapes=args.shapes, load_time=args.load_time)
+            memory_budget=args.memory_budget, shapes=args.shapes, load_time=args.load_time,
+            keras_stacks=args.keras_stacks)
         # What can be refused is refused before anything is measured or written.
-        if args.train:
+        if args.loss:
             loss = training_loss(args.loss, args.from_logits)
             if args.data:
                 options.data = load_data(args.data, subject, loss, options.train_examples)

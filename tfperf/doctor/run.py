@@ -29,6 +29,7 @@ from tfperf.doctor.profile import ProfilePass
 from tfperf.doctor.retracing import retracing
 from tfperf.doctor.shapes import shapes
 from tfperf.doctor.threads import thread_batches, threads
+from tfperf.doctor.keras_stacks import keras_stacks
 from tfperf.doctor.lengths import length_sweep
 from tfperf.doctor.loading import load_times
 from tfperf.doctor.training import training
@@ -52,6 +53,8 @@ def plan(subject: Subject, options: Options) -> list[str]:
         steps.append("new shapes")
     if options.load_time:
         steps.append("load time")
+    if options.keras_stacks:
+        steps.append("keras stacks")
     return [*steps, "retracing"]
 
 
@@ -106,6 +109,9 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
         sections.append(("new shapes", lambda: keep("new shapes", shapes(subject, rec, options, progress))))
     if options.load_time:
         sections.append(("load time", lambda: keep("load time", load_times(subject, rec, options, workdir, progress))))
+    if options.keras_stacks:
+        sections.append(("keras stacks", lambda: keep("keras stacks", keras_stacks(subject, rec, options, workdir,
+                                                                                   progress))))
     sections.append(("retracing", lambda: (progress("retracing"), retracing(subject, rec, options))[1]))
     for name, run in sections:
         spent = time.perf_counter() - started
@@ -123,6 +129,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
                      profiles=profiler.found if profiler else [], peaks=profiler.peaks if profiler else {},
                      profile_s=profiler.took_s if profiler else 0.0, input_check=found.get("input pipeline"),
                      batch_fit=found.get("memory budget"), lengths=found.get("sequence length"),
-                     shapes=found.get("new shapes"), load_times=found.get("load time"))
+                     shapes=found.get("new shapes"), load_times=found.get("load time"),
+                     stacks=found.get("keras stacks"))
 
 

@@ -149,6 +149,10 @@ class TimerServer:
             raise ValueError(f"{self.name} has no timer {remote!r}; it has {sorted(self._ready)}")
         return RemoteTimer(self, remote, name=name or remote, **self._ready[remote])
 
+    def next_reply(self) -> Any:
+        """The next value the process replied: what a child says of itself before its timers are ready."""
+        return self._answer()
+
     def _read_answers(self) -> None:
         for line in self.proc.stdout:
             if line.startswith(PROTOCOL):

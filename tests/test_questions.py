@@ -1,6 +1,7 @@
-"""`tfperf doctor --shapes`: the first call at new sizes, per way of calling the model, with traces and XLA compiles
-counted from TensorFlow, proved on models whose retracing is known: a small CNN with free height and width, and a
-small Transformer with a free length. Each runs the experiment's own process (XLA dumps what it compiles there)."""
+"""The doctor's answers to the user's own questions, each proved on a model whose answer is known: `--shapes` (the
+first call at new sizes, traces and XLA compiles counted from TensorFlow, on a CNN with free height and width and a
+Transformer with a free length), `--load-time` (each form cold-started in fresh processes) and `--keras-stacks` (the
+model under each Keras, the training step split into its parts)."""
 
 import keras
 import numpy as np
@@ -137,3 +138,55 @@ def test_load_time_cold_starts_each_form_in_fresh_processes_with_the_users_modul
     assert [f.baseline for f in findings] == [".keras file, keras.saving.load_model"]  # the form it was given in
     assert "too few to judge" in findings[0].comparison.describe()  # 2 rounds: no verdict claimed
     assert "ONNX Runtime, InferenceSession:" in found.describe()
+
+
+FACTORY = '''
+import keras
+
+
+def build():
+    inputs = keras.Input((6,), name="features")
+    return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Dense(8, activation="relu")(inputs)))
+'''
+STACKS_OPTIONS = dict(rounds=6, min_time_s=0.01, max_extensions=0, train_examples=64, loss="mean_squared_error")
+
+
+def test_keras_stacks_on_a_factory_build_under_each_keras_with_the_step_split(tmp_path, monkeypatch):
+    """module:factory: the user's `import keras` builds under each stack (Keras 2 too); every figure is judged
+    against Keras 2's, and the step's four parts are raced on their own."""
+    from tfperf.deploy.loader import load_subject
+    from tfperf.doctor.keras_stacks import PARTS, keras_stacks
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "stackmodel.py").write_text(FACTORY)
+    subject = load_subject("stackmodel:build")
+    rec = Recorder("doctor", {})
+    findings, skipped, found = keras_stacks(subject, rec, Options(**STACKS_OPTIONS), tmp_path / "work",
+                                            lambda step: None)
+    assert not skipped, skipped
+    assert found.stacks == ("Keras 2 (tf_keras)", "Keras 3, TensorFlow", "Keras 3, JAX")
+    for part in PARTS:
+        rows = [r["row"] for r in rec.table(f"keras stacks: {part}")]
+        assert rows == list(found.stacks) and all(r["metrics"]["ms"] > 0 for r in rec.table(f"keras stacks: {part}"))
+    assert {(f.row, f.baseline) for f in findings} == {("Keras 3, TensorFlow", "Keras 2 (tf_keras)"),
+                                                      ("Keras 3, JAX", "Keras 2 (tf_keras)")}
+    assert found.facts["Keras 3, JAX"]["jit_compile"] is True and found.facts["Keras 2 (tf_keras)"]["device"] == "cpu"
+    assert "optimizer update" in found.describe() and "first epoch" in found.describe()
+
+
+def test_keras_stacks_on_a_file_say_in_one_line_that_keras_2_cannot_read_it(tmp_path):
+    """A .keras file written by Keras 3: Keras 2's loader cannot read it, said in one line; the two Keras 3 backends
+    are still compared, Keras 3 on TensorFlow the baseline."""
+    from tfperf.deploy.loader import load_subject
+    from tfperf.doctor.keras_stacks import keras_stacks
+
+    keras.Sequential([keras.Input((6,), name="features"), keras.layers.Dense(3)]).save(tmp_path / "m.keras")
+    subject = load_subject(str(tmp_path / "m.keras"))
+    rec = Recorder("doctor", {})
+    findings, skipped, found = keras_stacks(subject, rec, Options(**STACKS_OPTIONS), tmp_path / "work",
+                                            lambda step: None)
+    why = skipped["keras stacks: Keras 2 (tf_keras)"]
+    assert why.startswith("TypeError") and "\n" not in why
+    assert found.stacks == ("Keras 3, TensorFlow", "Keras 3, JAX") and found.baseline == "Keras 3, TensorFlow"
+    assert [f.row for f in findings] == ["Keras 3, JAX"] and "not measured" in found.describe()

@@ -17,7 +17,7 @@ from tfperf.deploy.formats import FLOAT_TOLERANCE, NOT_EVIDENCE, agreement, cons
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.options import MIN_GAIN, Finding, Options
+from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
 from tfperf.extras import MissingExtra
 from tfperf.gpus import exact_float32, float32_tolerance, tensorflow_gpus, tf32_here
 
@@ -26,16 +26,7 @@ RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
 
 def export_command(subject: Subject, options: Options, fmt: str) -> list[str]:
     """The `tfperf export` command (its arguments after `tfperf`) that writes the artifact a runtime row timed."""
-    words = ["export", subject.source, "--format", fmt]
-    for name, shape in options.input_shapes.items():
-        words += ["--input-shape", (f"{name}=" if name else "") + ",".join(map(str, shape))]
-    if subject.signature:
-        words += ["--signature", subject.signature]
-    if options.sample_path:
-        words += ["--sample", options.sample_path]
-    if options.trust:
-        words.append("--trust")
-    return words
+    return ["export", subject.source, "--format", fmt, *model_flags(subject, options)]
 
 
 def exported_runtimes(subject: Subject, options: Options, workdir: Path) -> tuple[dict[str, Callable], dict, dict]:

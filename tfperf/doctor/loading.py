@@ -14,7 +14,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +45,21 @@ CODE = {
 }
 
 
-def load_and_call(how: str, path: str, inputs: Mapping[str, np.ndarray], module: str | None = None) -> dict[str, float]:
-    """In a fresh process: import the runtime (and for a Keras file the user's `module`, whose custom layers register
-    as it is imported, as in the user's own server), load the form, call it once; each step's seconds."""
+def load_and_call(how: str, path: str, inputs: Mapping[str, np.ndarray], modules: Sequence[str] = ()) -> dict[str, float]:
+    """In a fresh process: import the runtime (and for a Keras file the `modules` whose layers it names: the user's
+    module:factory module, KerasHub, ... which register them as they are imported, as in the user's own server),
+    load the form, call it once; each step's seconds."""
     times, started = {}, time.perf_counter()
     if how in ("keras", "saved_model", "tfsm_layer"):
         import keras
         import tensorflow as tf
 
-        if module and how == "keras":
+        if how == "keras":
             import importlib
 
             sys.path.insert(0, ".")
-            importlib.import_module(module)
+            for module in modules:
+                importlib.import_module(module)
     elif how == "litert":
         from ai_edge_litert.interpreter import Interpreter
     else:
@@ -89,11 +91,15 @@ def load_and_call(how: str, path: str, inputs: Mapping[str, np.ndarray], module:
 
 
 def child() -> None:
-    """`python -m tfperf.doctor.loading HOW PATH INPUTS.npz [MODULE]`: one cold start, replied to the parent."""
+    """`python -m tfperf.doctor.loading HOW PATH INPUTS.npz [MODULE ...]`: one cold start, replied to the parent."""
     how, path, inputs = sys.argv[1:4]
     with np.load(inputs) as arrays:
         given = {k: arrays[k] for k in arrays.files}
-    found = load_and_call(how, path, given, sys.argv[4] if len(sys.argv) > 4 else None)
+    try:
+        found = load_and_call(how, path, given, sys.argv[4:])
+    except Exception as exc:  # noqa: BLE001  (a form that cannot be loaded so is the finding: its first line)
+        text = str(exc).strip()
+        found = {"error": f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"}
     from tfperf.measure.processes import reply
 
     print(reply(found), flush=True)
@@ -160,17 +166,24 @@ def load_times(subject: Subject, rec, options: Options, workdir: Path, progress,
     written, skipped = write_forms(subject, workdir / "forms", options, forms)
     inputs = workdir / "forms" / "inputs.npz"
     np.savez(inputs, **make_inputs(subject, 1, seed=options.seed, sample=options.sample))
-    module = subject.source.rpartition(":")[0] if ":" in subject.source and not Path(subject.source).exists() else None
+    # What a Keras file needs imported to load: the user's module (module:factory), the libraries it names (KerasHub).
+    from tfperf.deploy.keras_files import libraries_named, read_config
+
+    modules = [subject.source.rpartition(":")[0]] if ":" in subject.source and not Path(subject.source).exists() else []
+    keras_file = next((Path(p) for f, p in written.items() if forms[f][0] == "keras"), None)
+    if keras_file is not None:
+        modules += libraries_named(read_config(keras_file))
     taken: dict[str, dict[str, list[float]]] = {form: {t: [] for t in TIMES} for form in written}
     for _ in range(runs):  # rounds: every form once, then again, so that a slow spell falls on all of them
         for form in list(taken):
-            argv = [sys.executable, "-m", "tfperf.doctor.loading", forms[form][0], written[form], str(inputs),
-                    *([module] if module else [])]
+            argv = [sys.executable, "-m", "tfperf.doctor.loading", forms[form][0], written[form], str(inputs), *modules]
             try:
                 found = run_child(argv, who=f"loading the {form}", timeout=600,
                                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
             except ChildError as exc:
-                skipped[f"{TABLE}: {form}"] = str(exc)
+                found = {"error": str(exc)}
+            if "error" in found:
+                skipped[f"{TABLE}: {form}"] = f"cannot be loaded and called so: {found['error']}"
                 del taken[form]
                 continue
             for t in TIMES:

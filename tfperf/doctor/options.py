@@ -65,3 +65,16 @@ class Options:
     memory_budget: int | None = None  # bytes: find the largest batch within them (--memory-budget)
 
 
+def model_flags(subject, options: Options) -> list[str]:
+    """The flags that load the model as the user gave it (sizes, sample, signature, trust), for the `tfperf` commands
+    the doctor prints and the processes it starts. With --trust, a child does not inspect the model again: the path
+    may hold other bytes by now."""
+    words = [a for name, shape in options.input_shapes.items()
+             for a in ("--input-shape", (f"{name}=" if name else "") + ",".join(map(str, shape)))]
+    if subject.signature:
+        words += ["--signature", subject.signature]
+    if options.sample_path:
+        words += ["--sample", options.sample_path]
+    if options.trust:
+        words.append("--trust")
+    return words

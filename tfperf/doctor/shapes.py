@@ -27,7 +27,7 @@ import numpy as np
 
 from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, Finding, Options
+from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, Finding, Options, model_flags
 from tfperf.measure.stats import SLOWER
 
 NEW_SIZES = 6  # new sizes per axis: the 6 samples a side an unpaired verdict needs
@@ -128,7 +128,7 @@ def call_styles(subject: Subject, exported: Path | None) -> dict[str, tuple[Call
     if exported is not None:  # the export a server loads: its signature is a concrete function, it never traces
         signature = tf.saved_model.load(str(exported)).signatures["serving_default"]
         styles["SavedModel, tf.saved_model.load"] = (lambda flat: signature(**to_tensors(flat)), lambda: 0)
-    else:  # a SavedModel given as it is: its own signature
+    elif subject.kind != "keras":  # a SavedModel given as it is: its own signature
         styles["the SavedModel's signature"] = (lambda flat: subject.head(subject.call(subject.pack(to_tensors(flat)))),
                                                 lambda: 0)
     specs = [tf.TensorSpec((None, *i.declared), tf.as_dtype(i.dtype), name=i.name) for i in subject.inputs]
@@ -157,7 +157,14 @@ def measure_shapes(subject: Subject, options: Options, dump: Path, workdir: Path
 
     names = [i.name for i in subject.inputs]
     specs = [tf.TensorSpec((None, *i.declared), tf.as_dtype(i.dtype), name=i.name) for i in subject.inputs]
-    exported = export_subject(subject, workdir / "exports", name="shapes").path if subject.kind == "keras" else None
+    from tfperf.deploy.errors import ExportError, ModelError, first_line
+
+    exported, unexported = None, None
+    if subject.kind == "keras":
+        try:
+            exported = export_subject(subject, workdir / "exports", name="shapes").path
+        except (ExportError, ModelError) as exc:  # the other ways are still measured; this one says why not
+            unexported = f"the SavedModel export failed: {first_line(exc)}"
     found: dict[str, Any] = {"axes": []}
     for axis, (seen, sizes) in axis_sizes(subject).items():
         def inputs(size: int, axis=axis) -> dict[str, np.ndarray]:
@@ -179,7 +186,7 @@ def measure_shapes(subject: Subject, options: Options, dump: Path, workdir: Path
                 for row, (call, traces) in call_styles(subject, exported).items()}
         reference = ways[PLAIN][0]
         ways[BUCKETS] = (padded, xla.experimental_get_tracing_count)
-        rows = []
+        rows = [{"row": "SavedModel, tf.saved_model.load", "error": unexported}] if unexported else []
         for row, (invoke, traces) in ways.items():
             record: dict[str, Any] = {"row": row, "first_s": [], "steady_s": []}
             try:
@@ -222,17 +229,8 @@ def serve_shapes(args) -> int:
 
 def child_argv(subject: Subject, options: Options, dump: Path) -> list[str]:
     """The command line of the process the experiment runs in."""
-    argv = [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "shapes", "--xla-dump", str(dump),
-            "--seed", str(options.seed),
-            *[a for name, shape in options.input_shapes.items()
-              for a in ("--input-shape", (f"{name}=" if name else "") + ",".join(map(str, shape)))]]
-    if options.sample_path:
-        argv += ["--sample", options.sample_path]
-    if subject.signature:
-        argv += ["--signature", subject.signature]
-    if options.trust:
-        argv.append("--trust")
-    return argv
+    return [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "shapes", "--xla-dump", str(dump),
+            "--seed", str(options.seed), *model_flags(subject, options)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ import sys
 
 from tfperf.deploy.inputs import make_inputs, read_sample, to_tensors
 from tfperf.deploy.loader import Subject, load_subject, parse_input_shapes
-from tfperf.doctor.options import MIN_GAIN, Finding, Options
+from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
 from tfperf.gpus import child_gpu_env
 
 
@@ -58,15 +58,7 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
         for row, intra, inter, extra_env in configs:  # started side by side; each says when it is ready
             argv = [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "threads",
                     "--batch-sizes", ",".join(map(str, batches)), "--seed", str(options.seed),
-                    *[a for name, shape in options.input_shapes.items()
-                      for a in ("--input-shape", (f"{name}=" if name else "") + ",".join(map(str, shape)))]]
-            if options.sample_path:
-                argv += ["--sample", options.sample_path]
-            if subject.signature:
-                argv += ["--signature", subject.signature]
-            if options.trust:  # else the child inspects the model again: the path may hold other bytes by now
-                argv.append("--trust")
-            argv += ceiling
+                    *model_flags(subject, options), *ceiling]
             if intra is not None:
                 argv += ["--intra", str(intra), "--inter", str(inter)]
             # Thread pools are the CPU's: the sweep runs without GPUs, beside the GPU the parent holds.

@@ -24,7 +24,7 @@ import numpy as np
 from tfperf import flags
 from tfperf.measure.processes import ChildError
 from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
-from tfperf.stacks import INSTALL, STACKS, backend_device, keras_module, stack_env
+from tfperf.stacks import STACKS, backend_device, install_hint, keras_module, stack_env
 
 # The technique: the backend is chosen before Keras is imported ---------------------------------------
 # "My model got slower after moving to Keras 3" is the most frequent performance complaint of the last
@@ -200,7 +200,7 @@ def measure(args, rec) -> Found:
                 if why is None:
                     raise
                 found.missing[stack] = why
-                print(f"{stack}: not measured: {why}; install it with {INSTALL[stack]}", flush=True)
+                print(f"{stack}: not measured: {why}; install it with {install_hint(stack)}", flush=True)
         stacks = [s for s in STACKS if s not in found.missing]
         if not stacks:
             raise RecipeError("no Keras stack could be imported: " + "; ".join(
@@ -272,7 +272,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
             lines.append(f"{model}, {stack} against {baseline}: fit {compare[FIT, model, stack].describe()}; "
                          f"predict() at batch 1 {compare['predict(), batch 1', model, stack].describe()}")
     for stack, why in missing.items():
-        lines.append(f"{stack}: not measured ({why}); install it with {INSTALL[stack]}")
+        lines.append(f"{stack}: not measured ({why}); install it with {install_hint(stack)}")
 
     def against(table: str, model: str) -> str:
         return ", ".join(f"{short[s]} {compare[table, model, s].describe()}" for s in others)
@@ -313,7 +313,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
         text += (" The stacks ran on different devices (" + ", ".join(f"{s}: {d}" for s, d in found.device.items())
                  + "): these rows compare devices as much as backends.")
     if missing:
-        text += " Not measured: " + "; ".join(f"{s} ({why}; install it with `{INSTALL[s]}`)"
+        text += " Not measured: " + "; ".join(f"{s} ({why}; install it with `{install_hint(s)}`)"
                                              for s, why in missing.items()) + "."
     headline = None
     if others:

@@ -16,12 +16,15 @@ STACKS: dict[str, dict[str, str]] = {
     "Keras 3, TensorFlow": {"KERAS_BACKEND": "tensorflow"},
     "Keras 3, JAX": {"KERAS_BACKEND": "jax"},
 }
-# How to install a stack that is missing (requirements.txt pins each; tfperf's extras keras2 and jax bring them).
-INSTALL = {
-    "Keras 2 (tf_keras)": "pip install tf-keras==2.21.0",
-    "Keras 3, TensorFlow": "pip install 'tensorflow==2.21.*' 'keras==3.*'",
-    "Keras 3, JAX": "pip install 'jax[cpu]==0.10.2'",
-}
+# The tfperf extra that brings each stack (Keras 3 on TensorFlow comes with tfperf itself).
+EXTRA = {"Keras 2 (tf_keras)": "keras2", "Keras 3, JAX": "jax"}
+
+
+def install_hint(stack: str) -> str:
+    """How to install a stack that is missing, matched to the TensorFlow installed (tf-keras follows it)."""
+    from tfperf.extras import install_line
+
+    return install_line(EXTRA[stack]) if stack in EXTRA else "pip install 'tensorflow>=2.16' 'keras>=3.6'"
 
 
 def stack_env(stack: str, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
-from tfperf.stacks import INSTALL, STACKS, backend_device, keras_module, stack_env
+from tfperf.stacks import STACKS, backend_device, install_hint, keras_module, stack_env
 
 PARTS = ("forward", "loss", "gradient (forward, loss, backward)", "optimizer update")
 TIMED = ("fit epoch", "predict(), batch 1", "model(x), batch 1", *PARTS)
@@ -105,8 +105,8 @@ def serve_stack(stack: str, source: str, work: Path, loss: str, from_logits: boo
     from tfperf.measure.processes import reply
     from tfperf.train import fit_epochs
 
-    k = keras_module(stack)
     try:
+        k = keras_module(stack)  # a stack not installed here is said in the same one line
         model = build(source, k)
         weights = np.load(work / "weights.npz")
         model.set_weights([weights[f"w{i}"] for i in range(len(weights.files))])
@@ -221,7 +221,7 @@ def keras_stacks(subject: Subject, rec, options: Options, workdir: Path, progres
                 said = {"error": str(exc)}
             if "error" in said:
                 why = said["error"]
-                failed[stack] = why + (f" (install it with {INSTALL[stack]})" if "ModuleNotFound" in why else "")
+                failed[stack] = why + (f" (install it with {install_hint(stack)})" if "ModuleNotFound" in why else "")
                 server.close()
                 del servers[stack]
                 continue

@@ -145,6 +145,7 @@ def measure_shapes(subject: Subject, options: Options, dump: Path, workdir: Path
     """Run every way and fix along every axis (in the process XLA dumps from): what `shapes` records, as JSON."""
     import tensorflow as tf
 
+    from tfperf.deploy.errors import ExportError, ModelError, first_line
     from tfperf.deploy.layout import export_subject
     from tfperf.measure.timer import sync
 
@@ -157,8 +158,6 @@ def measure_shapes(subject: Subject, options: Options, dump: Path, workdir: Path
 
     names = [i.name for i in subject.inputs]
     specs = [tf.TensorSpec((None, *i.declared), tf.as_dtype(i.dtype), name=i.name) for i in subject.inputs]
-    from tfperf.deploy.errors import ExportError, ModelError, first_line
-
     exported, unexported = None, None
     if subject.kind == "keras":
         try:

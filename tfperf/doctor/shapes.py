@@ -250,9 +250,10 @@ class Way:
         judged = (f"{1 / c.ratio:.1f}x slower, 95% CI {1 / c.ci95[1]:.1f}-{1 / c.ci95[0]:.1f}x" if c.verdict == SLOWER
                   else c.verdict)
         n = len(self.first.samples_s)
+        each = "/".join(f"{t * 1e3:.0f}" for t in self.first.samples_s)
         return (f"{self.row}: {counted(self.traces, 'trace')}, {counted(self.compiles, 'XLA compile')}; the first "
-                f"calls {sum(self.first.samples_s):.2f} s in all, {sum(self.first.samples_s) / n * 1e3:.1f} ms each, "
-                f"against {sum(self.steady.samples_s) / n * 1e3:.2f} ms once seen ({judged})")
+                f"calls {sum(self.first.samples_s):.2f} s in all ({each} ms), against "
+                f"{sum(self.steady.samples_s) / n * 1e3:.2f} ms a call once seen ({judged})")
 
 
 @dataclasses.dataclass(frozen=True)

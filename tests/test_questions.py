@@ -190,3 +190,14 @@ def test_keras_stacks_on_a_file_say_in_one_line_that_keras_2_cannot_read_it(tmp_
     assert why.startswith("TypeError") and "\n" not in why
     assert found.stacks == ("Keras 3, TensorFlow", "Keras 3, JAX") and found.baseline == "Keras 3, TensorFlow"
     assert [f.row for f in findings] == ["Keras 3, JAX"] and "not measured" in found.describe()
+
+
+def test_the_new_questions_refuse_what_they_cannot_answer_in_one_line(tmp_path, capsys):
+    """--keras-stacks trains: without --loss it is one line, exit 2, and nothing is written."""
+    from tfperf.cli import main
+
+    keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]).save(tmp_path / "m.keras")
+    assert main(["doctor", str(tmp_path / "m.keras"), "--keras-stacks", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tfperf doctor: error: --keras-stacks trains the model") and "\n" not in err
+    assert not (tmp_path / "out").exists()

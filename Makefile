@@ -30,8 +30,10 @@ report: install
 browser:
 	bash scripts/install_browser.sh
 
+# Two workers: most tests wait on the processes they start (servers, clusters, recipes), so two keep 2 cores
+# busy; tests that share something expensive or a machine-wide resource share an xdist_group (one worker).
 test: install browser
-	$(RUN) $(BIN)/python -m pytest -q
+	$(RUN) $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # The documentation site, built strictly (a broken link or API reference fails it): open site/index.html.
 docs: install

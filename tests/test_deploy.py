@@ -21,6 +21,9 @@ import tensorflow as tf
 from conftest import run
 from tfperf.cli import main
 
+# On one xdist worker (`make test` runs two): its module fixtures export once.
+pytestmark = pytest.mark.xdist_group("deploy")
+
 FORMATS = [("savedmodel", "none"), ("litert", "none"), ("litert", "int8"), ("onnx", "none")]
 
 

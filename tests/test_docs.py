@@ -12,6 +12,9 @@ import pytest
 
 from conftest import REPO
 
+# On one xdist worker (`make test` runs two): its module fixture builds the site once.
+pytestmark = pytest.mark.xdist_group("docs")
+
 DOCS = REPO / "docs"
 
 

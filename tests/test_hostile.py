@@ -13,6 +13,9 @@ from tensorflow.core.protobuf import saved_model_pb2
 from test_deploy import refused, tfperf
 from tfperf.deploy.inspection import inspect_saved_model
 
+# On one xdist worker (`make test` runs two): its module fixtures make the hostile models once.
+pytestmark = pytest.mark.xdist_group("hostile")
+
 tf1 = tf.compat.v1
 
 

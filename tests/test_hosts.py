@@ -15,6 +15,9 @@ import pytest
 from tfperf.cluster import ring_t2
 from tfperf.cluster.hosts import PRESETS, Hosts, available, clean, parse_link, stale
 
+# On one xdist worker (`make test` runs two): emulated hosts share one subnet and a launcher address: one run of them at a time.
+pytestmark = pytest.mark.xdist_group("hosts")
+
 needs_hosts = pytest.mark.skipif(available() is not None, reason=str(available()))
 PREFIX = "tfpt"  # apart from the recipe's own, so a test never takes down a run's hosts
 

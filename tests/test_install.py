@@ -50,6 +50,9 @@ for command in sys.argv[1:]:
 print("\\0".join(texts), end="")
 """
 
+# On one xdist worker (`make test` runs two): its module fixtures build the wheel and the fresh environments once.
+pytestmark = pytest.mark.xdist_group("install")
+
 
 def packages_in(root: Path, package: str) -> set[str]:
     """The Python packages of `package` under `root`, dotted (tfperf, tfperf.deploy, ...)."""

@@ -13,6 +13,9 @@ from tfperf.measure.profiles import (TraceError, by_type, input_analysis, op_tim
                                      trace_files, traces_by_run)
 from tfperf.recipe import where_the_time_went
 
+# On one xdist worker (`make test` runs two): its module fixture traces once.
+pytestmark = pytest.mark.xdist_group("profiles")
+
 
 @pytest.fixture(scope="module")
 def matmul_trace(tmp_path_factory):

@@ -285,6 +285,7 @@ def test_the_scaling_models_headline_is_judged_by_its_interval_not_its_point():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("hosts")  # as root, on emulated hosts: with test_hosts'
 def test_multi_worker_processes_train_like_one(tmp_path):
     """Each worker on an emulated host of its own where hosts can be made (as root; CI is), else on localhost."""
     across = [] if available() else ["--link", "1gbit"]
@@ -306,6 +307,7 @@ def test_multi_worker_processes_train_like_one(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("hosts")  # as root, on emulated hosts: with test_hosts'
 def test_parameter_server_cluster_trains_and_times_push_pull(tmp_path):
     """The ps on an emulated host of its own where hosts can be made (as root; CI is), else on localhost."""
     across = [] if available() else ["--link", "200mbit"]

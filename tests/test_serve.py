@@ -23,6 +23,9 @@ import pytest
 
 from conftest import BIN
 
+# On one xdist worker (`make test` runs two): its module fixture exports once.
+pytestmark = pytest.mark.xdist_group("serve")
+
 ROWS = 5
 
 

@@ -12,6 +12,9 @@ import pytest
 
 from test_deploy import tfperf
 
+# On one xdist worker (`make test` runs two): its module fixture exports once.
+pytestmark = pytest.mark.xdist_group("transformers")
+
 VOCAB, LAYERS, HEADS, HIDDEN, INTERMEDIATE, CLASSES = 500, 2, 2, 64, 128, 3
 
 

@@ -35,6 +35,7 @@ class Diagnosis:
     shapes: Any = None  # shapes.ShapesFound, with --shapes
     load_times: Any = None  # loading.LoadTimes, with --load-time
     stacks: Any = None  # keras_stacks.StacksFound, with --keras-stacks
+    xla: Any = None  # xla.XlaFailure, where jit_compile=True fails on the model
     serving: str | None = None  # the serving answer within a latency budget, with --serve
     scaling: str | None = None  # the predicted speedup on hosts, with --hosts
 
@@ -128,6 +129,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
             host, device = host_and_device(peaks)
             lines.append(f"- {label}: {megabytes(host)}" + (f" host, {megabytes(device)} GPU" if device else ""))
         lines.append("")
+    if d.xla is not None:
+        lines += ["", "## When XLA fails", "", d.xla.describe(), ""]
     if d.batch_fit is not None:
         lines += [d.batch_fit.describe(), ""]
     if d.lengths is not None:

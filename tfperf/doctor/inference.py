@@ -18,10 +18,12 @@ from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
+from tfperf.doctor.xla import XLA_REFUSED, XlaFailure, bisect, compiled_around, xla_reason
 from tfperf.extras import MissingExtra
 from tfperf.gpus import exact_float32, float32_tolerance, tensorflow_gpus, tf32_here
 
 RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
+XLA_ROW = "tf.function, jit_compile=True"
 
 
 def export_command(subject: Subject, options: Options, fmt: str) -> list[str]:
@@ -118,7 +120,7 @@ def candidate_calls(subject: Subject, batch: int, flat, tensors, graph, xla, run
         lambda: graph(tensors), True,
         "serve = tf.function(lambda x: model(x, training=False), input_signature=[...])  # None batch axis",
         "one trace per input signature (see retracing)")
-    calls["tf.function, jit_compile=True"] = (
+    calls[XLA_ROW] = (
         lambda: xla(tensors), True,
         "serve = tf.function(lambda x: model(x, training=False), jit_compile=True, input_signature=[...])",
         "an XLA compile for every new input shape (first call below)")
@@ -142,16 +144,30 @@ def checked_timers(subject: Subject, calls: dict[str, Call], batch: int, referen
             got = to_numpy(subject.head(out)) if structured else out
             diffs[row] = max((a["relative"] for a in agreement(reference, got).values()), default=0.0)
         except Exception as exc:
-            skipped[f"{row} at batch {batch}"] = f"{type(exc).__name__}: {first_line(exc)}"
+            skipped[f"{row} at batch {batch}"] = (XLA_REFUSED + xla_reason(exc) if "jit_compile" in row
+                                                  else f"{type(exc).__name__}: {first_line(exc)}")
             del calls[row]
             continue
         timers.append(timer)
     return diffs, timers
 
 
+def xla_fallback(subject: Subject, tensors, reason: str) -> tuple[XlaFailure, Callable | None]:
+    """Where XLA fails on the model (a bisection of its layers) and its call with the rest compiled, or None."""
+    found = bisect(subject.model, tensors) if subject.kind == "keras" else None
+    if found is None or not found.refusals:
+        return XlaFailure(reason, found), None
+    try:
+        around = compiled_around(subject.model, found.failing)
+    except Exception as exc:
+        return XlaFailure(reason, found, not_timed=f"{type(exc).__name__}: {first_line(exc)}"), None
+    return XlaFailure(reason, found, row=f"jit_compile=True around {', '.join(found.failing)}"), around
+
+
 def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
-              facts: Mapping[str, Any], profiler=None) -> tuple[list[Finding], dict]:
-    """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size; `profiler` (a
+              facts: Mapping[str, Any], profiler=None) -> tuple[list[Finding], dict, XlaFailure | None]:
+    """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size; where XLA fails, the
+    layers it cannot compile (bisected) and the model with the rest compiled, timed beside them. `profiler` (a
     ProfilePass) then traces tf.function at the smallest and largest batch, and the peak memory of each
     TensorFlow row at the largest."""
     import tensorflow as tf
@@ -177,6 +193,7 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
         batches = [subject.fixed_batch]
     graph = tf.function(subject.call)
     xla = tf.function(subject.call, jit_compile=True)
+    failure, around = None, None  # where XLA fails: why, and the model with the rest compiled
     for batch in batches:
         progress(f"inference at batch {batch}")
         flat = make_inputs(subject, batch, seed=options.seed, sample=options.sample)
@@ -188,6 +205,17 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
                                                       f"so max_relative_diff shows nothing of how the rows compute")
         calls = candidate_calls(subject, batch, flat, tensors, graph, xla, runtimes, commands)
         diffs, timers = checked_timers(subject, calls, batch, reference, skipped)
+        if failure is None and f"{XLA_ROW} at batch {batch}" in skipped:
+            failure, around = xla_fallback(subject, tensors,
+                                           skipped[f"{XLA_ROW} at batch {batch}"].removeprefix(XLA_REFUSED))
+        if around is not None:
+            extra = {failure.row: ((lambda: around(tensors)), True, f"serve = tfperf.doctor.xla.compiled_around("
+                                   f"model, {failure.bisection.failing!r})", "an XLA compile for every new input shape; "
+                                   "the layers left out run as before")}
+            more_diffs, more_timers = checked_timers(subject, extra, batch, reference, skipped)
+            calls.update(extra)
+            diffs.update(more_diffs)
+            timers += more_timers
         table = "batch 1 latency" if batch == 1 else f"throughput at batch {batch}"
         raced = race_table(
             rec, table, timers,
@@ -215,10 +243,10 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
                 for row in [r for r in by_name if r not in runtimes and r != "tf.function"]:
                     profiler.peak(by_name[row], f"{row} at batch {batch}", f"inference-batch-{batch}")
         # XLA: the question users ask is whether to turn it on for a function they already trace.
-        if "tf.function" in raced.measurements and "tf.function, jit_compile=True" in raced.measurements:
-            _, _, code, cost = calls["tf.function, jit_compile=True"]
-            findings.append(Finding(f"XLA at batch {batch}", "jit_compile=True", "tf.function",
-                                    versus(raced["tf.function"], raced["tf.function, jit_compile=True"],
-                                           threshold=MIN_GAIN), code, cost,
-                                    diffs["tf.function, jit_compile=True"] <= tolerance("tf.function")))
-    return findings, skipped
+        for row in (XLA_ROW, failure.row if failure else None):
+            if "tf.function" in raced.measurements and row in raced.measurements:
+                _, _, code, cost = calls[row]
+                findings.append(Finding(f"XLA at batch {batch}", "jit_compile=True" if row == XLA_ROW else row,
+                                        "tf.function", versus(raced["tf.function"], raced[row], threshold=MIN_GAIN),
+                                        code, cost, diffs[row] <= tolerance("tf.function")))
+    return findings, skipped, failure

@@ -88,7 +88,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
         return result[0], result[1]
 
     sections: list[tuple[str, Callable[[], tuple[list[Finding], dict]]]] = [
-        ("inference", lambda: inference(subject, rec, options, workdir, progress, facts, profiler))]
+        ("inference", lambda: keep("xla", inference(subject, rec, options, workdir, progress, facts, profiler)))]
     if subject.free_axes == "sequence length":  # a Transformer's cost grows with its requests' lengths
         sections.append(("sequence length", lambda: keep("sequence length", length_sweep(
             subject, rec, options, progress))))
@@ -130,6 +130,6 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
                      profile_s=profiler.took_s if profiler else 0.0, input_check=found.get("input pipeline"),
                      batch_fit=found.get("memory budget"), lengths=found.get("sequence length"),
                      shapes=found.get("new shapes"), load_times=found.get("load time"),
-                     stacks=found.get("keras stacks"))
+                     stacks=found.get("keras stacks"), xla=found.get("xla"))
 
 

@@ -12,6 +12,7 @@ from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import make_inputs
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.inference import mfu
+from tfperf.doctor.xla import XLA_REFUSED, xla_reason
 from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
 from tfperf.gpus import mixed_policy_here
 
@@ -112,7 +113,8 @@ def started_trainers(subject: Subject, configs: Sequence[tuple], options: Option
                 raise DoctorError(f"the model does not train with --loss {options.loss} on doctor's synthetic "
                                   f"targets ({type(exc).__name__}: {first_line(exc)}): pass targets as 'y' in "
                                   f"--sample FILE.npz") from None
-            skipped[f"training: {row}"] = f"{type(exc).__name__}: {first_line(exc)}"
+            skipped[f"training: {row}"] = (XLA_REFUSED + xla_reason(exc) if compile_options.get(
+                "jit_compile") else f"{type(exc).__name__}: {first_line(exc)}")
             continue
         trainers.append((row, timer, losses, code, cost))
     return trainers

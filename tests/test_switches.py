@@ -90,3 +90,138 @@ def test_a_model_without_a_graph_is_said_so():
     assert bisect(model, tf.zeros((1, 6))) is None
     with pytest.raises(ValueError, match="no functional graph"):
         compiled_around(model, ["dense"])
+
+
+class CastHeavy(keras.layers.Layer):
+    """Adds zero twenty times, casting to float32 and back each time: casts only under a mixed policy (a cast to the
+    dtype a tensor already has is no op)."""
+
+    def call(self, x):
+        for _ in range(20):
+            x = tf.cast(tf.cast(x, tf.float32) + 0.0, self.compute_dtype)
+        return x
+
+
+class Float32Matmul(keras.layers.Layer):
+    """A layer that casts its inputs and weights to float32 before its matmul, whatever the policy."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1], 4))
+
+    def call(self, x):
+        return tf.matmul(tf.cast(x, tf.float32), tf.cast(self.w, tf.float32))
+
+
+def cast_heavy_cnn(side: int = 48) -> keras.Model:
+    inputs = keras.Input((side, side, 3), name="image")
+    x = keras.layers.Conv2D(16, 3, padding="same", name="conv")(inputs)
+    x = CastHeavy(name="cast_heavy")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(inputs, keras.layers.Dense(3, name="head")(x))
+
+
+def test_a_policy_set_after_the_model_was_built_did_not_take_effect_and_float32_layers_are_named():
+    from tfperf.doctor.effect import policy_effect
+    from tfperf.precision import dtype_policy
+
+    x = tf.zeros((2, 48, 48, 3))
+    model = cast_heavy_cnn()
+    with dtype_policy("mixed_bfloat16"):  # as a user's set_global_policy after building
+        late = policy_effect(model, x)
+        assert late.took_effect is False and late.low_layers == []
+        assert "did not take effect" in late.describe() and "set after the model was built" in late.describe()
+        inputs = keras.Input((6,))
+        mixed = keras.Model(inputs, keras.layers.Dense(3, name="head", dtype="float32")(
+            Float32Matmul(name="f32")(keras.layers.Dense(8, name="hidden")(inputs))))
+    found = policy_effect(mixed, tf.zeros((2, 6)))
+    assert found.took_effect and sorted(found.low_layers) == ["f32", "hidden"] and found.outputs == ("head",)
+    assert {(op.layer, op.dtype) for op in found.ops} == {("hidden", "bfloat16"), ("f32", "float32"),
+                                                          ("head", "float32")}
+    assert "Still float32 there: `f32`" in found.describe() and "(`head`) stay float32" in found.describe()
+    assert policy_effect(model, x).took_effect is None  # no mixed policy anywhere: nothing to say
+
+
+def test_kernel_by_kernel_the_casts_a_policy_added_are_named_with_their_layer(tmp_path):
+    from tfperf.doctor.kernels import kernel_diff
+    from tfperf.measure import Timer
+    from tfperf.precision import dtype_policy
+
+    x = tf.random.normal((8, 48, 48, 3), seed=2)
+    plain = cast_heavy_cnn()
+    with dtype_policy("mixed_bfloat16"):
+        mixed = cast_heavy_cnn()
+    timers = []
+    for name, model in (("float32", plain), ("mixed_bfloat16", mixed)):
+        call = tf.function(lambda x, model=model: model(x, training=False))
+        timers.append(Timer(lambda call=call: call(x), name=name))
+        timers[-1].start(warmup=1)
+    diff = kernel_diff(*timers, [layer.name for layer in plain.layers], tmp_path, calls=3,
+                       hint="This CPU's bfloat16 arithmetic: (a hint).")
+    top = diff.slower[0]  # the most time added: the twenty round trips through float32
+    assert (top.layer, top.type, top.plain_s, top.comparison) == ("cast_heavy", "Cast", 0.0, None)
+    assert top.variant_s > 0 and all(g.comparison.units == 6 for g in diff.groups if g.comparison)
+    text = diff.describe()
+    assert "`Cast` in `cast_heavy` is added" in text and text.endswith("(a hint).")
+
+
+class Amplify(keras.layers.Layer):
+    def call(self, x):
+        return x * 1e5
+
+
+def blowup() -> keras.Model:
+    """Its middle layer's values pass float16's largest (65504) at once."""
+    inputs = keras.Input((8,), name="x")
+    h = keras.layers.Dense(16, name="hidden")(inputs)
+    h = Amplify(name="amplify")(h)
+    return keras.Model(inputs, keras.layers.Dense(4, name="head")(h))
+
+
+def unscaled_step(model, optimizer, batch):
+    """A custom loop's step that forgets optimizer.scale_loss."""
+    x, y = batch
+    with tf.GradientTape() as tape:
+        loss = keras.losses.mean_squared_error(y, model(x, training=True))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return loss
+
+
+def scaled_step(model, optimizer, batch):
+    x, y = batch
+    with tf.GradientTape() as tape:
+        loss = keras.losses.mean_squared_error(y, model(x, training=True))
+        scaled = optimizer.scale_loss(loss)
+    optimizer.apply_gradients(zip(tape.gradient(scaled, model.trainable_variables), model.trainable_variables))
+    return loss
+
+
+def test_a_custom_step_is_timed_four_ways_and_its_first_non_finite_step_and_variable_are_named():
+    from tfperf.doctor.custom_step import EAGER, GRAPH, TABLE, XLA, custom_step, watch_overflow
+    from tfperf.gpus import mixed_policy_here
+
+    keras.utils.set_random_seed(0)
+    subject = keras_subject(blowup(), "blowup", factory=blowup, builds_under_policy=True)
+    rng = np.random.default_rng(0)
+    batch = (rng.random((8, 8), dtype=np.float32), rng.random((8, 4), dtype=np.float32))
+    options = Options(rounds=6, min_time_s=0.01, quick=True, loss="mse", step=unscaled_step, step_source="t:step")
+    rec = Recorder("doctor", {})
+    findings, skipped, overflow = custom_step(subject, rec, options, lambda step: None, batch)
+    assert not skipped, skipped
+    mixed = f"{mixed_policy_here()}, in tf.function"
+    assert [r["row"] for r in rec.table(TABLE)] == [EAGER, GRAPH, XLA, mixed]
+    assert {f.row for f in findings} == {GRAPH, XLA, mixed} and all(f.baseline == EAGER for f in findings)
+    # Under mixed_float16 the forward pass overflows at once: step 1's gradients, the layer, the missing scale_loss.
+    assert overflow.first("gradient") == 1 and overflow.first("loss") == 1 and overflow.first("weight") is None
+    assert set(overflow.steps[0].bad_gradients) == {"hidden/kernel", "hidden/bias", "head/kernel", "head/bias"}
+    assert overflow.overflowing_layer == "amplify" and not any(s.scaled for s in overflow.steps)
+    text = overflow.describe()
+    assert "layer `amplify`" in text and "never calls optimizer.scale_loss" in text
+    assert overflow.steps[-1].scale < overflow.initial_scale  # each skipped step halved it
+    # The same model made tame, with a step that scales its loss: nothing goes non-finite, nothing advised.
+    tame = keras_subject(cast_heavy_cnn(side=8), "tame", factory=lambda: cast_heavy_cnn(side=8),
+                         builds_under_policy=True)
+    fine = watch_overflow(tame, scaled_step, (rng.random((4, 8, 8, 3), dtype=np.float32),
+                                              rng.random((4, 3), dtype=np.float32)), steps=8)
+    assert fine.first("loss") is None and fine.first("weight") is None and not fine.steps[-1].bad_gradients
+    assert all(s.scaled for s in fine.steps) and fine.overflowing_layer is None
+    assert "never calls" not in fine.describe() and "not finite" not in fine.describe()

@@ -339,7 +339,7 @@ def keras_subject(model, source: str, given: Mapping[str, tuple[int, ...]] | Non
     import keras
 
     structure, inputs = _keras_inputs(model, source, given or {})
-    embeddings = [layer for layer in _all_layers(model) if isinstance(layer, keras.layers.Embedding)]
+    embeddings = [layer for layer in all_layers(model) if isinstance(layer, keras.layers.Embedding)]
     weights = model.get_weights()
 
     def fresh(policy: str | None = None):
@@ -391,7 +391,7 @@ def _ends_in_softmax(model) -> bool:
         activation, "__name__", "") == "softmax"
 
 
-def _all_layers(model) -> list:
+def all_layers(model) -> list:
     """Every layer inside the model, nested ones included."""
     found, stack = [], list(getattr(model, "layers", []))
     while stack:

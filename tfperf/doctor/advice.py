@@ -36,6 +36,9 @@ class Diagnosis:
     load_times: Any = None  # loading.LoadTimes, with --load-time
     stacks: Any = None  # keras_stacks.StacksFound, with --keras-stacks
     xla: Any = None  # xla.XlaFailure, where jit_compile=True fails on the model
+    precision: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (what, effect.PolicyEffect)
+    kernels: list[Any] = dataclasses.field(default_factory=list)  # kernels.KernelDiff: why a variant is not faster
+    overflow: Any = None  # custom_step.Overflow: the user's step under mixed_float16, with --train-step
     serving: str | None = None  # the serving answer within a latency budget, with --serve
     scaling: str | None = None  # the predicted speedup on hosts, with --hosts
 
@@ -131,6 +134,13 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines.append("")
     if d.xla is not None:
         lines += ["", "## When XLA fails", "", d.xla.describe(), ""]
+    mixed = [(what, e) for what, e in d.precision if e.took_effect is not None]
+    if mixed:  # said only where a mixed policy is in force or set: whether it took effect, from the graph
+        lines += ["", "## Did mixed precision take effect", "", *[f"- {what}: {e.describe()}" for what, e in mixed], ""]
+    if d.overflow is not None:
+        lines += ["", "## Your training step under mixed_float16", "", d.overflow.describe(), ""]
+    if d.kernels:
+        lines += ["", "## Why it is not faster, kernel by kernel", "", *[f"- {k.describe()}" for k in d.kernels], ""]
     if d.batch_fit is not None:
         lines += [d.batch_fit.describe(), ""]
     if d.lengths is not None:

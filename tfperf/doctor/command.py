@@ -49,8 +49,11 @@ def add_command(sub) -> None:
     p = sub.add_parser("doctor", help="run the cookbook's experiments on your own model: advice ranked by measured gain",
                        description="Measure what makes YOUR model fast: predict() vs model(x) vs tf.function vs XLA "
                                    "vs LiteRT and ONNX Runtime over batch sizes, retracing, thread pools, and with "
-                                   "--train --loss, training options. Verdicts come from 95%% intervals of "
-                                   "interleaved rounds; only significant gains are advised.")
+                                   "--train --loss, training options. Where a switch does not help, why: the "
+                                   "layer XLA cannot compile (bisected, the rest compiled and timed), whether a "
+                                   "mixed policy took effect, and the kernels a slower mixed row spends more in. "
+                                   "Verdicts come from 95%% intervals of interleaved rounds; only significant gains "
+                                   "are advised.")
     p.add_argument("model", help="a .keras file, a SavedModel folder, or module:factory (a function returning a "
                                  "Keras model, for custom layers)")
     p.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
@@ -64,6 +67,11 @@ def add_command(sub) -> None:
     p.add_argument("--data", metavar="MODULE:FUNCTION",
                    help="train on your own input pipeline: a function returning a tf.data.Dataset of (inputs, "
                         "targets) batches; doctor then says whether training waits for data and measures fixes")
+    p.add_argument("--train-step", metavar="MODULE:FUNCTION",
+                   help="your own training loop's step: a function step(model, optimizer, batch) that trains one "
+                        "batch (inputs, targets) and returns the loss (needs --loss for the targets, or --data); timed "
+                        "eagerly, in tf.function, with XLA and under mixed precision, then run under mixed_float16 "
+                        "to find the first non-finite loss, gradient and variable (about 20 s for a small model)")
     p.add_argument("--memory-budget", type=flags.byte_size, metavar="SIZE",
                    help="find the largest batch whose inference call (with --train: training step) stays within "
                         "SIZE of memory (e.g. 2GB), by trying batch sizes")
@@ -196,13 +204,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             return serve_shapes(args)
         if args.train and not args.loss:
             raise UserError("--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)")
-        if args.loss and not (args.train or args.keras_stacks):
-            raise UserError("--loss is for the training experiments: add --train (or --keras-stacks)")
+        if args.loss and not (args.train or args.keras_stacks or args.train_step):
+            raise UserError("--loss is for the training experiments: add --train (or --keras-stacks, --train-step)")
+        if args.train_step and not args.loss:
+            raise UserError("--train-step runs your step on the doctor's batches: give --loss (a Keras loss name, for "
+                            "the targets it makes, such as sparse_categorical_crossentropy)")
         if args.keras_stacks and not args.loss:
             raise UserError("--keras-stacks trains the model under each Keras: give --loss (a Keras loss name such as "
                             "sparse_categorical_crossentropy)")
-        if args.data and not args.train:
-            raise UserError("--data is what the training experiments train on: add --train --loss LOSS")
+        if args.data and not (args.train or args.train_step):
+            raise UserError("--data is what the training experiments train on: add --train --loss LOSS (or "
+                            "--train-step)")
         if args.latency_budget and not args.serve:
             raise UserError("--latency-budget is for the serving question: add --serve")
         if (args.hosts is None) != (args.link is None):
@@ -249,6 +261,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             loss = training_loss(args.loss, args.from_logits)
             if args.data:
                 options.data = load_data(args.data, subject, loss, options.train_examples)
+        if args.train_step:
+            from tfperf.doctor.custom_step import load_step
+
+            options.step, options.step_source = load_step(args.train_step), args.train_step
         check_batches_fit(subject, options.batch_sizes, options.train_examples if args.train else 0)
         check_runs(subject, make_inputs(subject, 2, seed=args.seed, sample=sample))
         created = not out.exists()

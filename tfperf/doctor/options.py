@@ -62,6 +62,8 @@ class Options:
     load_time: bool = False  # a cold start per form the model can take, in fresh processes
     keras_stacks: bool = False  # the model under Keras 2, Keras 3 on TensorFlow and on JAX (needs `loss`)
     data: Any = None  # pipeline.UserData: the user's tf.data pipeline to train on (--data)
+    step: Any = None  # the user's training step, step(model, optimizer, batch) -> loss (--train-step)
+    step_source: str | None = None  # where `step` came from (module:function)
     memory_budget: int | None = None  # bytes: find the largest batch within them (--memory-budget)
 
 

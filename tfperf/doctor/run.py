@@ -19,8 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tfperf import extras
+from tfperf.deploy.errors import first_line
+from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.advice import Diagnosis
+from tfperf.doctor.custom_step import custom_step, first_batch
+from tfperf.doctor.effect import policy_effect
 from tfperf.doctor.inference import inference, model_facts
 from tfperf.doctor.memory import memory_budget
 from tfperf.doctor.options import RECIPE, Finding, Options
@@ -32,7 +36,7 @@ from tfperf.doctor.threads import thread_batches, threads
 from tfperf.doctor.keras_stacks import keras_stacks
 from tfperf.doctor.lengths import length_sweep
 from tfperf.doctor.loading import load_times
-from tfperf.doctor.training import training
+from tfperf.doctor.training import PLAIN_BATCH, training
 
 
 def plan(subject: Subject, options: Options) -> list[str]:
@@ -47,6 +51,8 @@ def plan(subject: Subject, options: Options) -> list[str]:
         steps.append("input pipeline")
     if options.train:
         steps.append("training")
+    if options.step is not None:
+        steps.append("your training step")
     if options.memory_budget:
         steps.append("memory budget")
     if options.shapes:
@@ -73,9 +79,16 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     rec = Recorder(RECIPE, args)
     progress("the model")
     facts = model_facts(subject, quick=options.quick, sample=options.sample)
-    took = {"the model": time.perf_counter() - started}
     findings: list[Finding] = []
     skipped: dict[str, str] = {}
+    precision = []  # (what, effect.PolicyEffect): whether a mixed policy took effect, the model's first
+    if subject.kind == "keras":
+        try:
+            precision.append(("the model as given", policy_effect(subject.model, subject.pack(to_tensors(
+                make_inputs(subject, 2, seed=options.seed, sample=options.sample))))))
+        except Exception as exc:  # a model that cannot be traced in a tf.function says so elsewhere too
+            skipped["mixed precision check"] = f"{type(exc).__name__}: {first_line(exc)}"
+    took = {"the model": time.perf_counter() - started}
     traces = traces or workdir / "traces"
     # The traces are read through XProf: without it (tfperf[profile]) the pass is said to be skipped, not tried.
     profiler = ProfilePass(traces, rec, facts) if options.profile and extras.installed("xprof") else None
@@ -98,10 +111,14 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
         sections.append(("input pipeline", lambda: keep("input pipeline", input_pipeline(
             subject, rec, options, progress, profiler, facts))))
     if options.train:
-        sections.append(("training", lambda: training(subject, rec, options, progress, facts, profiler)
+        sections.append(("training", lambda: keep("training", training(subject, rec, options, progress, facts,
+                                                                        profiler))
                          if not getattr(found.get("input pipeline"), "input_bound", False) else
                          ([], {"training": "not run: training waits for its data, so a faster step would wait "
                                            "longer; fix the input pipeline first, then run the doctor again"})))
+    if options.step is not None:
+        sections.append(("your training step", lambda: keep("your training step", custom_step(
+            subject, rec, options, progress, first_batch(subject, options, PLAIN_BATCH)))))
     if options.memory_budget:
         sections.append(("memory budget", lambda: keep("memory budget", memory_budget(
             subject, options, progress, traces / "memory-budget"))))
@@ -125,11 +142,14 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
         skipped.update(left_out)
     if profiler is not None:
         skipped.update(profiler.failed)
+    precision += found["training"][0] if "training" in found else []
     return Diagnosis(subject, rec, findings, skipped, facts, time.perf_counter() - started, took,
                      profiles=profiler.found if profiler else [], peaks=profiler.peaks if profiler else {},
                      profile_s=profiler.took_s if profiler else 0.0, input_check=found.get("input pipeline"),
                      batch_fit=found.get("memory budget"), lengths=found.get("sequence length"),
                      shapes=found.get("new shapes"), load_times=found.get("load time"),
-                     stacks=found.get("keras stacks"), xla=found.get("xla"))
+                     stacks=found.get("keras stacks"), xla=found.get("xla"),
+                     precision=precision, kernels=found["training"][1] if "training" in found else [],
+                     overflow=found.get("your training step"))
 
 

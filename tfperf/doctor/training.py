@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -10,8 +11,9 @@ import numpy as np
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import make_inputs
-from tfperf.deploy.loader import Subject
+from tfperf.deploy.loader import Subject, all_layers
 from tfperf.doctor.inference import mfu
+from tfperf.doctor.effect import policy_effect
 from tfperf.doctor.xla import XLA_REFUSED, xla_reason
 from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
 from tfperf.gpus import mixed_policy_here
@@ -85,9 +87,10 @@ def training_configs(options: Options, examples: int) -> tuple[list[tuple], dict
 
 
 def started_trainers(subject: Subject, configs: Sequence[tuple], options: Options, x, y, loss_fn, examples: int,
-                     skipped: dict[str, str]) -> list[tuple]:
+                     skipped: dict[str, str], effects: list | None = None) -> list[tuple]:
     """A fresh model per configuration, compiled and its first epoch run (timed apart): (row, timer, its
-    losses, code, cost) each. A configuration that fails is named in `skipped`; plain fit failing is an error."""
+    losses, code, cost) each. A configuration that fails is named in `skipped`; plain fit failing is an error.
+    `effects` gets (what, effect.PolicyEffect) for each configuration under a mixed policy."""
     import keras
 
     from tfperf.measure import Timer
@@ -117,15 +120,25 @@ def started_trainers(subject: Subject, configs: Sequence[tuple], options: Option
                 "jit_compile") else f"{type(exc).__name__}: {first_line(exc)}")
             continue
         trainers.append((row, timer, losses, code, cost))
+        if policy and effects is not None:  # whether the policy took effect in the model rebuilt under it
+            import tensorflow as tf
+
+            try:
+                effects.append((f"training row {row} (the model rebuilt under it)",
+                                policy_effect(model, tf.nest.map_structure(lambda a: a[:2], x) if data is None
+                                              else next(iter(data.dataset))[0])))
+            except Exception as exc:  # the row is measured all the same
+                skipped[f"training: whether {row} took effect"] = f"{type(exc).__name__}: {first_line(exc)}"
     return trainers
 
 
 def training(subject: Subject, rec, options: Options, progress, facts: Mapping[str, Any] | None = None,
-             profiler=None) -> tuple[list[Finding], dict]:
+             profiler=None) -> tuple[list[Finding], dict, tuple[list, list]]:
     """Plain fit against steps_per_execution, jit_compile, mixed precision and larger batches, epoch for
     epoch from the same weights, on synthetic arrays or the user's pipeline (`options.data`); final losses
-    checked finite and in agreement. `profiler` (a ProfilePass) then traces plain fit's epoch and the peak
-    memory of each."""
+    checked finite and in agreement; whether the mixed policy took effect in its model (effect.PolicyEffect).
+    `profiler` (a ProfilePass) then traces plain fit's epoch and the peak memory of each, and a mixed row that is
+    not faster beside plain fit, kernel by kernel (kernels.KernelDiff)."""
     from tfperf.records.jsonl import race_table
 
     if subject.fresh is None:
@@ -141,7 +154,9 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
         y = synthetic_targets(subject, options, examples)
     loss_fn = training_loss(options.loss, options.from_logits)
     configs, skipped = training_configs(options, examples)
-    trainers = started_trainers(subject, configs, options, x, y, loss_fn, examples, skipped)
+    effects: list = []  # (what, effect.PolicyEffect) for each row under a mixed policy
+    kernels: list = []  # kernels.KernelDiff for each mixed row that is not faster
+    trainers = started_trainers(subject, configs, options, x, y, loss_fn, examples, skipped, effects)
     final_losses: dict[str, float] = {}
 
     def read_losses(_):
@@ -175,7 +190,35 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
                            flops_per_call=3 * flops * examples if flops else None)
         for row, timer, _, _, _ in trainers[1:]:
             profiler.peak(timer, f"training: {row}", "training")
-    return findings, skipped
+        kernels += slower_kernels(subject, trainers, raced, profiler)
+    return findings, skipped, (effects, kernels)
+
+
+def slower_kernels(subject: Subject, trainers: Sequence[tuple], raced, profiler) -> list:
+    """For a mixed-precision row that is not faster than plain fit: both traced in turns, the layers' operations
+    that got slower or were added (kernels.KernelDiff)."""
+    import time
+
+    from tfperf.doctor.kernels import kernel_diff, precision_hint
+    from tfperf.gpus import tensorflow_gpus
+    from tfperf.measure.stats import FASTER
+
+    plain = trainers[0][1]
+    found = []
+    for row, timer, _, _, _ in trainers[1:]:
+        if not row.startswith("mixed") or raced.comparisons[row].verdict == FASTER:
+            continue
+        started = time.perf_counter()
+        try:
+            diff = kernel_diff(plain, timer, [layer.name for layer in all_layers(subject.model)],
+                               profiler.root / "kernels", calls=1)
+            hint = precision_hint(row, subject.model, [g.layer for g in diff.slower], tensorflow_gpus())
+            found.append(dataclasses.replace(diff, hint=hint))
+        except Exception as exc:  # a trace XProf cannot read: a gap in the report, not a failed run
+            profiler.failed[f"kernels of training: {row}"] = f"{type(exc).__name__}: {first_line(exc)}"
+        finally:
+            profiler.took_s += time.perf_counter() - started
+    return found
 
 
 def synthetic_targets(subject: Subject, options: Options, examples: int):

@@ -1,0 +1,147 @@
+"""Why a variant is slower, kernel by kernel: the plain call and the variant traced in turns, their operations'
+self time grouped by the layer and op type they belong to, and each group's ratio with its interval.
+
+A switch that makes the whole call slower (mixed precision on a CPU without bfloat16 arithmetic, a float16
+convolution whose channels do not suit tensor cores) is slower somewhere: in a layer's convolution, in the casts the
+policy added, in an optimizer update. Traces of one call each would give one number per group; here each variant is
+traced `rounds` times, interleaved, so that every group has a sample per round and the ratio a 95% interval
+(`tfperf.measure.stats`), as the doctor's other verdicts do. Traces are read through XProf (`tfperf.measure.profiles`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from tfperf.doctor.effect import layer_of
+from tfperf.measure.stats import SLOWER, Comparison, compare_times
+
+ROUNDS = 6  # a sample per round for each group: what a verdict needs (stats.MIN_UNITS)
+SHOWN = 4  # the groups a report names
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds to three figures, without an exponent."""
+    v = seconds * 1e3
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The self time of one layer's ops of one type, per call, in both variants."""
+
+    layer: str
+    type: str
+    plain_s: float  # median per call, 0 when the plain call has none
+    variant_s: float
+    comparison: Comparison | None  # None when one side has no such ops (added or removed)
+
+    @property
+    def added_s(self) -> float:
+        return self.variant_s - self.plain_s
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelDiff:
+    """Where a variant spends more than the plain call, by layer and op type."""
+
+    variant: str
+    plain: str
+    groups: tuple[Group, ...]  # by time added, largest first
+    hint: str = ""  # what the machine does with the variant's arithmetic, when that explains it
+
+    @property
+    def gone(self) -> list[Group]:
+        """Groups the variant no longer has (a fused kernel the plain call ran, for one)."""
+        return [g for g in self.groups if g.variant_s == 0 and g.plain_s > 0]
+
+    @property
+    def slower(self) -> list[Group]:
+        """Groups measurably slower, or added by the variant, that cost time."""
+        return [g for g in self.groups if g.added_s > 0 and (
+            g.comparison is None and g.plain_s == 0 or g.comparison is not None and g.comparison.verdict == SLOWER)]
+
+    def describe(self) -> str:
+        shown = self.slower[:SHOWN]
+        if not shown:
+            return (f"Traced in turns against {self.plain}, no layer's operations of {self.variant} are measurably "
+                    f"slower or added: the difference lies outside TensorFlow's operations (dispatch, Python).")
+        parts = []
+        for g in shown:
+            where = f"`{g.type}` in `{g.layer}`"
+            if g.comparison is None:
+                parts.append(f"{where} is added ({ms(g.variant_s)} ms per call)")
+            else:
+                c = g.comparison
+                parts.append(f"{where} takes {1 / c.ratio:.2f}x as long ({ms(g.plain_s)} to {ms(g.variant_s)} ms per "
+                             f"call; 95% CI {1 / c.ci95[1]:.2f}-{1 / c.ci95[0]:.2f}x)")
+        added = sum(g.added_s for g in self.slower)
+        gone = sorted(self.gone, key=lambda g: -g.plain_s)[:SHOWN]
+        return (f"Under {self.variant}, against {self.plain} (each traced {ROUNDS} times in turns, operations' self "
+                f"time by layer and type): " + "; ".join(parts) + f". Together {ms(added)} ms more per call."
+                + ("" if not gone else " Gone under it: " + ", ".join(
+                    f"`{g.type}` in `{g.layer}` ({ms(g.plain_s)} ms)" for g in gone)
+                   + (" (a fused kernel the plain call ran, now split into the ops above)"
+                      if any(g.type.startswith("_Fused") for g in gone) else "") + ".")
+                + (f" {self.hint}" if self.hint else ""))
+
+
+def grouped(ops, layers: Sequence[str], calls: int) -> dict[tuple[str, str], float]:
+    """Self time per call by (layer, op type), from one trace's operations."""
+    known = set(layers)
+    found: dict[tuple[str, str], float] = {}
+    for op in ops:
+        key = (layer_of(op.name, known), op.type)
+        found[key] = found.get(key, 0.0) + op.self_s / calls
+    return found
+
+
+def kernel_diff(plain, variant, layers: Sequence[str], root: Path, *, calls: int, rounds: int = ROUNDS,
+                hint: str = "") -> KernelDiff:
+    """Trace two measured timers in turns, `calls` calls a trace, and compare their operations by layer and type."""
+    import numpy as np
+
+    from tfperf.measure.profiles import op_times, trace_files
+
+    samples: dict[str, list[dict]] = {plain.name: [], variant.name: []}
+    for r in range(rounds):
+        for timer in (plain, variant):
+            where = timer.profile(Path(root) / f"round-{r}", steps=calls)
+            samples[timer.name].append(grouped(op_times(trace_files(where)), layers, calls))
+    keys = {k for rounds_ in samples.values() for found in rounds_ for k in found}
+    groups = []
+    for key in keys:
+        a = [found.get(key, 0.0) for found in samples[plain.name]]
+        b = [found.get(key, 0.0) for found in samples[variant.name]]
+        both = min(a) > 0 and min(b) > 0
+        comparison = compare_times(a, b, names=(plain.name, variant.name), rounds=rounds) if both else None
+        groups.append(Group(key[0], key[1], float(np.median(a)), float(np.median(b)), comparison))
+    groups.sort(key=lambda g: -g.added_s)
+    return KernelDiff(variant.name, plain.name, tuple(groups), hint)
+
+
+def precision_hint(policy: str, model, layers: Sequence[str], gpus: Sequence = ()) -> str:
+    """Why lower precision may be slow here: on a GPU, the named layers whose channels or units are not multiples of 8
+    (tensor cores take float16 in multiples of 8); on a CPU, how it computes bfloat16 or float16."""
+    from tfperf.precision import cpu_bf16_support
+
+    low = policy.removeprefix("mixed_")
+    if not gpus:
+        if low == "bfloat16":
+            return f"This CPU's bfloat16 arithmetic: {cpu_bf16_support()}."
+        return "float16 on a CPU is emulated: mixed_float16 is for GPUs."
+    odd = []
+    for name in layers:
+        try:
+            layer = model.get_layer(name)
+            outgoing = layer.get_config().get("filters") or layer.get_config().get("units")
+            incoming = layer.input.shape[-1]
+        except (ValueError, AttributeError):
+            continue
+        if outgoing and incoming and (outgoing % 8 or incoming % 8):
+            odd.append(f"`{name}` ({incoming} in, {outgoing} out)")
+    if odd:
+        return (f"Tensor cores take {low} in multiples of 8 channels: not so for " + ", ".join(odd)
+                + ". Pad the layers' channels (filters, units) to multiples of 8.")
+    return ""

@@ -437,6 +437,7 @@ def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, cap
     assert json.loads((out / "doctor.jsonl").read_text().splitlines()[0])["args"]["model"].endswith("small.keras")
 
 
+@pytest.mark.whole_machine  # its verdict is a share of the step spent waiting
 def test_on_your_pipeline_the_doctor_says_whether_training_waits_for_data(pipelines, tmp_path):
     from tfperf.doctor.pipeline import VARIANTS_TABLE, load_data
     from tfperf.doctor.training import training_loss
@@ -546,6 +547,7 @@ def test_the_thread_sweep_covers_counts_onednn_and_openmp_and_says_when_a_limit_
     assert "did not take effect" not in cores_text(1.9, 2.0, limits=False)
 
 
+@pytest.mark.whole_machine  # it asks for both cores
 def test_a_timer_server_reports_the_cores_its_process_kept_busy():
     """Two threads hashing in the child (hashlib lets go of the GIL on large buffers): its CPU time over the wall
     time of the samples is about 2 cores; a timer that sleeps keeps none busy."""

@@ -78,6 +78,7 @@ def test_hosts_are_taken_down_on_sigterm_and_a_killed_runs_are_cleaned_by_the_ne
     assert stale(PREFIX) == [] and clean(PREFIX) == []
 
 
+@pytest.mark.whole_machine  # each host is pinned to a core
 @needs_hosts
 @pytest.mark.slow
 def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
@@ -109,6 +110,7 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     assert stale() == [] and time.perf_counter() - started < 300
 
 
+@pytest.mark.whole_machine  # each host is pinned to a core
 @needs_hosts
 @pytest.mark.slow
 def test_a_lost_host_is_named_then_training_resumes_from_its_checkpoint_and_elastic_goes_on(tmp_path):

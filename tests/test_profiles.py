@@ -13,8 +13,9 @@ from tfperf.measure.profiles import (TraceError, by_type, input_analysis, op_tim
                                      trace_files, traces_by_run)
 from tfperf.recipe import where_the_time_went
 
-# On one xdist worker (`make test` runs two): its module fixture traces once.
-pytestmark = pytest.mark.xdist_group("profiles")
+# Alone on the machine (`make test` runs these after its two workers): the profiler's verdicts and its memory view
+# are of a trace taken here, which another test's load changes.
+pytestmark = pytest.mark.whole_machine
 
 
 @pytest.fixture(scope="module")

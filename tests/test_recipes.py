@@ -467,6 +467,7 @@ def test_mixed_precision_agrees_with_float32_and_on_a_fake_tf32_gpu_runs_float32
     assert all(r["verdict"] in ("faster", "slower", "no measurable difference") for r in rec.records[1:])
 
 
+@pytest.mark.whole_machine  # its verdict is a share of the step spent waiting
 @pytest.mark.slow
 def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path):
     out = run([sys.executable, recipe("input_pipeline"), "--quick", "--steps", "8", "--warmup", "1",

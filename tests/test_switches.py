@@ -225,3 +225,17 @@ def test_a_custom_step_is_timed_four_ways_and_its_first_non_finite_step_and_vari
     assert fine.first("loss") is None and fine.first("weight") is None and not fine.steps[-1].bad_gradients
     assert all(s.scaled for s in fine.steps) and fine.overflowing_layer is None
     assert "never calls" not in fine.describe() and "not finite" not in fine.describe()
+
+
+def test_a_string_layer_is_refused_without_compiling_and_the_rest_compiled_around_it():
+    # keras-io's text classifiers keep TextVectorization in the model they export. Handing XLA its string tensors
+    # aborted the doctor's process (TensorFlow's DataTypeCanUseMemcpy check); now such a run is refused unasked.
+    vectorize = keras.layers.TextVectorization(max_tokens=50, output_sequence_length=6, name="vectorize")
+    vectorize.adapt(np.array(["the movie was great", "a terrible film"]))
+    text = keras.Input((1,), dtype="string", name="text")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 4, name="embed")(vectorize(text)))
+    model = keras.Model(text, keras.layers.Dense(2, name="logits")(pooled))
+    x = tf.constant([["a great movie"], ["terrible"]])
+    found = bisect(model, x)
+    assert found.failing == ["vectorize"] and "string tensors" in found.refusals[0].reason
+    np.testing.assert_allclose(compiled_around(model, found.failing)(x), model(x), rtol=1e-5, atol=1e-6)

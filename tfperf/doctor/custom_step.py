@@ -22,7 +22,7 @@ import numpy as np
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import DoctorError, Finding, MIN_GAIN, Options
-from tfperf.doctor.xla import XLA_REFUSED, xla_reason
+from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, xla_reason
 
 TABLE = "your training step"
 EAGER, GRAPH, XLA = "your step, eager", "your step in tf.function", "tf.function, jit_compile=True"
@@ -89,6 +89,9 @@ def step_rows(subject: Subject, step: Callable, batch: tuple, mixed: str | None,
                         if mixed == "mixed_float16" else ""),
                      "lower-precision activations: check the loss"))
     for row, policy, compiled, code, cost in ways:
+        if compiled and any(i.dtype == "string" for i in subject.inputs):  # refused before compiling
+            skipped[f"{TABLE}: {row}"] = XLA_REFUSED + f"the model {NO_STRINGS}"
+            continue
         model_, optimizer_ = fresh(policy)
         traced = tf.function(lambda x, model_=model_, optimizer_=optimizer_: step(model_, optimizer_, x), **compiled)
         call = (lambda traced=traced: traced(batch))

@@ -18,7 +18,7 @@ from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
-from tfperf.doctor.xla import XLA_REFUSED, XlaFailure, bisect, compiled_around, xla_reason
+from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, XlaFailure, bisect, compiled_around, xla_reason
 from tfperf.extras import MissingExtra
 from tfperf.gpus import exact_float32, float32_tolerance, tensorflow_gpus, tf32_here
 
@@ -109,7 +109,9 @@ def candidate_calls(subject: Subject, batch: int, flat, tensors, graph, xla, run
     subject's head) or by name already (an exported runtime), the code that applies it, and what it costs."""
     calls: dict[str, Call] = {}
     if subject.kind == "keras":
-        packed, model = subject.pack(flat), subject.model
+        # Keras' array adapter takes no NumPy unicode arrays ("Invalid dtype: str480"): string inputs go as tensors.
+        strings = any(i.dtype == "string" for i in subject.inputs)
+        packed, model = (tensors if strings else subject.pack(flat)), subject.model
         calls["predict()"] = (lambda: model.predict(packed, batch_size=batch, verbose=0), True, "", "")
         calls["model(x)"] = (lambda: model(tensors, training=False), True,
                              "y = model(x, training=False)   # instead of model.predict(x) for small batches",
@@ -204,6 +206,9 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             skipped[f"agreement at batch {batch}"] = (f"{NOT_EVIDENCE}: every output is the same on all {batch} rows, "
                                                       f"so max_relative_diff shows nothing of how the rows compute")
         calls = candidate_calls(subject, batch, flat, tensors, graph, xla, runtimes, commands)
+        if any(i.dtype == "string" for i in subject.inputs):  # refused before compiling: see xla.NO_STRINGS
+            del calls[XLA_ROW]
+            skipped[f"{XLA_ROW} at batch {batch}"] = XLA_REFUSED + f"the model {NO_STRINGS}"
         diffs, timers = checked_timers(subject, calls, batch, reference, skipped)
         if failure is None and f"{XLA_ROW} at batch {batch}" in skipped:
             failure, around = xla_fallback(subject, tensors,

@@ -14,7 +14,7 @@ from tfperf.deploy.inputs import make_inputs
 from tfperf.deploy.loader import Subject, all_layers
 from tfperf.doctor.inference import mfu
 from tfperf.doctor.effect import policy_effect
-from tfperf.doctor.xla import XLA_REFUSED, xla_reason
+from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, xla_reason
 from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
 from tfperf.gpus import mixed_policy_here
 
@@ -61,9 +61,9 @@ def training_loss(name: str | None, from_logits: bool) -> Callable:
     return on_logits
 
 
-def training_configs(options: Options, examples: int) -> tuple[list[tuple], dict[str, str]]:
+def training_configs(options: Options, examples: int, strings: bool = False) -> tuple[list[tuple], dict[str, str]]:
     """What is tried against plain fit: (row, mixed policy, compile options, batch, code, cost) each, and
-    what is not tried and why."""
+    what is not tried and why (`strings`: the model takes string inputs, which XLA cannot)."""
     data = options.data
     mixed = mixed_policy_here()  # float16 from compute capability 7.0, bfloat16 from 8.0 and on CPUs
     configs = [(f"plain fit (batch {PLAIN_BATCH})", None, {}, PLAIN_BATCH, "", ""),
@@ -76,6 +76,9 @@ def training_configs(options: Options, examples: int) -> tuple[list[tuple], dict
                 "lower-precision activations: check accuracy; keep the last layer float32")][:4 if mixed else 3]
     skipped = {} if mixed else {"training: mixed precision": "these GPUs have no tensor cores (compute capability "
                                                                   "below 7.0): lower precision would gain nothing"}
+    if strings:  # refused before compiling: see xla.NO_STRINGS
+        configs = [c for c in configs if not c[2].get("jit_compile")]
+        skipped["training: jit_compile=True"] = XLA_REFUSED + f"the model {NO_STRINGS}"
     if data is None:
         configs += [(f"batch {b}", None, {}, b, f"model.fit(x, y, batch_size={b})",
                      "fewer optimizer steps per epoch: retune the learning rate; more activation memory")
@@ -153,7 +156,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
         x = subject.pack(make_inputs(subject, examples, seed=options.seed, sample=options.sample))
         y = synthetic_targets(subject, options, examples)
     loss_fn = training_loss(options.loss, options.from_logits)
-    configs, skipped = training_configs(options, examples)
+    configs, skipped = training_configs(options, examples, any(i.dtype == "string" for i in subject.inputs))
     effects: list = []  # (what, effect.PolicyEffect) for each row under a mixed policy
     kernels: list = []  # kernels.KernelDiff for each mixed row that is not faster
     trainers = started_trainers(subject, configs, options, x, y, loss_fn, examples, skipped, effects)

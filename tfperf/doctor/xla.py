@@ -84,11 +84,25 @@ def _segment(nodes: Sequence, keep: set[int] | None = None, call: Callable | Non
     return needs, run
 
 
+# XLA takes no string tensors, and handing it one can abort the process (a failed check in TensorFlow's tensor code,
+# seen with TextVectorization) rather than raise: such a function is refused before it is compiled.
+NO_STRINGS = "takes or makes string tensors, which XLA cannot compile (and trying can abort the process)"
+
+
+def has_strings(tensors) -> bool:
+    """True when any of the tensors is a string tensor."""
+    return any(getattr(getattr(t, "dtype", None), "name", str(getattr(t, "dtype", ""))) == "string" for t in tensors)
+
+
 def compile_error(nodes: Sequence, values: dict[int, Any]) -> BaseException | None:
-    """What XLA raises compiling this run of layer calls on the tensors they saw; None when it compiles."""
+    """What XLA raises compiling this run of layer calls on the tensors they saw; None when it compiles. A run that
+    takes or makes string tensors is refused without compiling."""
     import tensorflow as tf
 
     needs, run = _segment(nodes)
+    made = [values[id(t)] for node in nodes for t in node.outputs if id(t) in values]
+    if has_strings([values[k] for k in needs] + made):
+        return ValueError(NO_STRINGS)
     try:
         tf.function(run, jit_compile=True)([values[k] for k in needs])
     except Exception as exc:  # XLA's own refusal, or an op that fails once compiled: both keep it from compiling

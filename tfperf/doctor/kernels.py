@@ -53,8 +53,8 @@ class KernelDiff:
 
     @property
     def gone(self) -> list[Group]:
-        """Groups the variant no longer has (a fused kernel the plain call ran, for one)."""
-        return [g for g in self.groups if g.variant_s == 0 and g.plain_s > 0]
+        """Fused kernels the plain call ran that the variant no longer has (it runs their parts apart)."""
+        return [g for g in self.groups if g.variant_s == 0 and g.plain_s > 0 and g.type.startswith(("_Fused", "_Mkl"))]
 
     @property
     def slower(self) -> list[Group]:
@@ -80,10 +80,8 @@ class KernelDiff:
         gone = sorted(self.gone, key=lambda g: -g.plain_s)[:SHOWN]
         return (f"Under {self.variant}, against {self.plain} (each traced {ROUNDS} times in turns, operations' self "
                 f"time by layer and type): " + "; ".join(parts) + f". Together {ms(added)} ms more per call."
-                + ("" if not gone else " Gone under it: " + ", ".join(
-                    f"`{g.type}` in `{g.layer}` ({ms(g.plain_s)} ms)" for g in gone)
-                   + (" (a fused kernel the plain call ran, now split into the ops above)"
-                      if any(g.type.startswith("_Fused") for g in gone) else "") + ".")
+                + ("" if not gone else " Fused kernels the plain call ran and this one does not: " + ", ".join(
+                    f"`{g.type}` in `{g.layer}` ({ms(g.plain_s)} ms)" for g in gone) + " (their parts run apart).")
                 + (f" {self.hint}" if self.hint else ""))
 
 

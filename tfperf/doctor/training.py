@@ -20,6 +20,7 @@ from tfperf.gpus import mixed_policy_here
 
 
 PLAIN_BATCH = 32  # Keras' default batch size: what model.fit(x, y) uses
+KERNELS_QUICK_S = 60  # --quick traces a slower mixed row kernel by kernel only when its epochs take less
 
 
 def training_labels(subject: Subject, loss: str, outputs: Sequence[np.ndarray], examples: int,
@@ -193,16 +194,18 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
                            flops_per_call=3 * flops * examples if flops else None)
         for row, timer, _, _, _ in trainers[1:]:
             profiler.peak(timer, f"training: {row}", "training")
-        kernels += slower_kernels(subject, trainers, raced, profiler)
+        kernels += slower_kernels(subject, trainers, raced, profiler, skipped,
+                                  KERNELS_QUICK_S if options.quick else None)
     return findings, skipped, (effects, kernels)
 
 
-def slower_kernels(subject: Subject, trainers: Sequence[tuple], raced, profiler) -> list:
+def slower_kernels(subject: Subject, trainers: Sequence[tuple], raced, profiler, skipped: dict[str, str],
+                   limit_s: float | None = None) -> list:
     """For a mixed-precision row that is not faster than plain fit: both traced in turns, the layers' operations
-    that got slower or were added (kernels.KernelDiff)."""
+    that got slower or were added (kernels.KernelDiff); not when its traced epochs would take over `limit_s`."""
     import time
 
-    from tfperf.doctor.kernels import kernel_diff, precision_hint
+    from tfperf.doctor.kernels import ROUNDS, kernel_diff, precision_hint
     from tfperf.gpus import tensorflow_gpus
     from tfperf.measure.stats import FASTER
 
@@ -210,6 +213,11 @@ def slower_kernels(subject: Subject, trainers: Sequence[tuple], raced, profiler)
     found = []
     for row, timer, _, _, _ in trainers[1:]:
         if not row.startswith("mixed") or raced.comparisons[row].verdict == FASTER:
+            continue
+        expected = ROUNDS * (raced[plain.name].median_s + raced[row].median_s)
+        if limit_s is not None and expected > limit_s:
+            skipped[f"training: {row}, kernel by kernel"] = (f"not traced: {ROUNDS} epochs of it and of plain fit "
+                                                             f"would take about {expected:.0f} s; run without --quick")
             continue
         started = time.perf_counter()
         try:

@@ -239,3 +239,24 @@ def test_a_string_layer_is_refused_without_compiling_and_the_rest_compiled_aroun
     found = bisect(model, x)
     assert found.failing == ["vectorize"] and "string tensors" in found.refusals[0].reason
     np.testing.assert_allclose(compiled_around(model, found.failing)(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_training_step_is_one_line_with_exit_2_and_nothing_written(tmp_path, capsys, monkeypatch):
+    from test_doctor import one_line_error
+
+    (tmp_path / "myloop.py").write_text(
+        "import keras\n\n"
+        "def build():\n"
+        "    inputs = keras.Input((4,))\n"
+        "    return keras.Model(inputs, keras.layers.Dense(2)(inputs))\n\n"
+        "not_a_step = 3\n\n"
+        "def returns_nothing(model, optimizer, batch):\n"
+        "    return None\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    common = ["myloop:build", "--quick", "--no-threads", "--no-profile", "--out", out]
+    one_line_error(capsys, [*common, "--train-step", "myloop:returns_nothing"], "give --loss")
+    one_line_error(capsys, [*common, "--loss", "mse", "--train-step", "myloop:not_a_step"], "no function 'not_a_step'")
+    one_line_error(capsys, [*common, "--loss", "mse", "--train-step", "myloop:returns_nothing"], "not the loss")
+    assert not out.exists()

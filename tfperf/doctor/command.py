@@ -262,9 +262,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if args.data:
                 options.data = load_data(args.data, subject, loss, options.train_examples)
         if args.train_step:
-            from tfperf.doctor.custom_step import load_step
+            from tfperf.doctor.custom_step import check_step, first_batch, load_step
+            from tfperf.doctor.training import PLAIN_BATCH
 
             options.step, options.step_source = load_step(args.train_step), args.train_step
+            check_step(subject, options, first_batch(subject, options, PLAIN_BATCH))
         check_batches_fit(subject, options.batch_sizes, options.train_examples if args.train else 0)
         check_runs(subject, make_inputs(subject, 2, seed=args.seed, sample=sample))
         created = not out.exists()

@@ -31,14 +31,10 @@ FLOAT16_MAX = 65504.0
 
 
 def load_step(source: str) -> Callable:
-    """The user's `module:function` step, checked to be callable; DoctorError in one line otherwise."""
+    """The user's `module:function` step (the loader's ModelError, one line, when there is none)."""
     from tfperf.deploy.loader import import_callable
 
-    step = import_callable(source, "function")
-    if not callable(step):
-        raise DoctorError(f"{source} is {type(step).__name__}, not a function: give a function step(model, optimizer, "
-                          f"batch) that trains one step and returns the loss")
-    return step
+    return import_callable(source, "function")
 
 
 def _finite(values) -> bool:
@@ -46,11 +42,28 @@ def _finite(values) -> bool:
 
 
 def _loss_value(loss: Any, source: str) -> float:
+    if loss is None:
+        raise DoctorError(f"{source} returned None, not the loss: return the step's loss (a scalar tensor)")
     try:
         return float(np.asarray(loss, dtype=np.float64).mean())
     except (TypeError, ValueError):
         raise DoctorError(f"{source} returned {type(loss).__name__}, not the loss: return the step's loss "
                           f"(a scalar tensor)") from None
+
+
+def check_step(subject: Subject, options: Options, batch: tuple) -> None:
+    """Run the user's step once on a copy of the model, before anything is measured: DoctorError in one line when it
+    fails or returns no loss."""
+    import keras
+
+    if subject.fresh is None:
+        raise DoctorError("--train-step trains the Keras model: give a .keras file or module:factory, not a SavedModel")
+    try:
+        loss = options.step(subject.fresh(None), keras.optimizers.Adam(1e-3), batch)
+    except Exception as exc:
+        raise DoctorError(f"{options.step_source}(model, optimizer, batch) failed on the doctor's batch: "
+                          f"{type(exc).__name__}: {first_line(exc)}") from None
+    _loss_value(loss, options.step_source)
 
 
 def step_rows(subject: Subject, step: Callable, batch: tuple, mixed: str | None, source: str

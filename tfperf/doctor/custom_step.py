@@ -195,20 +195,22 @@ def overflowing_layer(model, x) -> str | None:
     """The first layer (in the model's graph order) whose output holds an inf or NaN on `x`."""
     import keras
 
-    from tfperf.doctor.xla import graph_nodes
+    from tfperf.doctor.xla import graph_nodes, run_nodes
 
     found = graph_nodes(model)
     if found is None:
         return None
     functional, nodes = found
-    values = {id(s): v for s, v in zip(functional.inputs, keras.tree.flatten(x))}
-    for node in nodes:
-        args, kwargs = node.arguments.fill_in(values)
-        outputs = keras.tree.flatten(node.operation(*args, **kwargs))
-        if not _finite(outputs):
-            return node.operation.name
-        values.update({id(s): v for s, v in zip(node.outputs, outputs)})
-    return None
+    seen: list[str] = []
+
+    def checked(node, args, kwargs):
+        outputs = node.operation(*args, **kwargs)
+        if not seen and not _finite(keras.tree.flatten(outputs)):
+            seen.append(node.operation.name)
+        return outputs
+
+    run_nodes(nodes, {id(s): v for s, v in zip(functional.inputs, keras.tree.flatten(x))}, checked)
+    return seen[0] if seen else None
 
 
 def watch_overflow(subject: Subject, step: Callable, batch: tuple, steps: int) -> Overflow:

@@ -52,7 +52,7 @@ def graph_nodes(model) -> tuple[Any, list] | None:
     return functional, nodes
 
 
-def _run(nodes: Sequence, values: dict[int, Any], call: Callable | None = None) -> dict[int, Any]:
+def run_nodes(nodes: Sequence, values: dict[int, Any], call: Callable | None = None) -> dict[int, Any]:
     """Run layer calls in order on the tensors in `values` (by the id of the KerasTensor each stands for); returns
     `values` with every output added. `call(node, args, kwargs)` runs one call (default: the layer itself)."""
     import keras
@@ -74,11 +74,11 @@ def _needs(nodes: Sequence) -> list[int]:
 def _segment(nodes: Sequence, keep: set[int] | None = None, call: Callable | None = None
              ) -> tuple[list[int], Callable]:
     """A run of layer calls as a function of the tensors it needs, answering those it makes (only `keep`, when
-    given): (what it needs, the function). `call` as in `_run`."""
+    given): (what it needs, the function). `call` as in `run_nodes`."""
     needs = _needs(nodes)
 
     def run(given: Sequence) -> dict[str, Any]:
-        made = _run(nodes, dict(zip(needs, given)), call)
+        made = run_nodes(nodes, dict(zip(needs, given)), call)
         return {str(k): v for k, v in made.items() if k not in needs and (keep is None or k in keep)}
 
     return needs, run
@@ -184,7 +184,7 @@ def bisect(model, inputs, *, max_compiles: int = MAX_COMPILES) -> Bisection | No
         nonlocal layers
         functional, nodes = found
         layers += len(nodes)
-        values = _run(nodes, {id(s): v for s, v in zip(functional.inputs, keras.tree.flatten(inputs))})
+        values = run_nodes(nodes, {id(s): v for s, v in zip(functional.inputs, keras.tree.flatten(inputs))})
         return search(nodes, values, prefix)
 
     graph((functional, nodes), inputs, "")

@@ -64,11 +64,15 @@ def wheel(tmp_path_factory) -> Path:
     import shutil
 
     out = tmp_path_factory.mktemp("dist")
-    left = not (REPO / "build").exists()  # setuptools builds in the checkout: what it leaves there is removed
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(REPO)], check=True, capture_output=True, cwd=out)
-    if left:
-        shutil.rmtree(REPO / "build", ignore_errors=True)
+    # Built from a copy of the sources: setuptools writes build/ and tfperf.egg-info where it builds, and in the
+    # checkout those are shared with the other worker's processes (the editable install reads that egg-info).
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "tfperf", source / "tfperf", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                            str(out), str(source)], capture_output=True, text=True, cwd=out)
+    assert built.returncode == 0, built.stderr[-3000:]
     return next(out.glob("tfperf-*.whl"))
 
 

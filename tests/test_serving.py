@@ -324,6 +324,7 @@ def test_bad_flags_are_one_line(tmp_path, argv, expected):
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine  # a level that answers nothing in its time under another worker's load has no samples
 def test_load_quick_end_to_end(tmp_path, monkeypatch):
     """The whole `tfperf load --quick` in-process on the seed CNN, LiteRT beside the anchors, at sizes that test
     the command's path, not the machine (benchmarks/serving_under_load.py measures)."""

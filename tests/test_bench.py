@@ -97,6 +97,12 @@ def test_auto_block_size_is_calibrated_to_the_overhead():
     assert m.median_s * m.block_size >= 1e-3 * 0.5  # a block lasts about a millisecond or more
 
 
+def test_auto_block_size_is_not_cut_short_by_one_preempted_sample():
+    # 0.1 ms calls; the first calibration sample was preempted for 10 ms and alone would pass for a full block.
+    m = fake_timer([1.0, 0.01] + [1e-4] * 10_000, block_size="auto").measure(3, warmup=0)
+    assert m.block_size == 16 and m.median_s == pytest.approx(1e-4)  # 16 x 0.1 ms is the first block of 1 ms
+
+
 class PendingWork:
     """What an asynchronous result looks like: ready only when its work finishes (as JAX arrays are)."""
 

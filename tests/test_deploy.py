@@ -27,6 +27,14 @@ pytestmark = pytest.mark.xdist_group("deploy")
 FORMATS = [("savedmodel", "none"), ("litert", "none"), ("litert", "int8"), ("onnx", "none")]
 
 
+def test_under_loadgroup_this_modules_tests_are_one_work_unit(request):
+    """pytest 9.2 with pytest-xdist 3.8 dropped every xdist_group silently: each worker then built this module's
+    exports again (130 s each) and the suite's shared-resource groups ran side by side."""
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("only `make test`'s --dist loadgroup groups tests")
+    assert request.node.nodeid.endswith("@deploy"), "install the pytest that requirements.txt pins"
+
+
 def tfperf(*args) -> tuple[int, str, str]:
     """`tfperf ARGS` in this process: exit code, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()

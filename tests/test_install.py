@@ -15,8 +15,6 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.slow
-
 # The lower bounds pyproject.toml declares, installed together: the oldest environment tfperf promises to run in.
 LOWEST = ["tensorflow==2.16.2", "keras==3.6.0", "numpy==1.26.4", "scipy==1.11.4", "psutil==5.9.8"]
 HIGHEST = [re.search(r"^tensorflow==\S+", (REPO / "requirements.txt").read_text(), re.M)[0]]
@@ -51,7 +49,7 @@ print("\\0".join(texts), end="")
 """
 
 # On one xdist worker (`make test` runs two): its module fixtures build the wheel and the fresh environments once.
-pytestmark = pytest.mark.xdist_group("install")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("install")]
 
 
 def packages_in(root: Path, package: str) -> set[str]:

@@ -20,6 +20,7 @@ from tfperf.doctor.options import TRACE_BATCHES
 from tfperf.doctor.retracing import count_traces, retraces, retracing
 from tfperf.doctor.training import training
 from tfperf.cli import main
+from conftest import run
 from tfperf.records.jsonl import read_records
 from tfperf.measure.stats import FASTER, NO_DIFFERENCE, SLOWER
 
@@ -498,23 +499,43 @@ def check_fit(fit, budget):
     assert f"**{fit.largest}**" in text and "Found by trying" in text
 
 
+MEMORY_BUDGETS = """
+import dataclasses, json, sys
+from pathlib import Path
+import keras
+from tfperf import doctor
+from tfperf.deploy.loader import load_subject
+from tfperf.doctor.memory import memory_budget
+
+root = Path(sys.argv[1])
+train = doctor.Options(memory_budget=40 * 2**20, train=True, loss="sparse_categorical_crossentropy", from_logits=True)
+fits = [memory_budget(load_subject("cnn"), train, lambda step: None, root / "cnn")[2]]
+keras.utils.set_random_seed(0)
+keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10).save(root / "m.keras")
+fits.append(memory_budget(load_subject(str(root / "m.keras")), doctor.Options(memory_budget=6 * 2**20),
+                          lambda step: None, root / "mobilenet")[2])
+print(json.dumps([dataclasses.asdict(fit) for fit in fits]))
+"""
+
+
 def test_the_memory_budget_finds_the_largest_batch_by_trying(tmp_path):
     from tfperf.doctor.memory import memory_budget
+    from tfperf.doctor.profile import BatchFit, host_allocator_visible
 
-    budget = 40 * 2**20
-    train = doctor.Options(memory_budget=budget, train=True, loss="sparse_categorical_crossentropy",
-                           from_logits=True)
-    _, _, fit = memory_budget(load_subject("cnn"), train, lambda step: None, tmp_path / "cnn")
-    check_fit(fit, budget)
-    assert fit.what.startswith("a training step") and fit.place == "host"
-    keras.utils.set_random_seed(0)
-    keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10).save(
-        tmp_path / "mobilenet.keras")
-    budget = 6 * 2**20
-    _, _, fit = memory_budget(load_subject(str(tmp_path / "mobilenet.keras")), doctor.Options(memory_budget=budget),
-                              lambda step: None, tmp_path / "mobilenet")
-    check_fit(fit, budget)
-    assert fit.what.startswith("an inference call")
+    if not host_allocator_visible(tmp_path / "probe"):  # oneDNN off, as on CPUs without AVX-512: it says so
+        _, _, fit = memory_budget(load_subject("cnn"), doctor.Options(memory_budget=2**30), lambda step: None,
+                                  tmp_path / "refused")
+        assert fit.largest is None and fit.tries == () and "not measured" in fit.describe()
+        assert "TF_ENABLE_ONEDNN_OPTS=1" in fit.describe()
+    # The search, where the host allocator shows: a training step (the CNN) and an inference call (MobileNetV2).
+    out = run([sys.executable, "-c", MEMORY_BUDGETS, tmp_path], env={"TF_ENABLE_ONEDNN_OPTS": "1"}).stdout
+    fits = [BatchFit(**{**f, "tries": tuple(map(tuple, f["tries"]))}) for f in json.loads(out.splitlines()[-1])]
+    for fit, budget in zip(fits, (40 * 2**20, 6 * 2**20)):
+        check_fit(fit, budget)
+        assert fit.place == "host" and fit.unmeasured is None
+    assert fits[0].what.startswith("a training step") and fits[1].what.startswith("an inference call")
+    # Peaks were read, not only guessed from the inputs: the largest batch that fits has a peak on record.
+    assert all(dict((b, p) for b, p, _ in fit.tries)[fit.largest] for fit in fits)
 
 
 def test_a_share_above_the_roof_is_named_a_defect_and_quick_measures_the_full_roof(monkeypatch):

@@ -106,6 +106,9 @@ class Profiled:
 
 FITS = "fits"
 UNSEEN = "too small for the profiler's memory view: counted as fitting"
+HOST_UNSEEN = ("TensorFlow's host allocator does not show in this process's traces (a 16 MB result left no "
+               "peak): it shows when oneDNN is on, which TensorFlow leaves off on CPUs without AVX-512. Run the "
+               "doctor with TF_ENABLE_ONEDNN_OPTS=1 in the environment to measure peaks (those of oneDNN's kernels).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +121,11 @@ class BatchFit:
     tries: tuple[tuple[int, int | None, str], ...]  # (batch, peak bytes or None, "fits" / why not)
     place: str  # "host" or "GPU": the memory the budget is held against
     resolution: int  # the largest batch is within this many of the first that does not fit
+    unmeasured: str | None = None  # why no batch was tried: the allocator does not show in this process's traces
 
     def describe(self) -> str:
+        if self.unmeasured:
+            return f"Memory budget {megabytes(self.budget_bytes)} ({self.what}): not measured. {self.unmeasured}"
         tried = ", ".join(f"{b} ({megabytes(p) if p is not None else 'unseen' if why == UNSEEN else why})"
                           for b, p, why in self.tries)
         if any(why == UNSEEN for _, _, why in self.tries):
@@ -205,6 +211,21 @@ class ProfilePass:
                           versus_first=False)
 
 
+def host_allocator_visible(root: Path) -> bool:
+    """Whether this process's TensorFlow host allocator shows in a trace's memory profile: a 16 MB result is made
+    and traced. With oneDNN off (TensorFlow's default on CPUs without AVX-512) nothing shows, at any size."""
+    import tensorflow as tf
+
+    from tfperf.measure import Timer
+
+    size = tf.constant(1 << 22)
+    filled = tf.function(lambda n: tf.fill([n], 2.0) * 3.0)  # sized by an input: nothing for Grappler to fold
+    timer = Timer(lambda: tf.reduce_sum(filled(size)), name="allocator-probe")  # kept: a scalar, not 16 MB
+    timer.start(warmup=0)
+    host, _ = host_and_device(peak_memory(trace_files(timer.profile(root, steps=1))))
+    return host is not None
+
+
 def largest_batch(run_at: Callable[[int], Callable[[], Any]], budget_bytes: int, root: Path, *, what: str,
                   bytes_per_example: int = 0) -> BatchFit:
     """The largest batch whose call stays within `budget_bytes` of TensorFlow's memory, found by trying:
@@ -220,6 +241,9 @@ def largest_batch(run_at: Callable[[int], Callable[[], Any]], budget_bytes: int,
 
     tries: list[tuple[int, int | None, str]] = []
     place = "GPU" if tf.config.list_physical_devices("GPU") else "host"
+    if place == "host" and not host_allocator_visible(root / "probe"):
+        # Every batch would be unseen and so counted as fitting, up to the last: an answer with nothing under it.
+        return BatchFit(what, budget_bytes, None, (), place, 1, unmeasured=HOST_UNSEEN)
 
     def fits(batch: int) -> bool:
         if bytes_per_example * batch > budget_bytes:

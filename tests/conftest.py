@@ -23,6 +23,16 @@ def run(args, *, timeout=600, cwd=REPO, check=True, **kwargs):
     return proc
 
 
+@pytest.fixture(autouse=True, scope="session")
+def eager_soft_placement():
+    """TensorFlow sets soft placement once, when its context first starts, to whether it is executing eagerly:
+    a worker whose first op ran inside a graph (a conversion, a trace) had it off for good, and the tests that
+    fake a GPU then failed by the order the tests ran in. Eager TensorFlow's default, said before any test."""
+    import tensorflow as tf
+
+    tf.config.set_soft_device_placement(True)
+
+
 def recipe(name):
     """The path of a recipe script."""
     return REPO / "recipes" / f"{name}.py"

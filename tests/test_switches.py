@@ -260,3 +260,71 @@ def test_a_bad_training_step_is_one_line_with_exit_2_and_nothing_written(tmp_pat
     one_line_error(capsys, [*common, "--loss", "mse", "--train-step", "myloop:not_a_step"], "no function 'not_a_step'")
     one_line_error(capsys, [*common, "--loss", "mse", "--train-step", "myloop:returns_nothing"], "not the loss")
     assert not out.exists()
+
+
+def small_cnn(path) -> str:
+    inputs = keras.Input((12, 12, 1), name="image")
+    x = keras.layers.Conv2D(8, 3, activation="relu")(inputs)
+    x = keras.layers.Flatten()(x)
+    keras.Model(inputs, keras.layers.Dense(10)(x)).save(path)
+    return str(path)
+
+
+def test_two_devices_train_the_users_model_under_mirroredstrategy_with_the_step_split(tmp_path):
+    from tfperf.deploy.loader import load_subject
+    from tfperf.doctor.devices import FIT, TIMED, devices
+
+    subject = load_subject(small_cnn(tmp_path / "cnn.keras"))
+    rec = Recorder("doctor", {})
+    options = Options(devices=2, loss="sparse_categorical_crossentropy", from_logits=True, rounds=3, min_time_s=0.01,
+                      max_extensions=0)
+    findings, skipped, found = devices(subject, rec, options, tmp_path, lambda step: None)
+    assert skipped == {} and found is not None
+    one, two = found.facts["1 device"], found.facts["2 devices"]
+    # No GPU here: two logical CPU devices; each keeps its batch, so the global batch and learning rate double.
+    assert (len(one["devices"]), len(two["devices"])) == (1, 2) and two["kind"] == "cpu"
+    assert (one["global_batch"], two["global_batch"]) == (32, 64)
+    assert two["learning_rate"] == 2 * one["learning_rate"] and two["gradient_bytes"] == one["gradient_bytes"] > 0
+    for what in TIMED:  # every part raced in both processes and recorded
+        assert {r["row"] for r in rec.table(f"devices: {what}")} == {"1 device", "2 devices"}
+    for row in found.counts:
+        split = found.split_ms(row)
+        assert split["step"] > 0 and split["compute"] > 0 and split["all-reduce alone"] > 0
+        assert split["exposed beyond the compute"] >= 0 and split["input wait"] >= 0
+        assert split["fit() per step"] >= split["fit() around the step"] >= 0
+    text = found.describe()
+    assert "linear scaling rule" in text and "ideal 2x" in text and "global batch 64" in text
+    assert findings[0].section == f"devices: {FIT}" and "MirroredStrategy" in findings[0].code
+    assert findings[0].note == found.why()
+
+
+def test_the_reason_two_devices_fall_short_follows_the_split():
+    from tfperf.doctor.devices import FIT, FIT_STEPS, DevicesFound
+    from tfperf.measure.stats import Comparison
+
+    def found(kind, one, many):  # (a fit() step, step, compute, all-reduce, step from the dataset) in ms
+        medians = {}
+        for row, parts in (("1 device", one), ("2 devices", many)):
+            medians.update({(what, row): ms / 1e3 for what, ms in zip(
+                ("step", "compute", "all-reduce", "step, batch from the dataset"), parts[1:])})
+            medians[(FIT, row)] = FIT_STEPS * parts[0] / 1e3
+        fit = Comparison("1 device", "2 devices", 1.2, (1.1, 1.3), FASTER, True, 0.1, 6)
+        facts = {"1 device": {"devices": ["/GPU:0"], "global_batch": 32, "learning_rate": 1e-3, "kind": kind,
+                              "gradient_bytes": 2**22, "note": ""},
+                 "2 devices": {"devices": ["/GPU:0", "/GPU:1"], "global_batch": 64, "learning_rate": 2e-3,
+                               "kind": kind, "gradient_bytes": 2**22, "note": ""}}
+        return DevicesFound(("1 device", "2 devices"), medians, {FIT: fit}, facts, 16)
+
+    # Logical CPU devices: each replica's compute doubled, the devices share the cores.
+    why = found("cpu", (11, 10, 9, 0.5, 10.2), (20, 19, 18, 1, 19.2)).why()
+    assert why.startswith("A step of fit() takes 20 ms on 2 devices against 11 ms") and "share it" in why
+    # Two GPUs: the compute stayed, the step grew by an all-reduce left exposed.
+    why = found("gpu", (11, 10, 9, 0.5, 10.2), (17, 16, 9.2, 6, 16.1)).why()
+    assert "the all-reduce left exposed" in why and "4.0 MB of gradients" in why
+    # The step waits for its batch.
+    assert "wait for the batch" in found("gpu", (11, 10, 9, 0.5, 10.2), (20, 11, 9.2, 1, 19)).why()
+    # fit()'s loop around the step: steps_per_execution.
+    assert "steps_per_execution" in found("gpu", (11, 10, 9, 0.5, 10.2), (20, 10.5, 9.2, 1, 10.7)).why()
+    # Nothing grew.
+    assert "nothing grew" in found("gpu", (11, 10, 9, 0.5, 10.2), (11, 10, 9, 0.5, 10.2)).why()
+    assert "1.20x (ideal 2x)" in found("gpu", (11, 10, 9, 0.5, 10.2), (20, 11, 9.2, 1, 19)).describe()

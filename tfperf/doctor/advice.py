@@ -35,6 +35,7 @@ class Diagnosis:
     shapes: Any = None  # shapes.ShapesFound, with --shapes
     load_times: Any = None  # loading.LoadTimes, with --load-time
     stacks: Any = None  # keras_stacks.StacksFound, with --keras-stacks
+    devices: Any = None  # devices.DevicesFound, with --devices
     xla: Any = None  # xla.XlaFailure, where jit_compile=True fails on the model
     precision: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (what, effect.PolicyEffect)
     kernels: list[Any] = dataclasses.field(default_factory=list)  # kernels.KernelDiff: why a variant is not faster
@@ -151,6 +152,8 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines += ["## Load time", "", d.load_times.describe(), ""]
     if d.stacks is not None:
         lines += ["## Keras stacks", "", d.stacks.describe(), ""]
+    if d.devices is not None:
+        lines += ["## More devices", "", d.devices.describe(), ""]
     lines += ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")

@@ -99,6 +99,11 @@ def add_command(sub) -> None:
                         "and Keras 3 on JAX, each in its own process from the same weights (needs --loss): first "
                         "epoch, fit throughput, predict() and model(x), and one training step split into forward, "
                         "loss, gradient and optimizer update, each timed on its own")
+    p.add_argument("--devices", type=flags.positive_int, metavar="N",
+                   help="why do N devices not give Nx: the model trained under MirroredStrategy on 1 and N devices "
+                        "(GPUs where there are N, else logical CPU devices), each in its own process from the same "
+                        "weights (needs --loss): fit throughput, and one step split into compute, the all-reduce "
+                        "left exposed and the input wait, with the global batch and learning rate scaling said")
     p.add_argument("--serve", action="store_true",
                    help="also answer the serving question: requests/s within --latency-budget, and the configuration "
                         "(runtime, threads, instances, batching) that gives the most (tfperf load's search)")
@@ -204,14 +209,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             return serve_shapes(args)
         if args.train and not args.loss:
             raise UserError("--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)")
-        if args.loss and not (args.train or args.keras_stacks or args.train_step):
-            raise UserError("--loss is for the training experiments: add --train (or --keras-stacks, --train-step)")
+        if args.loss and not (args.train or args.keras_stacks or args.train_step or args.devices):
+            raise UserError("--loss is for the training experiments: add --train (or --keras-stacks, --train-step, "
+                            "--devices N)")
         if args.train_step and not args.loss:
             raise UserError("--train-step runs your step on the doctor's batches: give --loss (a Keras loss name, for "
                             "the targets it makes, such as sparse_categorical_crossentropy)")
         if args.keras_stacks and not args.loss:
             raise UserError("--keras-stacks trains the model under each Keras: give --loss (a Keras loss name such as "
                             "sparse_categorical_crossentropy)")
+        if args.devices and not args.loss:
+            raise UserError(f"--devices {args.devices} trains the model under MirroredStrategy: give --loss (a Keras "
+                            "loss name such as sparse_categorical_crossentropy)")
+        if args.devices == 1:
+            raise UserError("--devices 1 has nothing to compare with one device: give 2 or more")
         if args.data and not (args.train or args.train_step):
             raise UserError("--data is what the training experiments train on: add --train --loss LOSS (or "
                             "--train-step)")
@@ -255,7 +266,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             budget_s=args.budget or (QUICK_GOAL_S - 30 if args.quick else None), seed=args.seed, sample=sample,
             sample_path=args.sample, trust=args.trust, input_shapes=shapes, profile=not args.no_profile,
             memory_budget=args.memory_budget, shapes=args.shapes, load_time=args.load_time,
-            keras_stacks=args.keras_stacks)
+            keras_stacks=args.keras_stacks, devices=args.devices)
         # What can be refused is refused before anything is measured or written.
         if args.loss:
             loss = training_loss(args.loss, args.from_logits)

@@ -60,6 +60,7 @@ class Options:
     profile: bool = True  # the profile pass: traces of measured variants, read through XProf
     shapes: bool = False  # the first call at new sizes, per way of calling the model (a process of its own)
     load_time: bool = False  # a cold start per form the model can take, in fresh processes
+    devices: int | None = None  # train under MirroredStrategy on 1 and this many devices (needs `loss`)
     keras_stacks: bool = False  # the model under Keras 2, Keras 3 on TensorFlow and on JAX (needs `loss`)
     data: Any = None  # pipeline.UserData: the user's tf.data pipeline to train on (--data)
     step: Any = None  # the user's training step, step(model, optimizer, batch) -> loss (--train-step)

@@ -33,6 +33,7 @@ from tfperf.doctor.profile import ProfilePass
 from tfperf.doctor.retracing import retracing
 from tfperf.doctor.shapes import shapes
 from tfperf.doctor.threads import thread_batches, threads
+from tfperf.doctor.devices import devices
 from tfperf.doctor.keras_stacks import keras_stacks
 from tfperf.doctor.lengths import length_sweep
 from tfperf.doctor.loading import load_times
@@ -61,6 +62,8 @@ def plan(subject: Subject, options: Options) -> list[str]:
         steps.append("load time")
     if options.keras_stacks:
         steps.append("keras stacks")
+    if options.devices:
+        steps.append("devices")
     return [*steps, "retracing"]
 
 
@@ -129,6 +132,8 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     if options.keras_stacks:
         sections.append(("keras stacks", lambda: keep("keras stacks", keras_stacks(subject, rec, options, workdir,
                                                                                    progress))))
+    if options.devices:
+        sections.append(("devices", lambda: keep("devices", devices(subject, rec, options, workdir, progress))))
     sections.append(("retracing", lambda: (progress("retracing"), retracing(subject, rec, options))[1]))
     for name, run in sections:
         spent = time.perf_counter() - started
@@ -148,7 +153,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
                      profile_s=profiler.took_s if profiler else 0.0, input_check=found.get("input pipeline"),
                      batch_fit=found.get("memory budget"), lengths=found.get("sequence length"),
                      shapes=found.get("new shapes"), load_times=found.get("load time"),
-                     stacks=found.get("keras stacks"), xla=found.get("xla"),
+                     stacks=found.get("keras stacks"), devices=found.get("devices"), xla=found.get("xla"),
                      precision=precision, kernels=found["training"][1] if "training" in found else [],
                      overflow=found.get("your training step"))
 

@@ -72,7 +72,7 @@ def serve_devices(count: int, source: str, work: Path, loss: str, from_logits: b
     import keras
     import tensorflow as tf
 
-    from tfperf.doctor.keras_stacks import build
+    from tfperf.doctor.keras_stacks import build, error_reply, loss_function, take_over
     from tfperf.measure import Timer, serve_timers
     from tfperf.measure.processes import reply
 
@@ -80,21 +80,15 @@ def serve_devices(count: int, source: str, work: Path, loss: str, from_logits: b
     strategy = tf.distribute.MirroredStrategy(list(plan.names))
     replicas = strategy.num_replicas_in_sync
     global_batch = PER_DEVICE_BATCH * replicas
-    base = keras.losses.get(loss)
-    per_example = (lambda y_true, y_pred: base(y_true, y_pred, from_logits=True)) if from_logits else base
+    per_example = loss_function(keras, loss, from_logits)
     try:
         # Variables made inside the scope are mirrored on every device; the learning rate grows with the batch.
         with strategy.scope():
             model = build(source, keras)
-            weights = np.load(work / "weights.npz")
-            model.set_weights([weights[f"w{i}"] for i in range(len(weights.files))])
+            x, y = take_over(work, model)
             model.compile(optimizer=keras.optimizers.Adam(1e-3 * replicas), loss=per_example)
             optimizer = keras.optimizers.Adam(1e-3 * replicas)
             optimizer.build(model.trainable_variables)
-        with np.load(work / "data.npz") as data:
-            x = {n[2:]: data[n] for n in data.files if n.startswith("x/")}
-            y = data["y"]
-        x = next(iter(x.values())) if len(x) == 1 else x
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True).repeat()
         epoch = fit_steps(model, dataset, keras)
 
@@ -128,8 +122,7 @@ def serve_devices(count: int, source: str, work: Path, loss: str, from_logits: b
         first_epoch = timers[0].start(warmup=0)  # the first epoch traces: timed apart
         gradient_bytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in model.trainable_variables)
     except Exception as exc:  # noqa: BLE001  (a model MirroredStrategy cannot train is a finding, said in one line)
-        print(reply({"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc) else ''}"}),
-              flush=True)
+        print(error_reply(exc), flush=True)
         return
     print(reply({"devices": list(plan.names), "kind": plan.kind, "note": plan.note, "global_batch": global_batch,
                  "learning_rate": 1e-3 * replicas, "first_epoch_s": first_epoch, "gradient_bytes": gradient_bytes}),
@@ -231,9 +224,8 @@ class DevicesFound:
 def devices(subject: Subject, rec, options: Options, workdir: Path, progress) -> tuple[list[Finding], dict,
                                                                                      DevicesFound | None]:
     """Start a process per device count, race their timers, and split each one's step."""
-    from tfperf.deploy.inputs import make_inputs
     from tfperf.devices import usable_cores
-    from tfperf.doctor.training import synthetic_targets
+    from tfperf.doctor.keras_stacks import hand_over
     from tfperf.measure import TimerServer
     from tfperf.measure.processes import ChildError
     from tfperf.records.jsonl import race_table
@@ -243,12 +235,7 @@ def devices(subject: Subject, rec, options: Options, workdir: Path, progress) ->
         return [], {"devices": "not run: a SavedModel has no Keras model to train under MirroredStrategy"}, None
     count = options.devices
     work = workdir / "devices"
-    work.mkdir(parents=True, exist_ok=True)
-    np.savez(work / "weights.npz", **{f"w{i}": w for i, w in enumerate(subject.model.get_weights())})
-    examples = PER_DEVICE_BATCH * count * BATCHES
-    flat = make_inputs(subject, examples, seed=options.seed, sample=options.sample)
-    np.savez(work / "data.npz", y=np.asarray(synthetic_targets(subject, options, examples)),
-             **{f"x/{name}": array for name, array in flat.items()})
+    hand_over(subject, options, work, PER_DEVICE_BATCH * count * BATCHES)
     rows = {1: "1 device", count: f"{count} devices"}
     servers, facts = {}, {}
     try:

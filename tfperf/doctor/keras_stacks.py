@@ -98,6 +98,40 @@ def step_parts(k, model, loss_fn, optimizer, x, y) -> dict[str, Any]:
             "optimizer update": update}
 
 
+def hand_over(subject: Subject, options: Options, work: Path, examples: int) -> None:
+    """Write what a child process trains from: the model's weights and `examples` rows with their targets."""
+    from tfperf.deploy.inputs import make_inputs
+    from tfperf.doctor.training import synthetic_targets
+
+    work.mkdir(parents=True, exist_ok=True)
+    np.savez(work / "weights.npz", **{f"w{i}": w for i, w in enumerate(subject.model.get_weights())})
+    flat = make_inputs(subject, examples, seed=options.seed, sample=options.sample)
+    np.savez(work / "data.npz", y=np.asarray(synthetic_targets(subject, options, examples)),
+             **{f"x/{name}": array for name, array in flat.items()})
+
+
+def take_over(work: Path, model) -> tuple[Any, np.ndarray]:
+    """In the child: the weights `hand_over` wrote set into `model`, and its rows (packed) and targets."""
+    weights = np.load(work / "weights.npz")
+    model.set_weights([weights[f"w{i}"] for i in range(len(weights.files))])
+    with np.load(work / "data.npz") as data:
+        return pack({n[2:]: data[n] for n in data.files if n.startswith("x/")}), data["y"]
+
+
+def loss_function(k, loss: str, from_logits: bool):
+    """The Keras loss `loss` of Keras `k`, per example, taking logits when `from_logits`."""
+    base = k.losses.get(loss)
+    return (lambda y_true, y_pred: base(y_true, y_pred, from_logits=True)) if from_logits else base
+
+
+def error_reply(exc: BaseException) -> str:
+    """The one line a child replies instead of its timers when it cannot build or train the model."""
+    from tfperf.deploy.errors import first_line
+    from tfperf.measure.processes import reply
+
+    return reply({"error": f"{type(exc).__name__}: {first_line(exc)}"})
+
+
 def serve_stack(stack: str, source: str, work: Path, loss: str, from_logits: bool, batch: int, seed: int) -> None:
     """A stack's process: builds the model with the shared weights, serves its timers; a model this stack
     cannot build is replied as one line instead."""
@@ -108,18 +142,12 @@ def serve_stack(stack: str, source: str, work: Path, loss: str, from_logits: boo
     try:
         k = keras_module(stack)  # a stack not installed here is said in the same one line
         model = build(source, k)
-        weights = np.load(work / "weights.npz")
-        model.set_weights([weights[f"w{i}"] for i in range(len(weights.files))])
+        x, y = take_over(work, model)
     except Exception as exc:  # noqa: BLE001  (a stack that cannot build the model is a finding)
-        print(reply({"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc) else ''}"}),
-              flush=True)
+        print(error_reply(exc), flush=True)
         return
     k.utils.set_random_seed(seed)
-    with np.load(work / "data.npz") as data:
-        x = pack({n[2:]: data[n] for n in data.files if n.startswith("x/")})
-        y = data["y"]
-    base = k.losses.get(loss)
-    loss_fn = (lambda y_true, y_pred: base(y_true, y_pred, from_logits=True)) if from_logits else base
+    loss_fn = loss_function(k, loss, from_logits)
     model.compile(optimizer=k.optimizers.Adam(1e-3), loss=loss_fn)
     epoch, _ = fit_epochs(model, x, y, keras_module=k, batch_size=batch, shuffle=False)
     timers = [Timer(epoch, name="fit epoch", items_per_call=len(y))]
@@ -191,8 +219,6 @@ def keras_stacks(subject: Subject, rec, options: Options, workdir: Path, progres
                                                                                             StacksFound | None]:
     """Start a process per stack, race their timers, record every figure against Keras 2's, and name the part
     of the training step that got slower under each Keras 3 backend."""
-    from tfperf.deploy.inputs import make_inputs
-    from tfperf.doctor.training import synthetic_targets
     from tfperf.measure import TimerServer
     from tfperf.measure.processes import ChildError
     from tfperf.records.jsonl import race_table
@@ -200,13 +226,8 @@ def keras_stacks(subject: Subject, rec, options: Options, workdir: Path, progres
     progress("keras stacks")
     if subject.kind != "keras":
         return [], {"keras stacks": "not run: a SavedModel has no Keras model to build under each stack"}, None
-    work = workdir / "stacks"
-    work.mkdir(parents=True, exist_ok=True)
-    np.savez(work / "weights.npz", **{f"w{i}": w for i, w in enumerate(subject.model.get_weights())})
-    examples, batch = options.train_examples, 32
-    flat = make_inputs(subject, examples, seed=options.seed, sample=options.sample)
-    np.savez(work / "data.npz", y=np.asarray(synthetic_targets(subject, options, examples)),
-             **{f"x/{name}": array for name, array in flat.items()})
+    work, batch = workdir / "stacks", 32
+    hand_over(subject, options, work, options.train_examples)
     servers, failed, facts = {}, {}, {}
     try:
         for stack in STACKS:  # started side by side; each says when it is ready

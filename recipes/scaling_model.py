@@ -150,12 +150,13 @@ def train_and_probe(args) -> dict | None:
     gradient_bytes = 4 * model.count_params()
     # t2 for the model's own gradients at this rank count, once training is done (in the same processes: no
     # second job to start): with more ranks than cores a ring step also waits for its neighbour to be
-    # scheduled, which no fit can know.
-    t2 = probe_allreduce([gradient_bytes], args.reps) if size > 1 else []
+    # scheduled, which no fit can know. With --sweep, the sizes the ring model is fitted to come first.
+    sweep = sweep_sizes(args.quick) if args.sweep else []
+    t2 = probe_allreduce([*sweep, gradient_bytes], args.reps) if size > 1 else []
     if rank != 0:
         return None
     return {"steps_s": steps, "first_step_s": first, "per_rank": per_rank.tolist(), "t1_blocks_s": all_blocks.tolist(),
-            "gradient_bytes": gradient_bytes, "t2": t2[0] if t2 else None}
+            "gradient_bytes": gradient_bytes, "t2": t2[-1] if t2 else None, "sweep": t2[:-1]}
 
 
 def add_flags(p) -> None:
@@ -170,6 +171,7 @@ def add_flags(p) -> None:
                    help="with --hosts: the link between hosts, e.g. 10gbit or 1gbit,200us (round trip)")
     # Internal: the probes and runs are processes of this script under horovodrun.
     p.add_argument("--role", choices=["allreduce", "run"], help=argparse.SUPPRESS)
+    p.add_argument("--sweep", action="store_true", help=argparse.SUPPRESS)  # a run also probes the sweep's sizes
 
 
 def task(args) -> int:
@@ -203,27 +205,35 @@ def measure(args, rec) -> Found:
     if (args.hosts is None) != (args.link is None):
         raise RecipeError("--hosts and --link go together: the speedup on N hosts over a link")
     cores = usable_cores()
-    me = [sys.executable, __file__, "--batch-size", args.batch_size, "--reps", args.reps, "--seed", args.seed]
+    me = [sys.executable, __file__, "--batch-size", args.batch_size, "--reps", args.reps, "--seed", args.seed,
+          *(["--quick"] if args.quick else [])]
+    ring: dict[str, float] = {}  # the ring model's alpha and beta, once fitted
 
-    # t2: the all-reduce, measured by size, fitted to the ring model ----------------------------
-    out = launch([BIN / "horovodrun", "-np", "2", *me, "--role", "allreduce"])
-    sweep = rank0_replies(out)
-    # For n = 2 the ring model is t = 2 alpha + S / beta: a straight line in S, fitted to relative error
-    # (weights 1/t) so that the small sizes, where alpha shows, count as much as the large ones.
-    times = np.array([r["s"] for r in sweep])
-    slope, intercept = np.polyfit([r["bytes"] for r in sweep], times, 1, w=1 / times)
-    alpha, beta = max(intercept / 2, 1e-7), 1 / max(slope, 1e-15)
-    for r in sweep:
-        rec.add(ALLREDUCE, f"{r['bytes'] / 1024:,.0f} KiB", {
-            "ms": r["s"] * 1e3, "ring_model_ms": ring_t2(2, r["bytes"], alpha, beta) * 1e3,
-            "gb_per_s": r["bytes"] / r["s"] / 1e9}, primary="ms", lower_is_better=True, versus_first=False)
-    print(f"ring fit: alpha {alpha * 1e6:.0f} us per message, beta {beta / 1e9:.2f} GB/s", flush=True)
+    def fit_ring(sweep: list[dict]) -> None:
+        """t2 by size at np=2, fitted to the ring model and recorded. For n = 2 the ring model is
+        t = 2 alpha + S / beta: a straight line in S, fitted to relative error (weights 1/t) so that the small
+        sizes, where alpha shows, count as much as the large ones."""
+        times = np.array([r["s"] for r in sweep])
+        slope, intercept = np.polyfit([r["bytes"] for r in sweep], times, 1, w=1 / times)
+        ring.update(alpha=max(intercept / 2, 1e-7), beta=1 / max(slope, 1e-15))
+        for r in sweep:
+            rec.add(ALLREDUCE, f"{r['bytes'] / 1024:,.0f} KiB", {
+                "ms": r["s"] * 1e3, "ring_model_ms": ring_t2(2, r["bytes"], **ring) * 1e3,
+                "gb_per_s": r["bytes"] / r["s"] / 1e9}, primary="ms", lower_is_better=True, versus_first=False)
+        print(f"ring fit: alpha {ring['alpha'] * 1e6:.0f} us per message, beta {ring['beta'] / 1e9:.2f} GB/s",
+              flush=True)
 
-    def run_hvd(n: int) -> dict:
+    def fitted_ring() -> dict[str, float]:
+        """alpha and beta: from the sweep the first np=2 run took, else from a job of its own."""
+        if not ring:
+            fit_ring(rank0_replies(launch([BIN / "horovodrun", "-np", "2", *me, "--role", "allreduce"])))
+        return ring
+
+    def run_hvd(n: int, sweep: bool) -> dict:
         """mnist_hvd's step on n ranks, with its t1 probe between blocks (train_and_probe): rank 0's reply."""
         profile = ["--profile", Path(args.profile).resolve()] if args.profile else []
         return rank0_replies(launch([BIN / "horovodrun", "-np", n, *me, "--role", "run", "--blocks", args.blocks,
-                                     "--warmup", args.warmup, *profile]))[-1]
+                                     "--warmup", args.warmup, *profile, *(["--sweep"] if sweep else [])]))[-1]
 
     # Run, with t1 measured inside each run; t2 right after the first run of each rank count ---------
     threads_for = {n: max(1, cores // n) for n in args.ranks}
@@ -233,7 +243,10 @@ def measure(args, rec) -> Found:
         k = threads_for[n]
         t1_samples, step_samples, totals, t2_ci = [], [], [], (0.0, 0.0)
         for pair in range(args.pairs):
-            found = run_hvd(n)
+            # The all-reduce sweep rides along with the first run on two ranks: one job fewer to start.
+            found = run_hvd(n, sweep=n == 2 and not ring)
+            if found["sweep"]:
+                fit_ring(found["sweep"])
             totals.append(float(np.sum(found["per_rank"])))
             step_samples += found["steps_s"]
             t1_samples += [s / PROBE_BLOCK for s in found["t1_blocks_s"]]
@@ -242,7 +255,7 @@ def measure(args, rec) -> Found:
                 probe = found["t2"]
                 t2_of[n], t2_ci = probe["s"], tuple(probe["ci95_s"])
                 print(f"t2 for {gradient_bytes / 1e6:.1f} MB over {n} ranks: {t2_of[n] * 1e3:.1f} ms "
-                      f"(ring model {ring_t2(n, gradient_bytes, alpha, beta) * 1e3:.1f} ms)", flush=True)
+                      f"(ring model {ring_t2(n, gradient_bytes, **fitted_ring()) * 1e3:.1f} ms)", flush=True)
         t1_of[n], t1_ci = float(np.median(t1_samples)), median_ci(t1_samples)
         t1, t2 = t1_of[n], t2_of[n]
         print(f"t1 with {n} rank(s) computing at once, {k} thread(s) each: {t1 * 1e3:.1f} ms", flush=True)
@@ -257,7 +270,7 @@ def measure(args, rec) -> Found:
         error_ci = [predicted_low / measured_high - 1, predicted_high / measured_low - 1]
         rec.add(PREDICTED, f"np={n}", {
             "threads_per_rank": k, "t1_ms": t1 * 1e3, "t2_ms": t2 * 1e3,
-            "t2_ring_model_ms": ring_t2(n, gradient_bytes, alpha, beta) * 1e3, "predicted_samples_per_s": predicted,
+            "t2_ring_model_ms": ring_t2(n, gradient_bytes, **fitted_ring()) * 1e3, "predicted_samples_per_s": predicted,
             "samples_per_s": measured, "error": predicted / measured - 1, "error_ci95": error_ci},
             primary="samples_per_s", lower_is_better=False)
         print(f"np={n}: predicted {predicted:,.0f} samples/s, measured {measured:,.0f}: error "
@@ -291,7 +304,7 @@ def measure(args, rec) -> Found:
             k: yours[k] for k in ("t1_s", "t2_s", "t2_fp16_s", "rtt_s", "predicted_speedup", "predicted_speedup_fp16")},
                 primary="predicted_speedup", lower_is_better=False, versus_first=False)
 
-    return Found(cores, t1_of, gradient_bytes, alpha, beta)
+    return Found(cores, t1_of, gradient_bytes, **fitted_ring())
 
 
 def conclude(args, rec, found: Found) -> Conclusion:

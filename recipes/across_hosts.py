@@ -317,7 +317,7 @@ def mwms_job(hosts, args) -> dict:
 
 
 def measure(args, rec) -> Found:
-    from tfperf.cluster.hosts import Hosts, HostsError, Loopback, available, parse_link
+    from tfperf.cluster.hosts import Hosts, Loopback, available, parse_link
 
     why = available()
     if why:  # the same jobs over loopback: the recipe still runs, with no link to speak of
@@ -328,19 +328,16 @@ def measure(args, rec) -> Found:
     for link in links:
         text = "loopback" if link is None else link.text
         print(f"{text}: two hosts ...", file=sys.stderr, flush=True)
-        try:
-            with (Loopback(2) if link is None else Hosts(2, link, ssh=True)) as hosts:
-                shared = hosts.shared_cores
-                measured = hosts.measure(0, 1)
-                found_links[text] = {"asked": link.bits_per_s if link else None, "bits_per_s": measured.bits_per_s,
-                                     "rtt_s": measured.rtt_s, "addresses": hosts.addresses}
-                jobs[text] = horovod_job(hosts, args, sizes)
-                # Tensor fusion off (a job of its own: the threshold is read when Horovod starts), plain steps only.
-                jobs[text]["fusion_off"] = horovod_job(hosts, args, [], only=["plain"],
-                                                       env={"HOROVOD_FUSION_THRESHOLD": "0"})["models"]
-                jobs[text]["mwms"] = mwms_job(hosts, args)
-        except HostsError as exc:
-            raise ClusterError(str(exc)) from None
+        with (Loopback(2) if link is None else Hosts(2, link, ssh=True)) as hosts:
+            shared = hosts.shared_cores
+            measured = hosts.measure(0, 1)
+            found_links[text] = {"asked": link.bits_per_s if link else None, "bits_per_s": measured.bits_per_s,
+                                 "rtt_s": measured.rtt_s, "addresses": hosts.addresses}
+            jobs[text] = horovod_job(hosts, args, sizes)
+            # Tensor fusion off (a job of its own: the threshold is read when Horovod starts), plain steps only.
+            jobs[text]["fusion_off"] = horovod_job(hosts, args, [], only=["plain"],
+                                                   env={"HOROVOD_FUSION_THRESHOLD": "0"})["models"]
+            jobs[text]["mwms"] = mwms_job(hosts, args)
     record(rec, found_links, jobs)
     return Found(found_links, jobs, shared)
 

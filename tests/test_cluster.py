@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from conftest import REPO
 from tfperf import flags
 from tfperf.cluster import ClusterError, LocalCluster, Placement, free_ports, local_cluster, tf_config
 from tfperf.measure.processes import ChildError, last_reply, replies, reply
@@ -88,3 +89,22 @@ def test_loopback_hosts_run_on_this_machine_with_the_same_interface():
         measured = hosts.measure(0, 1, megabytes=4, pings=20)
         assert measured.bits_per_s > 1e8 and 0 < measured.rtt_s < 0.05
     assert not hosts.dir.exists()
+
+
+def test_hosts_that_fail_end_a_cluster_recipe_in_one_line(monkeypatch, capsys):
+    """A link that cannot be shaped (tc refused, sshd silent) ends multi_worker --link in one line, exit 1."""
+    sys.path.insert(0, str(REPO / "recipes"))
+    from multi_worker import RECIPE
+
+    from tfperf.cluster import hosts
+
+    def refuse(*args, **kwargs):
+        raise hosts.HostsError("tc tbf on tfpv0 failed: RTNETLINK answers: Operation not permitted")
+
+    monkeypatch.setattr(hosts, "available", lambda: None)
+    monkeypatch.setattr("multi_worker.available", lambda: None)
+    monkeypatch.setattr(hosts.Hosts, "__init__", refuse)
+    assert RECIPE.main(["--quick", "--link", "1gbit", "--out", "/nonexistent/never-written"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "multi_worker: failed: tc tbf on tfpv0 failed: RTNETLINK answers: Operation not permitted"], err

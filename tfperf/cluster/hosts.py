@@ -24,6 +24,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tfperf.cluster import ClusterError
+
 # Link presets by name: a rate in bits per second.
 PRESETS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "25gbit": 25e9}
 PREFIX = "tfph"  # every namespace, bridge and veth this module makes starts with it
@@ -113,8 +115,9 @@ def clean(prefix: str = PREFIX) -> list[str]:
     return removed
 
 
-class HostsError(RuntimeError):
-    """Hosts that could not be made or used; the message says which command failed and why."""
+class HostsError(ClusterError):
+    """Hosts that could not be made or used; the message says which command failed and why. A ClusterError, so
+    that a recipe whose cluster runs on emulated hosts ends in that one line, not a traceback."""
 
 
 @dataclasses.dataclass(frozen=True)

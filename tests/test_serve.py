@@ -391,6 +391,22 @@ def test_a_url_that_names_no_endpoint_is_one_line():
         RemoteServer(parse_url("http://127.0.0.1:9/v1/models/m"), timeout_s=2)
 
 
+def test_every_dtype_tf_servings_metadata_names_is_read_as_itself_and_an_unknown_one_refused():
+    """Read back what tfperf serve's TF Serving metadata writes: each of its 13 dtypes comes back as itself (the
+    client kept a table of 10, and read a uint16, uint32 or uint64 input as float32, silently)."""
+    from tfperf.serving.endpoint import EndpointError, rest_tensors
+    from tfperf.serving.wire import TF_TYPES, Tensor, tfserving_metadata
+
+    inputs = [Tensor(f"x_{dtype}", dtype, (None, 3)) for dtype in TF_TYPES]
+    found = tfserving_metadata("m", 1, "serving_default", inputs, [Tensor("y", "float32", (None,))])
+    read, outputs = rest_tensors(found)
+    assert [(t.name, t.dtype, t.shape) for t in read] == sorted((t.name, t.dtype, (None, 3)) for t in inputs)
+    assert [t.dtype for t in outputs] == ["float32"]
+    found["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]["x_uint16"]["dtype"] = "DT_COMPLEX64"
+    with pytest.raises(EndpointError, match="tensor 'x_uint16' has type DT_COMPLEX64, which tfperf cannot send"):
+        rest_tensors(found)
+
+
 def test_the_deploy_files_parse_with_each_serving_systems_own_schema(served, tmp_path):
     """serve.json, TF Serving's models.config (its ModelServerConfig proto) and batching parameters, Triton's
     config.pbtxt (its ModelConfig proto, as tritonclient ships it) beside the model, a KServe InferenceService,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tfperf.serving.wire import NUMPY_TO_V2, V2_TYPES, Tensor, dump_json, to_v2_bytes
+from tfperf.serving.wire import NUMPY_TO_V2, TF_NAMES, V2_TYPES, Tensor, dump_json, to_v2_bytes
 
 PROTOCOLS = {"rest": "TF Serving REST", "grpc": "TF Serving gRPC", "v2": "KServe v2 over HTTP",
              "grpc+v2": "KServe v2 over gRPC"}
@@ -90,6 +90,25 @@ def _shape(dims: Sequence[Any]) -> tuple[int | None, ...]:
     return tuple(None if int(d) < 0 else int(d) for d in dims)
 
 
+def _dtype(names: Mapping[Any, str], code: Any, tensor: str) -> str:
+    """NumPy's name for a tensor's type in a metadata answer; EndpointError for a type no request can carry (a
+    guess would send the server arrays of the wrong type)."""
+    if code not in names:
+        raise EndpointError(f"the model's tensor {tensor!r} has type {code}, which tfperf cannot send or read: "
+                            f"measure a signature whose tensors are {', '.join(sorted(set(names.values())))}")
+    return names[code]
+
+
+def rest_tensors(found: Mapping[str, Any]) -> tuple[list[Tensor], list[Tensor]]:
+    """The inputs and outputs of TF Serving's REST metadata answer (GetModelMetadataResponse as JSON)."""
+    signatures = found["metadata"]["signature_def"]["signature_def"]
+    signature = signatures.get("serving_default") or next(iter(signatures.values()))
+    inputs, outputs = ([Tensor(name, _dtype(TF_NAMES, info["dtype"], name),
+                               _shape(d["size"] for d in info["tensor_shape"]["dim"]))
+                        for name, info in sorted(signature[kind].items())] for kind in ("inputs", "outputs"))
+    return inputs, outputs
+
+
 async def read_metadata(endpoint: Endpoint, session=None, channel=None) -> tuple[list[Tensor], list[Tensor]]:
     """The model's inputs and outputs, as its own metadata API gives them."""
     from tfperf.serving.grpc_wire import ENUM_TF
@@ -99,22 +118,14 @@ async def read_metadata(endpoint: Endpoint, session=None, channel=None) -> tuple
             found = json.loads(await answer.read())
             if answer.status != 200:
                 raise EndpointError(f"{endpoint.url('/metadata')} answered {answer.status}: {found.get('error', found)}")
-        signatures = found["metadata"]["signature_def"]["signature_def"]
-        signature = signatures.get("serving_default") or next(iter(signatures.values()))
-        names = {"DT_FLOAT": "float32", "DT_DOUBLE": "float64", "DT_INT32": "int32", "DT_INT64": "int64",
-                 "DT_BOOL": "bool", "DT_STRING": "string", "DT_UINT8": "uint8", "DT_HALF": "float16",
-                 "DT_INT8": "int8", "DT_INT16": "int16"}
-        tensors = [[Tensor(name, names.get(info["dtype"], "float32"),
-                           _shape(d["size"] for d in info["tensor_shape"]["dim"]))
-                    for name, info in sorted(signature[kind].items())] for kind in ("inputs", "outputs")]
-        return tensors[0], tensors[1]
+        return rest_tensors(found)
     if endpoint.protocol == "v2":
         async with session.get(endpoint.url()) as answer:
             found = json.loads(await answer.read())
             if answer.status != 200:
                 raise EndpointError(f"{endpoint.url()} answered {answer.status}: {found.get('error', found)}")
-        return ([Tensor(t["name"], V2_TYPES.get(t["datatype"], "string"), _shape(t["shape"])) for t in found[kind]]
-                for kind in ("inputs", "outputs"))
+        return ([Tensor(t["name"], _dtype(V2_TYPES, t["datatype"], t["name"]), _shape(t["shape"]))
+                 for t in found[kind]] for kind in ("inputs", "outputs"))
     if endpoint.protocol == "grpc":
         from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
 
@@ -126,13 +137,13 @@ async def read_metadata(endpoint: Endpoint, session=None, channel=None) -> tuple
         signatures = get_model_metadata_pb2.SignatureDefMap()
         answer.metadata["signature_def"].Unpack(signatures)
         signature = signatures.signature_def.get("serving_default") or next(iter(signatures.signature_def.values()))
-        return ([Tensor(name, ENUM_TF.get(info.dtype, "float32"), _shape(d.size for d in info.tensor_shape.dim))
+        return ([Tensor(name, _dtype(ENUM_TF, info.dtype, name), _shape(d.size for d in info.tensor_shape.dim))
                  for name, info in sorted(getattr(signature, kind).items())] for kind in ("inputs", "outputs"))
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     answer = await service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(
         service_pb2.ModelMetadataRequest(name=endpoint.model, version=str(endpoint.version or "")), timeout=30)
-    return ([Tensor(t.name, V2_TYPES.get(t.datatype, "string"), _shape(t.shape)) for t in getattr(answer, kind)]
+    return ([Tensor(t.name, _dtype(V2_TYPES, t.datatype, t.name), _shape(t.shape)) for t in getattr(answer, kind)]
             for kind in ("inputs", "outputs"))
 
 

@@ -28,6 +28,7 @@ NUMPY_TO_V2 = {v: k for k, v in V2_TYPES.items()}
 TF_TYPES = {"float32": "DT_FLOAT", "float64": "DT_DOUBLE", "int32": "DT_INT32", "uint8": "DT_UINT8",
             "int16": "DT_INT16", "int8": "DT_INT8", "string": "DT_STRING", "int64": "DT_INT64", "bool": "DT_BOOL",
             "uint16": "DT_UINT16", "float16": "DT_HALF", "uint32": "DT_UINT32", "uint64": "DT_UINT64"}
+TF_NAMES = {v: k for k, v in TF_TYPES.items()}  # and back: a metadata answer's dtype to NumPy's name
 
 
 # gRPC status codes by the HTTP status a RequestError carries (503: the queue is full).

@@ -91,20 +91,22 @@ def test_loopback_hosts_run_on_this_machine_with_the_same_interface():
     assert not hosts.dir.exists()
 
 
-def test_hosts_that_fail_end_a_cluster_recipe_in_one_line(monkeypatch, capsys):
-    """A link that cannot be shaped (tc refused, sshd silent) ends multi_worker --link in one line, exit 1."""
-    sys.path.insert(0, str(REPO / "recipes"))
-    from multi_worker import RECIPE
+@pytest.mark.parametrize("name", ["multi_worker", "parameter_server"])
+def test_hosts_that_fail_end_a_cluster_recipe_in_one_line(name, monkeypatch, capsys):
+    """A link that cannot be shaped (tc refused, sshd silent) ends a cluster recipe's --link in one line, exit 1."""
+    import importlib
 
+    sys.path.insert(0, str(REPO / "recipes"))
+    recipe = importlib.import_module(name)
     from tfperf.cluster import hosts
 
     def refuse(*args, **kwargs):
         raise hosts.HostsError("tc tbf on tfpv0 failed: RTNETLINK answers: Operation not permitted")
 
     monkeypatch.setattr(hosts, "available", lambda: None)
-    monkeypatch.setattr("multi_worker.available", lambda: None)
+    monkeypatch.setattr(recipe, "available", lambda: None)
     monkeypatch.setattr(hosts.Hosts, "__init__", refuse)
-    assert RECIPE.main(["--quick", "--link", "1gbit", "--out", "/nonexistent/never-written"]) == 1
+    assert recipe.RECIPE.main(["--quick", "--link", "1gbit", "--out", "/nonexistent/never-written"]) == 1
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        "multi_worker: failed: tc tbf on tfpv0 failed: RTNETLINK answers: Operation not permitted"], err
+        f"{name}: failed: tc tbf on tfpv0 failed: RTNETLINK answers: Operation not permitted"], err

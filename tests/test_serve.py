@@ -391,6 +391,15 @@ def test_a_url_that_names_no_endpoint_is_one_line():
         RemoteServer(parse_url("http://127.0.0.1:9/v1/models/m"), timeout_s=2)
 
 
+def test_the_ready_line_is_read_back_by_the_function_beside_the_one_that_writes_it():
+    from tfperf.serving.wire import ready_line, ready_ports
+
+    line = ready_line("cnn", 3, "onnx, 2 workers", "127.0.0.1", (8501, 8500), "[4242]")
+    assert line.startswith("serving cnn version 3 (onnx, 2 workers) on http://127.0.0.1:8501 ") and line.endswith("\n")
+    assert ready_ports(line) == (8501, 8500) and ready_ports(ready_line("m", 1, "savedmodel", "::1", (1, 2))) == (1, 2)
+    assert ready_ports("tfperf serve: loading cnn version 3") is None
+
+
 def test_every_dtype_tf_servings_metadata_names_is_read_as_itself_and_an_unknown_one_refused():
     """Read back what tfperf serve's TF Serving metadata writes: each of its 13 dtypes comes back as itself (the
     client kept a table of 10, and read a uint16, uint32 or uint64 input as float32, silently)."""

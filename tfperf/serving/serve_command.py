@@ -184,6 +184,7 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
     from tfperf.serving.configs import ServingConfig
     from tfperf.serving.repository import Repository
     from tfperf.serving.server import ServerOptions
+    from tfperf.serving.wire import ready_line
 
     config = ServingConfig.from_json(config_json.encode(), "the configuration")
     pid = f"[{os.getpid()}] " if config.workers > 1 else ""
@@ -213,9 +214,8 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
     def ready(ports: tuple[int, int]) -> None:
         repository.watch(args.poll_seconds)
         # One write, the newline in it: the workers share stdout, and print writes the end apart.
-        print(f"serving {name} version {version.number} ({version.format}, {config.name}) on "
-              f"http://{args.host}:{ports[0]} (TF Serving REST /v1/models/{name}, KServe v2 /v2/models/{name}) and "
-              f"grpc://{args.host}:{ports[1]}{'' if not pid else ' ' + pid.strip()}\n", end="", flush=True)
+        print(ready_line(name, version.number, f"{version.format}, {config.name}", args.host, ports, pid.strip()),
+              end="", flush=True)
 
     try:
         asyncio.run(serve(repository, options, say, ready))

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -21,10 +20,10 @@ from pathlib import Path
 
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.search import Budget, Swept
+from tfperf.serving.wire import ready_ports
 
 PROTOCOLS = ("v2", "grpc")  # the fastest over HTTP (binary tensors) and TF Serving's gRPC
 SERVABLE = ("savedmodel", "litert", "onnx")  # the runtimes `tfperf serve` runs
-_READY = re.compile(r"^serving .* on http://[^ ]+:(?P<rest>\d+) .* and grpc://[^ ]+:(?P<grpc>\d+)")
 
 
 class ServeError(RuntimeError):
@@ -85,9 +84,9 @@ class ServeProcess:
                 line = lines.get(timeout=timeout_s)
                 if line is None:
                     raise ServeError(f"tfperf serve ended (exit {self.process.wait()}): {self._last_words()}")
-                match = _READY.match(line)
-                if match:
-                    ready.append((int(match["rest"]), int(match["grpc"])))
+                ports = ready_ports(line)
+                if ports:
+                    ready.append(ports)
         except queue.Empty:
             self.close()
             raise ServeError(f"tfperf serve did not answer within {timeout_s:.0f} s: {self._last_words()}") from None

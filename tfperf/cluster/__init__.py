@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tfperf.measure.processes import ChildError, child_env
+from tfperf.cluster.errors import ClusterError
+from tfperf.measure.processes import child_env
 
-class ClusterError(ChildError):
-    """A task of a local cluster failed or did not finish in time; the message names it and its log."""
 
 
 def ring_t2(n: int, size: float, alpha: float, beta: float) -> float:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tfperf.cluster import ClusterError
+from tfperf.cluster.errors import ClusterError
 
 # Link presets by name: a rate in bits per second.
 PRESETS = {"100mbit": 100e6, "1gbit": 1e9, "10gbit": 10e9, "25gbit": 25e9}

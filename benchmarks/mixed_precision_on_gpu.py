@@ -109,8 +109,9 @@ def main() -> int:
         print("This benchmark runs Keras 3 on JAX: set KERAS_BACKEND=jax.", file=sys.stderr)
         return 2
     device = jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)  # GPUs only
     print(f"Keras {keras.__version__} on JAX {jax.__version__}, {device.platform}: {device.device_kind}"
-          f"{', compute capability ' + str(device.compute_capability) if hasattr(device, 'compute_capability') else ''}")
+          f"{f', compute capability {capability}' if capability else ''}")
     policies = (*POLICIES, FULL_FLOAT32) if args.tf32 else POLICIES
     for label, (build, batch, shape) in models(args.tiny).items():
         if args.only and not any(label.startswith(prefix) for prefix in args.only):

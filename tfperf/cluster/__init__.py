@@ -18,7 +18,6 @@ from tfperf.cluster.errors import ClusterError
 from tfperf.measure.processes import child_env
 
 
-
 def ring_t2(n: int, size: float, alpha: float, beta: float) -> float:
     """Ring all-reduce of `size` bytes over n ranks: 2(n-1) steps, each a message of size/n bytes (latency alpha
     seconds, bandwidth beta bytes/s): 2(n-1)/n * size/beta + 2(n-1) alpha."""

@@ -1,4 +1,5 @@
-"""The error of local clusters and emulated hosts, apart from both so that each can raise it without importing the other."""
+"""The error of local clusters and emulated hosts: apart from both, so that each raises it without importing the
+other."""
 
 from __future__ import annotations
 

@@ -33,6 +33,23 @@ def eager_soft_placement():
     tf.config.set_soft_device_placement(True)
 
 
+def varying_outputs(model, x):
+    """`model` with each BatchNormalization's moving statistics taken from the batch `x`, as training leaves
+    them: a Keras Applications model built with weights=None (MobileNetV2) otherwise answers the same for
+    every input, so that agreement with it proves nothing and every export of it is checked a second time
+    on a probe model (tfperf.deploy.layout.probe_check). Returns the model."""
+    import keras
+
+    norms = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    momenta = [layer.momentum for layer in norms]
+    for layer in norms:
+        layer.momentum = 0.0  # the moving statistics become this batch's own
+    model(x, training=True)
+    for layer, momentum in zip(norms, momenta):
+        layer.momentum = momentum
+    return model
+
+
 def recipe(name):
     """The path of a recipe script."""
     return REPO / "recipes" / f"{name}.py"

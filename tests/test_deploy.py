@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run
+from conftest import run, varying_outputs
 from tfperf.cli import main
 
 # On one xdist worker (`make test` runs two): its module fixtures export once.
@@ -60,12 +60,14 @@ def listing(root: Path) -> list:
 
 @pytest.fixture(scope="module")
 def mobilenet(tmp_path_factory):
-    """MobileNetV2 from Keras Applications (weights=None: nothing is downloaded) saved as .keras, and a sample."""
+    """MobileNetV2 from Keras Applications (weights=None: nothing is downloaded), its normalisation's statistics
+    from the sample so that its outputs vary (agreement with it is then evidence), saved as .keras; the sample."""
     root = tmp_path_factory.mktemp("mobilenet")
     keras.utils.set_random_seed(0)
-    model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
-    model.save(root / "mobilenet.keras")
     x = np.random.default_rng(0).random((24, 32, 32, 3), dtype=np.float32)
+    model = varying_outputs(keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
+                                                           classes=10), x)
+    model.save(root / "mobilenet.keras")
     np.savez(root / "sample.npz", images=x)  # one input: any name will do
     np.save(root / "x.npy", x)
     return {"root": root, "file": root / "mobilenet.keras", "x": x, "probs": model(x).numpy()}
@@ -94,8 +96,9 @@ def test_every_format_is_checked_against_the_model_and_lands_versioned(exports):
         assert check["on"] == "16 rows of the sample" and "top_class_agreement" in check
         if quantize == "none":
             assert check["outputs"]["output_0"]["relative"] <= 1e-4 and check["top_class_agreement"] == 1.0
-        else:
-            assert meta["quantization"] == quantize and check["outputs"]["output_0"]["max_abs_diff"] < 0.1
+        else:  # int8 arithmetic on an untrained MobileNetV2: measured and said, far from exact, above chance
+            assert meta["quantization"] == quantize and check["outputs"]["output_0"]["max_abs_diff"] > 1e-3
+            assert check["top_class_agreement"] > 0.25
         if quantize == "int8":
             assert meta["calibrated_on"] == "24 rows of the sample"
     assert not [p for p, _ in listing(next(iter(exports.values())).parent) if ".partial-" in p]
@@ -109,8 +112,9 @@ def test_predict_serves_every_format(mobilenet, exports, tmp_path, fmt, quantize
     assert code == 0 and "predicted classes: " in out and "output_0: float32[24, 10]" in out
     if quantize == "none":
         np.testing.assert_allclose(got, mobilenet["probs"], atol=1e-4)
-    else:  # int8 arithmetic: close to the float model's probabilities
-        assert np.abs(got - mobilenet["probs"]).max() < 0.1
+    else:  # int8 arithmetic: probabilities still, whose top class is the float model's well above chance (10%)
+        np.testing.assert_allclose(got.sum(axis=1), 1, atol=0.05)
+        assert (got.argmax(axis=1) == mobilenet["probs"].argmax(axis=1)).mean() > 0.25
 
 
 def test_predict_a_keras_model_export_archive(tmp_path):
@@ -479,7 +483,7 @@ def test_a_legacy_h5_file_exports_and_predicts(tmp_path):
 
 
 def test_a_check_on_constant_outputs_says_so_and_a_broken_export_is_caught_where_the_model_still_varies(
-        mobilenet, tmp_path, monkeypatch):
+        tmp_path, monkeypatch):
     """MobileNetV2 with weights=None answers 0.1 for every class on every input, so agreeing with it proves
     nothing: the check says so and compares, instead, the last layer whose output varies. An ONNX writer that
     changes one weight after converting passes the outputs' check and fails that one."""
@@ -493,7 +497,8 @@ def test_a_check_on_constant_outputs_says_so_and_a_broken_export_is_caught_where
     from tfperf.deploy.layout import describe_check, export_subject
     from tfperf.deploy.loader import keras_subject
 
-    model = keras.saving.load_model(mobilenet["file"])
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
     subject = keras_subject(model, "mobilenet", factory=None)
     exported = export_subject(subject, tmp_path / "good", format="onnx")
     lines = describe_check(exported.metadata)

@@ -20,7 +20,7 @@ from tfperf.doctor.options import TRACE_BATCHES
 from tfperf.doctor.retracing import count_traces, retraces, retracing
 from tfperf.doctor.training import training
 from tfperf.cli import main
-from conftest import run
+from conftest import run, varying_outputs
 from tfperf.records.jsonl import read_records
 from tfperf.measure.stats import FASTER, NO_DIFFERENCE, SLOWER
 
@@ -220,7 +220,8 @@ def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command
                                                                                           browser):
     keras.utils.set_random_seed(0)
     model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10)
-    model.save(tmp_path / "mobilenet.keras")
+    varying_outputs(model, np.random.default_rng(0).random((16, 32, 32, 3), dtype=np.float32)).save(
+        tmp_path / "mobilenet.keras")
     subject = load_subject(str(tmp_path / "mobilenet.keras"))
     d = doctor.diagnose(subject, doctor.Options(**{**TINY, "batch_sizes": (1,)}), tmp_path / "work")
     records = check_structure(d, tmp_path / "out", ["batch 1 latency", "retracing"])

@@ -363,6 +363,10 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
     socket_levels = [r for r in closed if ", through " in r["table"] and "echo" not in r["table"]]
     assert socket_levels and all(r["metrics"]["server_latency_ms"] > 0 and r["metrics"]["server_model_ms"] > 0
                                  for r in socket_levels)
+    # Each configuration's server started once: the best's open loop and validation ran on the server its sweep
+    # measured (a log per start), not on a second start of it.
+    assert sorted(p.name for p in (tmp_path / "run" / "servers").glob("serve-*.log")) == [
+        f"serve-{i}.log" for i in range(len(protocols) // 2)]
     served = json.loads((tmp_path / "run" / "serve.json").read_text())
     assert served["runtime"] == "litert" and served["workers"] >= 1
     assert "best within p99 <= 50 ms through a socket" in out and "tfperf export cnn --format litert" in out

@@ -351,13 +351,12 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
                 # The in-process answer first (the open-loop winner), then the rest by closed-loop rate.
                 configs = socket_phase.candidates([winner, *[s for s in best if s is not winner]], cores,
                                                   sizes.socket_candidates)
-                found.sockets = socket_phase.sweep_through(bench, configs, exports, name, out / "servers",
-                                                           trust=trust, say=say)
-                found.through = socket_phase.best_through(found.sockets, budget)
+                found.sockets, found.through, best_server = socket_phase.sweep_through(
+                    bench, configs, exports, name, out / "servers", budget, trust=trust, say=say)
             if found.through is not None:
                 through = found.through
                 bracket, found.validations, found.client_ceiling, echo = socket_phase.open_and_validate(
-                    bench, through, exports, name, out / "servers", trust=trust, say=say)
+                    bench, through, best_server, name, say=say)
                 found.open_loop[through.swept.config.name] = bracket
                 if echo is not None:
                     found.open_loop[found.client_ceiling.config.name] = echo

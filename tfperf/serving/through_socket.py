@@ -161,23 +161,43 @@ def sweep_protocols(bench, server: ServeProcess, config: ServingConfig, name: st
     return found
 
 
-def sweep_through(bench, configs: Sequence[ServingConfig], exports: dict, name: str, logs: Path, *,
-                  trust: bool = False, say=lambda what: None) -> list[Through]:
+def sweep_through(bench, configs: Sequence[ServingConfig], exports: dict, name: str, logs: Path, budget: Budget, *,
+                  trust: bool = False, say=lambda what: None) -> tuple[list[Through], Through | None, ServeProcess | None]:
     """Each configuration served by `tfperf serve` and swept in closed loop in every one of PROTOCOLS; one that
-    does not start, fails or answers differently is kept, dropped, with its reason."""
-    found = []
-    for i, config in enumerate(configs):
-        say(f"through a socket: starting tfperf serve ({config.name})")
-        try:
-            server = ServeProcess(Path(exports[config.runtime]), config, name, logs / f"serve-{i}.log", trust=trust)
-        except ServeError as exc:
-            for protocol in PROTOCOLS:
-                labelled = ServingConfig("endpoint", label=label(config, protocol))
-                found.append(Through(config, protocol, bench._dropped(labelled, str(exc))))
-            continue
-        with server:
-            found += sweep_protocols(bench, server, config, name, PROTOCOLS, say)
-    return found
+    does not start, fails or answers differently is kept, dropped, with its reason. Returns them all, the best
+    within the budget (`best_through`) and its server, still running (the caller closes it): the best's open
+    loop and validation then measure the server its sweep measured, not a second start of it."""
+    found: list[Through] = []
+    best, kept = None, None
+    try:
+        for i, config in enumerate(configs):
+            say(f"through a socket: starting tfperf serve ({config.name})")
+            try:
+                server = ServeProcess(Path(exports[config.runtime]), config, name, logs / f"serve-{i}.log",
+                                      trust=trust)
+            except ServeError as exc:
+                for protocol in PROTOCOLS:
+                    labelled = ServingConfig("endpoint", label=label(config, protocol))
+                    found.append(Through(config, protocol, bench._dropped(labelled, str(exc))))
+                continue
+            try:
+                swept = sweep_protocols(bench, server, config, name, PROTOCOLS, say)
+            except BaseException:
+                server.close()
+                raise
+            found += swept
+            leader = best_through(found, budget)
+            if leader is not None and any(leader is t for t in swept):  # this server leads: the last leader stops
+                if kept is not None:
+                    kept.close()
+                best, kept = leader, server
+            else:
+                server.close()
+    except BaseException:
+        if kept is not None:
+            kept.close()
+        raise
+    return found, best, kept
 
 
 def best_through(found: Sequence[Through], budget: Budget) -> Through | None:
@@ -186,12 +206,12 @@ def best_through(found: Sequence[Through], budget: Budget) -> Through | None:
     return max(usable, key=lambda t: t.rate_within(budget), default=None)
 
 
-def open_and_validate(bench, best: Through, exports: dict, name: str, logs: Path, *, trust: bool = False,
+def open_and_validate(bench, best: Through, server: ServeProcess, name: str, *,
                       say=lambda what: None) -> tuple[tuple[float, float], list, Swept, tuple[float, float] | None]:
-    """The best through a socket served again: LoadGen Server's highest rate within the budget (and the next rate
-    tried, which missed), the validation runs at it, and the client's ceiling (`client_ceiling`) in its protocol."""
-    with ServeProcess(Path(exports[best.config.runtime]), best.config, name, logs / "serve-best.log",
-                      trust=trust) as server:
+    """The best through a socket, on the server its sweep ran on (closed when done): LoadGen Server's highest rate
+    within the budget (and the next rate tried, which missed), the validation runs at it, and the client's
+    ceiling (`client_ceiling`) in its protocol."""
+    with server:
         measuring = bench_for(bench, server, best.protocol, name, best.config.runtime)
         say(f"open loop (LoadGen Server): {best.swept.config.name}")
         bracket = measuring.open_loop_of(best.swept)

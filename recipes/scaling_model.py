@@ -268,9 +268,12 @@ def measure(args, rec) -> Found:
         predicted_high = n * args.batch_size / (t1_ci[0] + t2_ci[0])
         predicted_low = n * args.batch_size / (t1_ci[1] + t2_ci[1])
         error_ci = [predicted_low / measured_high - 1, predicted_high / measured_low - 1]
+        # One rank all-reduces nothing: its ring time is 0 without the fit (which a job of its own would make
+        # here, np=1 coming before the np=2 run whose sweep fits it).
+        ring_ms = ring_t2(n, gradient_bytes, **fitted_ring()) * 1e3 if n > 1 else 0.0
         rec.add(PREDICTED, f"np={n}", {
             "threads_per_rank": k, "t1_ms": t1 * 1e3, "t2_ms": t2 * 1e3,
-            "t2_ring_model_ms": ring_t2(n, gradient_bytes, **fitted_ring()) * 1e3, "predicted_samples_per_s": predicted,
+            "t2_ring_model_ms": ring_ms, "predicted_samples_per_s": predicted,
             "samples_per_s": measured, "error": predicted / measured - 1, "error_ci95": error_ci},
             primary="samples_per_s", lower_is_better=False)
         print(f"np={n}: predicted {predicted:,.0f} samples/s, measured {measured:,.0f}: error "

@@ -42,6 +42,7 @@ from tfperf.measure.stats import median_ci
 # Measuring: the processes horovodrun starts ------------------------------------------------------------
 
 HERE = Path(__file__).resolve().parent
+# horovodrun beside this Python; --gloo spares it a forked process importing TensorFlow to ask whether MPI was built.
 BIN = Path(sys.executable).parent
 ALLREDUCE, PREDICTED, PROJECTION, PAPER, YOURS = (
     "all-reduce time by size (Horovod, gloo, np=2)", "predicted vs measured (mnist_hvd)", "projection on paper",
@@ -226,14 +227,15 @@ def measure(args, rec) -> Found:
     def fitted_ring() -> dict[str, float]:
         """alpha and beta: from the sweep the first np=2 run took, else from a job of its own."""
         if not ring:
-            fit_ring(rank0_replies(launch([BIN / "horovodrun", "-np", "2", *me, "--role", "allreduce"])))
+            fit_ring(rank0_replies(launch([BIN / "horovodrun", "-np", "2", "--gloo", *me, "--role", "allreduce"])))
         return ring
 
     def run_hvd(n: int, sweep: bool) -> dict:
         """mnist_hvd's step on n ranks, with its t1 probe between blocks (train_and_probe): rank 0's reply."""
         profile = ["--profile", Path(args.profile).resolve()] if args.profile else []
-        return rank0_replies(launch([BIN / "horovodrun", "-np", n, *me, "--role", "run", "--blocks", args.blocks,
-                                     "--warmup", args.warmup, *profile, *(["--sweep"] if sweep else [])]))[-1]
+        return rank0_replies(launch([BIN / "horovodrun", "-np", n, "--gloo", *me, "--role", "run", "--blocks",
+                                     args.blocks, "--warmup", args.warmup, *profile,
+                                     *(["--sweep"] if sweep else [])]))[-1]
 
     # Run, with t1 measured inside each run; t2 right after the first run of each rank count ---------
     threads_for = {n: max(1, cores // n) for n in args.ranks}

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tfperf.doctor.options import Options
-from tfperf.doctor.shapes import BUCKETS, PLAIN, RELAXED, SIGNATURE, cut_back, pad_to, shapes, signature_text
+from tfperf.doctor.shapes import (BUCKETS, PLAIN, RELAXED, SIGNATURE, axis_sizes, cut_back, pad_to, shapes,
+                                  signature_text)
 from tfperf.records.jsonl import Recorder
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ def transformer() -> keras.Model:
     return keras.Model(ids, keras.layers.Dense(2)(x))
 
 
-def diagnosed(model: keras.Model, tmp_path):
+def diagnosed(model: keras.Model, tmp_path, axes: str = "all"):
     from tfperf.deploy.loader import load_subject
 
     keras.utils.set_random_seed(0)
@@ -38,7 +39,7 @@ def diagnosed(model: keras.Model, tmp_path):
     model.save(path)
     subject = load_subject(str(path))
     rec = Recorder("doctor", {})
-    findings, skipped, found = shapes(subject, rec, Options(), lambda step: None)
+    findings, skipped, found = shapes(subject, rec, Options(shape_axes=axes), lambda step: None)
     assert not skipped, skipped
     return subject, rec, findings, found
 
@@ -74,14 +75,33 @@ def test_new_batch_sizes_and_image_sizes_are_counted_per_way_and_the_fixes_measu
 
 
 def test_a_transformers_new_lengths_are_counted_and_padding_with_a_mask_free_model_is_checked(tmp_path):
-    subject, rec, findings, found = diagnosed(transformer(), tmp_path)
-    assert [axis for axis, _, _ in found.axes] == ["batch", "sequence length"]
+    # Its length only (--shape-axes free): the batch axis is the CNN's test's, and would double this one's time.
+    subject, rec, findings, found = diagnosed(transformer(), tmp_path, axes="free")
+    assert [axis for axis, _, _ in found.axes] == ["sequence length"]
     got = rows(rec, "new shapes: sequence length")
     assert (got[PLAIN]["traces"], got["tf.function, jit_compile=True"]["compiles"], got[BUCKETS]["compiles"]) == (6, 6, 2)
     assert got[SIGNATURE]["traces"] == 0
     # Attention without a mask sees the padded positions: the bucketed answers differ, and the doctor says so.
     assert got[BUCKETS]["answers_differ_by"] > 1e-4
     assert signature_text(subject) == "[tf.TensorSpec([None, None], tf.int32)]"
+
+
+def test_shape_axes_choose_the_batch_or_the_models_free_axes_and_a_model_without_one_is_told():
+    from tfperf.deploy.loader import InputSpec
+
+    class Spec:
+        inputs = (InputSpec("image", "float32", (4, 4, 3), (None, None, 3)),)
+        free, free_axes = True, "height and width"
+
+    class Fixed(Spec):
+        inputs = (InputSpec("x", "float32", (6,), (6,)),)
+        free = False
+
+    assert list(axis_sizes(Spec)) == ["batch", "height and width"] and list(axis_sizes(Spec, "batch")) == ["batch"]
+    assert axis_sizes(Spec, "free")["height and width"] == (4, [4 + k for k in range(1, 7)])  # a step of 4 // 8 -> 1
+    assert axis_sizes(Fixed, "free") == {}
+    findings, skipped, found = shapes(Fixed, Recorder("doctor", {}), Options(shape_axes="free"), lambda step: None)
+    assert (findings, found) == ([], None) and "leaves no axis free but the batch" in skipped["new shapes"]
 
 
 def test_padding_goes_on_the_axis_that_varies_and_the_answer_is_cut_back():

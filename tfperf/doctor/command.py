@@ -90,6 +90,9 @@ def add_command(sub) -> None:
                         "XLA, tf.function, XLA and its SavedModel; traces and XLA compiles counted, the first call and "
                         "the steady time, beside input_signature, reduce_retracing and bucket padding (a process of "
                         "its own; about a minute for a small model)")
+    p.add_argument("--shape-axes", choices=["all", "batch", "free"],
+                   help="with --shapes (implied): vary only the batch, or only the axes the model leaves free "
+                        "(height and width, or length), at about half the time of both (default: all)")
     p.add_argument("--load-time", action="store_true",
                    help="why does my model take so long to load: a cold start (import, load, first call) of each form "
                         "it can take (.keras, .h5, SavedModel through tf.saved_model.load and Keras, LiteRT, ONNX), "
@@ -265,7 +268,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             threads=not args.no_threads, quick=args.quick,
             budget_s=args.budget or (QUICK_GOAL_S - 30 if args.quick else None), seed=args.seed, sample=sample,
             sample_path=args.sample, trust=args.trust, input_shapes=shapes, profile=not args.no_profile,
-            memory_budget=args.memory_budget, shapes=args.shapes, load_time=args.load_time,
+            memory_budget=args.memory_budget, shapes=args.shapes or bool(args.shape_axes),
+            shape_axes=args.shape_axes or "all", load_time=args.load_time,
             keras_stacks=args.keras_stacks, devices=args.devices)
         # What can be refused is refused before anything is measured or written.
         if args.loss:

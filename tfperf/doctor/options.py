@@ -59,6 +59,7 @@ class Options:
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     profile: bool = True  # the profile pass: traces of measured variants, read through XProf
     shapes: bool = False  # the first call at new sizes, per way of calling the model (a process of its own)
+    shape_axes: str = "all"  # the axes the new-shapes experiment varies: "all", "batch" or "free" (the model's own)
     load_time: bool = False  # a cold start per form the model can take, in fresh processes
     devices: int | None = None  # train under MirroredStrategy on 1 and this many devices (needs `loss`)
     keras_stacks: bool = False  # the model under Keras 2, Keras 3 on TensorFlow and on JAX (needs `loss`)

@@ -37,11 +37,12 @@ PLAIN, SIGNATURE, RELAXED, BUCKETS = ("tf.function", "tf.function, input_signatu
                                       "tf.function, reduce_retracing=True", "XLA, padded to 2 buckets")
 
 
-def axis_sizes(subject: Subject) -> dict[str, tuple[int, list[int]]]:
+def axis_sizes(subject: Subject, which: str = "all") -> dict[str, tuple[int, list[int]]]:
     """Per axis the size it is first seen at and the new sizes it is then called at: the batch (batch 1 on the
-    free axes' default size), and the free axes together, a step of an eighth of their default size apart."""
-    axes = {"batch": (SEEN_BATCH, list(range(1, NEW_SIZES + 1)))}
-    if subject.free:
+    free axes' default size), and the free axes together, a step of an eighth of their default size apart.
+    `which`: "all", "batch" or "free" (the axes the model leaves free, without the batch)."""
+    axes = {"batch": (SEEN_BATCH, list(range(1, NEW_SIZES + 1)))} if which != "free" else {}
+    if subject.free and which != "batch":
         default = next(s for i in subject.inputs for s, d in zip(i.shape, i.declared) if d is None)
         step = max(1, default // 8)
         axes[subject.free_axes] = (default, [default + step * k for k in range(1, NEW_SIZES + 1)])
@@ -165,7 +166,7 @@ def measure_shapes(subject: Subject, options: Options, dump: Path, workdir: Path
         except (ExportError, ModelError) as exc:  # the other ways are still measured; this one says why not
             unexported = f"the SavedModel export failed: {first_line(exc)}"
     found: dict[str, Any] = {"axes": []}
-    for axis, (seen, sizes) in axis_sizes(subject).items():
+    for axis, (seen, sizes) in axis_sizes(subject, options.shape_axes).items():
         def inputs(size: int, axis=axis) -> dict[str, np.ndarray]:
             if axis == "batch":
                 return make_inputs(subject, size, seed=options.seed, sample=options.sample)
@@ -220,7 +221,8 @@ def serve_shapes(args) -> int:
 
     subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
                            signature=args.signature)
-    options = Options(seed=args.seed, sample=read_sample(args.sample) if args.sample else None)
+    options = Options(seed=args.seed, sample=read_sample(args.sample) if args.sample else None,
+                      shape_axes=args.shape_axes or "all")
     with tempfile.TemporaryDirectory(prefix="tfperf-shapes-") as workdir:
         print(reply(measure_shapes(subject, options, Path(args.xla_dump), Path(workdir))), flush=True)
     return 0
@@ -229,7 +231,7 @@ def serve_shapes(args) -> int:
 def child_argv(subject: Subject, options: Options, dump: Path) -> list[str]:
     """The command line of the process the experiment runs in."""
     return [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "shapes", "--xla-dump", str(dump),
-            "--seed", str(options.seed), *model_flags(subject, options)]
+            "--seed", str(options.seed), "--shape-axes", options.shape_axes, *model_flags(subject, options)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +281,8 @@ def shapes(subject: Subject, rec, options: Options, progress) -> tuple[list[Find
     from tfperf.measure import Measurement, versus
     from tfperf.measure.processes import ChildError, run_child
 
+    if not axis_sizes(subject, options.shape_axes):
+        return [], {TABLE: "not measured: the model leaves no axis free but the batch (--shape-axes free)"}, None
     progress("new shapes")
     with tempfile.TemporaryDirectory(prefix="tfperf-xla-") as dump:
         flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()

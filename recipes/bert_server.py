@@ -27,7 +27,7 @@ from tfperf import flags
 from tfperf.measure.measurement import Measurement, versus
 from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
 from tfperf.serving.batcher import Batcher, BatchingOptions
-from tfperf.serving.command import int_list, length_range
+from tfperf.flags import int_list, length_range
 
 VOCAB = 30522  # BERT's WordPiece vocabulary
 

@@ -451,7 +451,7 @@ def test_a_server_process_answers_as_served_here_names_what_fails_and_fails_requ
 
 
 def test_the_savedmodel_is_searched_over_threads_only_where_each_count_has_a_process():
-    from tfperf.serving.command import searched_threads
+    from tfperf.serving.pipeline import searched_threads
 
     runtimes = ["savedmodel", "litert", "onnx"]
     assert searched_threads(runtimes, 4, True, False) == {"savedmodel": (None,), "litert": (1, 4), "onnx": (1, 4)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -102,6 +103,44 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
     return value
+
+
+def latency(text: str) -> float:
+    """A latency budget in seconds, from `10ms`, `500us`, `0.01s` or a bare number of milliseconds."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|us|s)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"must be a latency such as 10ms, 500us or 0.01s, got {text!r}")
+    value = float(match[1]) * {"ms": 1e-3, "us": 1e-6, "s": 1.0, None: 1e-3}[match[2]]
+    if not 1e-6 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be between 1us and 60s, got {text!r}")
+    return value
+
+
+def percentile(text: str) -> float:
+    """A percentile between 50 and 99.99."""
+    value = positive_float(text)
+    if not 50 <= value <= 99.99:
+        raise argparse.ArgumentTypeError(f"must be a percentile between 50 and 99.99, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """Comma-separated whole numbers, each at least 1 (concurrency levels)."""
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1 or values[-1] > 1024:
+        raise argparse.ArgumentTypeError(f"must be numbers from 1 to 1024 such as 1,2,4,8, got {text!r}")
+    return values
+
+
+def length_range(text: str) -> tuple[int, int]:
+    """LO:HI, two lengths with 1 <= LO <= HI."""
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise argparse.ArgumentTypeError(f"must be LO:HI token lengths such as 16:128, got {text!r}")
+    return int(match[1]), int(match[2])
 
 
 def parse_size(text: str) -> int:

@@ -12,7 +12,7 @@ import numpy as np
 
 from tfperf import extras, flags
 from tfperf.flags import UserError
-from tfperf.serving.command import latency, percentile
+from tfperf.flags import latency, percentile
 
 QUICK_GOAL_S = 180  # the goal: --quick on a small model within 3 minutes on a 2-core machine
 
@@ -150,7 +150,7 @@ def serving_answer(subject, args: argparse.Namespace, sample, out: Path) -> str:
     import shlex
 
     from tfperf.deploy.inputs import make_inputs
-    from tfperf.serving.command import RUNTIMES, answer, export_runtimes
+    from tfperf.serving.pipeline import RUNTIMES, answer, export_runtimes
     from tfperf.serving.configs import one_row_requests
     from tfperf.serving.report import describe
     from tfperf.deploy.commands import loading_flags

@@ -9,7 +9,7 @@ while the rate gains at least `min_gain` (5%) over the step before. The best few
 open loop (LoadGen's Server scenario: Poisson arrivals, latency from scheduled time) for the highest
 rate whose percentile stays within the budget, and the winner is validated by a longer LoadGen run.
 
-The search itself only calls `sweep(config)`; measuring lives in `tfperf.serving.command`, so that the
+The search itself only calls `sweep(config)`; measuring lives in `tfperf.serving.pipeline`, so that the
 pruning is tested on sweeps of known speed.
 """
 

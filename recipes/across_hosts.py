@@ -23,7 +23,9 @@ import time
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import ClusterError, LocalCluster, exposed_t2, free_ports, launch, ring_t2, tf_config
+from tfperf.cluster.errors import ClusterError
+from tfperf.cluster.processes import LocalCluster, free_ports, launch, tf_config
+from tfperf.cluster.ring import exposed_t2, ring_t2
 from tfperf.measure.processes import last_reply, rank0_replies, reply
 from tfperf.recipe import Conclusion, Headline, Recipe
 

@@ -28,7 +28,10 @@ import numpy as np
 from tfperf import flags
 from tfperf.measure import (Measurement, Timer, TimerCluster, TimerServer, interleave, profiled, serve_timers,
                           versus)
-from tfperf.cluster import ClusterError, Placement, placed, ring_t2, tf_config
+from tfperf.cluster.errors import ClusterError
+from tfperf.cluster.placement import Placement, placed
+from tfperf.cluster.processes import tf_config
+from tfperf.cluster.ring import ring_t2
 from tfperf.cluster.hosts import available
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores

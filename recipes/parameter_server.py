@@ -28,7 +28,9 @@ import numpy as np
 
 from tfperf import flags
 from tfperf.measure import Measurement, Timer, TimerServer, interleave, serve_timers, versus
-from tfperf.cluster import ClusterError, LocalCluster, Placement, placed
+from tfperf.cluster.errors import ClusterError
+from tfperf.cluster.placement import Placement, placed
+from tfperf.cluster.processes import LocalCluster
 from tfperf.cluster.hosts import available
 from tfperf.measure.processes import reply
 from tfperf.devices import usable_cores

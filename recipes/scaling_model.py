@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from tfperf import flags
-from tfperf.cluster import launch, ring_t2
+from tfperf.cluster.processes import launch
+from tfperf.cluster.ring import ring_t2
 from tfperf.measure.processes import rank0_replies, reply
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError

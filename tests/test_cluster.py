@@ -7,7 +7,9 @@ import pytest
 
 from conftest import REPO
 from tfperf import flags
-from tfperf.cluster import ClusterError, LocalCluster, Placement, free_ports, local_cluster, tf_config
+from tfperf.cluster.errors import ClusterError
+from tfperf.cluster.placement import Placement
+from tfperf.cluster.processes import LocalCluster, free_ports, local_cluster, tf_config
 from tfperf.measure.processes import ChildError, last_reply, replies, reply
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tfperf.cluster import ring_t2
+from tfperf.cluster.ring import ring_t2
 from tfperf.cluster.hosts import PRESETS, Hosts, available, clean, parse_link, stale
 
 # On one xdist worker (`make test` runs two): emulated hosts share one subnet and a launcher address: one run of them at a time.
@@ -160,7 +160,7 @@ def test_the_doctors_speedup_on_hosts_is_the_ring_model_over_a_measured_step(tmp
 
 
 def test_overlap_hides_the_all_reduce_of_gradients_made_early_in_backpropagation():
-    from tfperf.cluster import exposed_t2, ring_t2
+    from tfperf.cluster.ring import exposed_t2, ring_t2
 
     alpha, beta = 50e-6, 125e6  # 1 Gbit/s
     # Every gradient made at the end of the pass: nothing hides, the ring model's t2 is left whole.

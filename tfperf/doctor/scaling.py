@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfperf.cluster import exposed_t2, ring_t2
+from tfperf.cluster.ring import exposed_t2, ring_t2
 
 DEFAULT_RTT_S = 100e-6  # a LAN's round trip when --link gives none: said in the report
 

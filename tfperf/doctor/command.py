@@ -150,7 +150,8 @@ def serving_answer(subject, args: argparse.Namespace, sample, out: Path) -> str:
     import shlex
 
     from tfperf.deploy.inputs import make_inputs
-    from tfperf.serving.pipeline import RUNTIMES, answer, export_runtimes
+    from tfperf.serving.pipeline import answer, export_runtimes
+    from tfperf.serving.runtimes import RUNTIMES
     from tfperf.serving.configs import one_row_requests
     from tfperf.serving.report import describe
     from tfperf.deploy.commands import loading_flags

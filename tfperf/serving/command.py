@@ -22,7 +22,8 @@ from pathlib import Path
 
 from tfperf import extras, flags
 from tfperf.flags import UserError, int_list, latency, length_range, percentile
-from tfperf.serving.pipeline import RECIPE, RUNTIMES, answer, export_runtimes, variable_length_requests
+from tfperf.serving.pipeline import RECIPE, answer, export_runtimes, variable_length_requests
+from tfperf.serving.runtimes import RUNTIMES, export_of
 
 QUICK_GOAL_S = 180
 
@@ -224,8 +225,7 @@ def _print_summary(found, report: Path, out: Path) -> None:
             print(f"  {line}")
     elif best and best[0].config.runtime != "endpoint":
         b = winner(found, best)
-        for line in serve_command(b.config, found.export_commands.get(
-                "savedmodel" if b.config.runtime == "tf-batch-function" else b.config.runtime)):
+        for line in serve_command(b.config, found.export_commands.get(export_of(b.config.runtime))):
             print(f"  {line}")
     if not best and through is None and not found.partial:
         print(f"no configuration meets {budget}: see {report}")

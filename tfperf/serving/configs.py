@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tfperf.serving.batcher import Arrays, Batcher, BatchingOptions, unbatched
+from tfperf.serving.runtimes import BATCH_FUNCTION, RUNTIMES
 
 AGREEMENT = 1e-5  # a served answer equals the unbatched call within this, relative to the output's scale
 
@@ -29,7 +30,7 @@ AGREEMENT = 1e-5  # a served answer equals the unbatched call within this, relat
 class ServingConfig:
     """One way to serve an export: its runtime, the runtime's threads per call, instances, and batching."""
 
-    runtime: str  # "savedmodel", "litert", "onnx", or "tf-batch-function"
+    runtime: str  # one of RUNTIMES, or BATCH_FUNCTION
     threads: int | None = None  # intra-op threads of one call (LiteRT, ONNX Runtime); None: the runtime's own
     instances: int = 1  # threads serving requests (unbatched) or batch threads (batched)
     batching: BatchingOptions | None = None
@@ -86,7 +87,7 @@ class ServingConfig:
                          int(found.get("instances", 1)), options, int(found.get("workers", 1)))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where} is not a serving configuration ({type(exc).__name__}: {exc})") from None
-        if config.runtime not in ("savedmodel", "litert", "onnx") or min(config.instances, config.workers) < 1 or (
+        if config.runtime not in RUNTIMES or min(config.instances, config.workers) < 1 or (
                 config.threads is not None and config.threads < 1):
             raise ValueError(f"{where}: runtime must be savedmodel, litert or onnx, and threads, instances and "
                              f"workers at least 1")
@@ -106,8 +107,8 @@ class ServingConfig:
         """The export served this way (close it when done); `on_batch` is told of each batch it runs."""
         from tfperf.deploy.layout import load
 
-        if self.runtime == "tf-batch-function":
-            raise ValueError("tf-batch-function is served by batch_function_server")
+        if self.runtime == BATCH_FUNCTION:
+            raise ValueError(f"{BATCH_FUNCTION} is served by batch_function_server")
         shared = None if self.runtime == "litert" else load(export, threads=self.threads, signature=signature)
         lock = threading.Lock()  # TensorFlow's and LiteRT's loaders are not meant to run concurrently
 

@@ -20,6 +20,7 @@ from tfperf.measure.load import LoadLevel, closed_loop
 from tfperf.serving import loadgen
 from tfperf.serving.batcher import Arrays, BatchingOptions
 from tfperf.serving.configs import ServingConfig, answers_vary, batch_function_server, check_agreement
+from tfperf.serving.runtimes import BATCH_FUNCTION, export_of
 from tfperf.serving.search import Budget, Swept, bracket_rate, concurrency_sweep
 
 ANCHOR = ServingConfig("savedmodel", None, 1)  # the SavedModel signature, one request at a time
@@ -52,7 +53,7 @@ class Sizes:
 
 def batch_function_config(cores: int) -> ServingConfig:
     """TensorFlow's own batching op with TF Serving's usual CPU settings: a batch thread per core."""
-    return ServingConfig("tf-batch-function", None, cores,
+    return ServingConfig(BATCH_FUNCTION, None, cores,
                          BatchingOptions(max_batch_size=32, batch_timeout_micros=1000, num_batch_threads=cores))
 
 
@@ -81,7 +82,7 @@ class Bench:
         """The runtime's own unbatched call, loaded once: what every server of it must answer."""
         from tfperf.deploy.layout import load
 
-        source = "savedmodel" if runtime == "tf-batch-function" else runtime
+        source = export_of(runtime)
         if source not in self.references:
             self.references[source] = load(self.exports[source])
         return self.references[source]
@@ -95,12 +96,12 @@ class Bench:
             remote.cpu_s = self.endpoint_cpu
             return remote
         if self.server_process is not None:
-            source = "savedmodel" if config.runtime == "tf-batch-function" else config.runtime
+            source = export_of(config.runtime)
             process = self.server_process
             if config.runtime == "savedmodel" and config.threads is not None:
                 process = self._tf_process(config.threads)
             return process.open(config, self.exports[source], self.requests[0])
-        if config.runtime == "tf-batch-function":
+        if config.runtime == BATCH_FUNCTION:
             return batch_function_server(self.exports["savedmodel"], config.batching, self.requests[0])
         return config.server(self.exports[config.runtime])
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from tfperf import flags
+from tfperf.serving.runtimes import RUNTIMES
 
 RECIPE = "load"
-RUNTIMES = ("savedmodel", "litert", "onnx")
 
 
 def variable_length_requests(subject, count: int, lengths: tuple[int, int] | None, sample, seed: int):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf.serving.batcher import Arrays
+from tfperf.serving.runtimes import BATCH_FUNCTION
 
 
 def _serve(connection, intra_op_threads: int | None = None) -> None:
@@ -58,7 +59,7 @@ def _serve(connection, intra_op_threads: int | None = None) -> None:
         elif kind == "open":
             _, config, export, example, signature = message
             try:
-                if config.runtime == "tf-batch-function":
+                if config.runtime == BATCH_FUNCTION:
                     from tfperf.serving.configs import batch_function_server
 
                     server = batch_function_server(export, config.batching, example, signature=signature)

@@ -11,6 +11,7 @@ from tfperf import extras
 from tfperf.measure.load import LoadLevel
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.loadgen import LoadGenResult
+from tfperf.serving.runtimes import BATCH_FUNCTION, export_of
 from tfperf.serving.search import Budget, Swept
 
 GENERATOR_LIMIT = 0.25  # clients using more than this share of the process's CPU compete with the server
@@ -67,7 +68,7 @@ def serve_command(config: ServingConfig, export_command: list[str] | None) -> li
     lines = []
     if export_command:
         lines.append("tfperf " + shlex.join(export_command))
-    if config.runtime == "tf-batch-function":
+    if config.runtime == BATCH_FUNCTION:
         b = config.batching
         lines.append(f"tf.nondifferentiable_batch_function(num_batch_threads={b.num_batch_threads}, max_batch_size="
                      f"{b.max_batch_size}, batch_timeout_micros={b.batch_timeout_micros}) around the signature, "
@@ -122,7 +123,7 @@ def write_report(found: Found, out: Path) -> Path:
             lines += [""] + _client_ceiling(found, best)
         else:
             lines += ["", "Serve it:", "", "```"] + serve_command(best.config, found.export_commands.get(
-                "savedmodel" if best.config.runtime == "tf-batch-function" else best.config.runtime)) + ["```", ""]
+                export_of(best.config.runtime))) + ["```", ""]
             lines += _anchors(found, usable)
     if found.deploy:
         lines += ["## Deploy it", "", "In this folder: serve.json (`tfperf serve MODEL --config serve.json`) and deploy/:",
@@ -289,7 +290,7 @@ def _anchors(found: Found, usable: list[Swept]) -> list[str]:
     budget = found.budget
     anchor = next((s for s in found.swept if s.config.runtime == "savedmodel" and s.config.instances == 1
                    and s.config.batching is None and s.config.threads is None), None)
-    tf_batch = next((s for s in found.swept if s.config.runtime == "tf-batch-function"), None)
+    tf_batch = next((s for s in found.swept if s.config.runtime == BATCH_FUNCTION), None)
     best = winner(found, usable)
     rows = [("the SavedModel signature, one request at a time", anchor),
             ("TensorFlow's BatchFunction (TF Serving's kernel)", tf_batch), (f"best: {best.config.name}", best)]

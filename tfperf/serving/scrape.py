@@ -9,7 +9,7 @@ import math
 import urllib.error
 import urllib.request
 
-TFPERF_PATH = "/monitoring/prometheus/metrics"  # tfperf serve's (TF Serving's path)
+METRICS_PATH = "/monitoring/prometheus/metrics"  # where tfperf serve (as TF Serving) serves its metrics: here once
 
 # Cumulative sums and counts each server exports, by what they mean here (summed over the labels).
 NAMES = {

@@ -22,8 +22,7 @@ from pathlib import Path
 
 from tfperf import extras, flags
 from tfperf.flags import UserError
-
-RUNTIMES = ("savedmodel", "litert", "onnx")
+from tfperf.serving.runtimes import RUNTIMES
 
 
 def add_command(sub) -> None:

@@ -25,11 +25,11 @@ from tfperf.serving.batcher import Overloaded
 from tfperf.serving.deploy_files import triton_config
 from tfperf.serving.grpc_services import add_services
 from tfperf.serving.repository import AVAILABLE, Repository, Version
+from tfperf.serving.scrape import METRICS_PATH
 from tfperf.serving.wire import (RequestError, dump_json, tfserving_metadata, tfserving_predict_request,
                                  tfserving_predict_response, tfserving_status, v2_infer_request, v2_infer_response,
                                  v2_metadata)
 
-METRICS_PATH = "/monitoring/prometheus/metrics"  # TF Serving's
 V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
                 r"(?P<verb>:predict|:classify|:regress|/metadata)?$")
 V2 = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>\d+))?(?P<verb>/infer|/ready|/config)?$")

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tfperf.serving.configs import ServingConfig
+from tfperf.serving.runtimes import RUNTIMES
 from tfperf.serving.search import Budget, Swept
 from tfperf.serving.wire import ready_ports
 
 PROTOCOLS = ("v2", "grpc")  # the fastest over HTTP (binary tensors) and TF Serving's gRPC
-SERVABLE = ("savedmodel", "litert", "onnx")  # the runtimes `tfperf serve` runs
 
 
 class ServeError(RuntimeError):
@@ -45,7 +45,7 @@ class Through:
 def candidates(ranked: Sequence[Swept], cores: int, count: int) -> list[ServingConfig]:
     """The `count` best configurations `tfperf serve` can run, then the best again in a worker process per core
     with one runtime thread each (when there is more than one core)."""
-    picked = list(dict.fromkeys(s.config for s in ranked if s.config.runtime in SERVABLE))[:count]
+    picked = list(dict.fromkeys(s.config for s in ranked if s.config.runtime in RUNTIMES))[:count]
     if picked and cores > 1:
         picked.append(dataclasses.replace(picked[0], workers=cores, threads=1))
     return picked
@@ -138,12 +138,12 @@ def bench_for(bench, server: ServeProcess, protocol: str, name: str, runtime: st
     REST `columnar` or in rows), checks its answers against `runtime`'s own call and reads its metrics around
     each level."""
     from tfperf.serving.endpoint import Endpoint
-    from tfperf.serving.scrape import TFPERF_PATH
+    from tfperf.serving.scrape import METRICS_PATH
 
     port = server.ports[0] if protocol in ("rest", "v2") else server.ports[1]
     return dataclasses.replace(bench, endpoint=Endpoint(protocol, "127.0.0.1", port, name, columnar=columnar),
                                endpoint_runtime=runtime, endpoint_cpu=server.cpu_s,
-                               metrics_url=f"http://127.0.0.1:{server.ports[0]}{TFPERF_PATH}")
+                               metrics_url=f"http://127.0.0.1:{server.ports[0]}{METRICS_PATH}")
 
 
 def sweep_protocols(bench, server: ServeProcess, config: ServingConfig, name: str,

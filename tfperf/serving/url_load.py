@@ -76,14 +76,14 @@ def load_url(args: argparse.Namespace, started: float, recipe: str) -> tuple[Any
 def metrics_url_of(endpoint, given: str | None) -> str | None:
     """Where the endpoint's Prometheus metrics are: --metrics-url, else tfperf serve's path on an HTTP endpoint's
     own port when it answers metrics a known server exports (Triton's are on a port of their own: give it)."""
-    from tfperf.serving.scrape import TFPERF_PATH, snapshot
+    from tfperf.serving.scrape import METRICS_PATH, snapshot
 
     if given:
         if snapshot(given) is None:
             raise UserError(f"--metrics-url {given} answered no metrics of tfperf serve or Triton")
         return given
     if endpoint.protocol in ("rest", "v2"):
-        url = f"http://{endpoint.host}:{endpoint.port}{TFPERF_PATH}"
+        url = f"http://{endpoint.host}:{endpoint.port}{METRICS_PATH}"
         return url if snapshot(url) is not None else None
     return None
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from tfperf.serving.wire import NUMPY_TO_V2, TF_NAMES, V2_TYPES, Tensor, dump_json, to_v2_bytes
+from tfperf.serving.wire import (NUMPY_TO_V2, TF_NAMES, V2_TYPES, Tensor, dtype_name, dump_json, from_json_values,
+                                 json_values, to_v2_bytes)
 
 PROTOCOLS = {"rest": "TF Serving REST", "grpc": "TF Serving gRPC", "v2": "KServe v2 over HTTP",
              "grpc+v2": "KServe v2 over gRPC"}
@@ -151,17 +152,17 @@ def encode(endpoint: Endpoint, arrays: Mapping[str, np.ndarray]) -> Any:
     """One request as the protocol sends it: (body bytes, headers) over HTTP, a request message over gRPC."""
     if endpoint.protocol == "rest":
         if endpoint.columnar:
-            return dump_json({"inputs": {k: np.asarray(v).tolist() for k, v in arrays.items()}}), {}
+            return dump_json({"inputs": {k: json_values(np.asarray(v)) for k, v in arrays.items()}}), {}
         rows = len(next(iter(arrays.values())))
-        return dump_json({"instances": [{k: np.asarray(v)[i].tolist() for k, v in arrays.items()}
+        return dump_json({"instances": [{k: json_values(np.asarray(v)[i]) for k, v in arrays.items()}
                                         for i in range(rows)]}), {}
     if endpoint.protocol == "v2":
         tensors, raw = [], []
         for name, value in arrays.items():
             array = np.asarray(value)
-            entry = {"name": name, "shape": list(array.shape), "datatype": NUMPY_TO_V2[array.dtype.name]}
-            if endpoint.json:
-                entry["data"] = array.reshape(-1).tolist()
+            entry = {"name": name, "shape": list(array.shape), "datatype": NUMPY_TO_V2[dtype_name(array)]}
+            if endpoint.json:  # BYTES as JSON strings, as KServe v2 writes them
+                entry["data"] = [v.decode() if isinstance(v, bytes) else v for v in array.reshape(-1).tolist()]
             else:
                 data = to_v2_bytes(array)
                 entry["parameters"] = {"binary_data_size": len(data)}
@@ -189,7 +190,7 @@ def encode(endpoint: Endpoint, arrays: Mapping[str, np.ndarray]) -> Any:
     request = service_pb2.ModelInferRequest(model_name=endpoint.model, model_version=str(endpoint.version or ""))
     for name, value in arrays.items():
         array = np.asarray(value)
-        request.inputs.add(name=name, datatype=NUMPY_TO_V2[array.dtype.name], shape=list(array.shape))
+        request.inputs.add(name=name, datatype=NUMPY_TO_V2[dtype_name(array)], shape=list(array.shape))
         request.raw_input_contents.append(to_v2_bytes(array))
     return request
 
@@ -295,22 +296,27 @@ class RemoteServer:
         from tfperf.serving.grpc_wire import from_tensor_proto
         from tfperf.serving.wire import from_v2_bytes
 
-        if self.endpoint.protocol == "rest":
+        if self.endpoint.protocol == "rest":  # JSON values as the metadata's dtypes (bytes from {"b64": ...})
+            dtypes = {t.name: t.dtype for t in self.outputs}
+            typed = lambda name, values: (np.asarray(from_json_values(values), dtype=object)  # noqa: E731
+                                          if dtypes.get(name) == "string" else np.asarray(values, dtypes.get(name)))
             data = json.loads(found[0])
             if "outputs" in data:
-                return {k: np.asarray(v) for k, v in (data["outputs"].items() if isinstance(data["outputs"], dict)
-                                                      else [(self.outputs[0].name, data["outputs"])])}
+                return {k: typed(k, v) for k, v in (data["outputs"].items() if isinstance(data["outputs"], dict)
+                                                    else [(self.outputs[0].name, data["outputs"])])}
             rows = data["predictions"]
             if rows and isinstance(rows[0], dict):
-                return {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
-            return {self.outputs[0].name: np.asarray(rows)}
+                return {k: typed(k, [r[k] for r in rows]) for k in rows[0]}
+            return {self.outputs[0].name: typed(self.outputs[0].name, rows)}
         if self.endpoint.protocol == "v2":
             body, headers = found
             length = int(headers.get("Inference-Header-Content-Length", len(body)))
             header, at, outputs = json.loads(body[:length]), length, {}
             for t in header["outputs"]:
-                if "data" in t:
-                    outputs[t["name"]] = np.asarray(t["data"], dtype=V2_TYPES[t["datatype"]]).reshape(t["shape"])
+                if "data" in t:  # BYTES as JSON strings
+                    outputs[t["name"]] = (np.asarray([v.encode() if isinstance(v, str) else v for v in t["data"]],
+                                                     dtype=object) if t["datatype"] == "BYTES" else
+                                          np.asarray(t["data"], dtype=V2_TYPES[t["datatype"]])).reshape(t["shape"])
                 else:
                     size = t["parameters"]["binary_data_size"]
                     outputs[t["name"]] = from_v2_bytes(body[at:at + size], t["datatype"], t["shape"], t["name"])

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tfperf.serving.wire import (NUMPY_TO_V2, V2_TYPES, RequestError, Tensor, V2Request, check_shape, every_input,
-                                 from_v2_bytes, to_v2_bytes, v2_tensor)
+from tfperf.serving.wire import (NUMPY_TO_V2, V2_TYPES, RequestError, Tensor, V2Request, check_shape, dtype_name,
+                                 every_input, from_v2_bytes, to_v2_bytes, v2_tensor)
 
 # TensorFlow's DataType enum values (tensorflow/core/framework/types.proto) and NumPy's names.
 TF_ENUM = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6, "string": 7, "int64": 9,
@@ -61,7 +61,7 @@ def to_tensor_proto(array: np.ndarray):
     from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2
 
     array = np.asarray(array)
-    dtype = "string" if array.dtype == object or array.dtype.kind in "SU" else array.dtype.name
+    dtype = dtype_name(array)
     proto = tensor_pb2.TensorProto(dtype=TF_ENUM[dtype], tensor_shape=tensor_shape_pb2.TensorShapeProto(
         dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape]))
     if dtype == "string":
@@ -196,7 +196,7 @@ def v2_grpc_response(name: str, version: int, request: V2Request, outputs: Mappi
     response = service_pb2.ModelInferResponse(model_name=name, model_version=str(version), id=request.id or "")
     for out in request.outputs or sorted(outputs):
         array = np.asarray(outputs[out])
-        dtype = "string" if array.dtype == object or array.dtype.kind in "SU" else array.dtype.name
+        dtype = dtype_name(array)
         response.outputs.add(name=out, datatype=NUMPY_TO_V2.get(dtype, "BYTES"), shape=list(array.shape))
         response.raw_output_contents.append(to_v2_bytes(array))
     return response

@@ -17,7 +17,7 @@ import numpy as np
 from tfperf.deploy.errors import ModelError, first_line
 from tfperf.serving.batcher import Batcher
 from tfperf.serving.configs import ServingConfig
-from tfperf.serving.wire import RequestError, Tensor
+from tfperf.serving.wire import RequestError, Tensor, dtype_name
 
 AVAILABLE, LOADING, END = "AVAILABLE", "LOADING", "END"
 # The platform names KServe v2 metadata gives each export format (Triton's own names).
@@ -37,15 +37,15 @@ def export_versions(source: Path) -> dict[int, Path]:
 def checked(runner, path: Path, outputs_of: Callable[[dict], dict]) -> list[Tensor]:
     """The export's outputs as tensors, after answering the rows its export was checked on as it did then
     (within the tolerance of its format, or of the difference its check recorded); ModelError otherwise. An
-    export made elsewhere (no check rows) is run once on zeros."""
+    export made elsewhere (no check rows) is run once on zeros (empty strings for a string input)."""
     from tfperf.deploy.formats import FLOAT_TOLERANCE, agreement, read_metadata
     from tfperf.deploy.layout import read_checks
 
     checks = read_checks(path)
     recorded = (read_metadata(path).get("agreement") or {}).get("outputs") or {}
     if not checks:
-        rows = {s.name: np.zeros((1, *[d or 1 for d in s.shape[1:]]), dtype=s.dtype if s.dtype != "string"
-                                 else object) for s in runner.inputs}
+        rows = {s.name: np.full((1, *[d or 1 for d in s.shape[1:]]), b"" if s.dtype == "string" else 0,
+                                dtype=object if s.dtype == "string" else s.dtype) for s in runner.inputs}
         answer = outputs_of(rows)
     for check in checks:
         answer = outputs_of(dict(check.inputs))
@@ -54,8 +54,7 @@ def checked(runner, path: Path, outputs_of: Callable[[dict], dict]) -> list[Tens
             if found["relative"] > allowed:
                 raise ModelError(f"{path}: output {name!r} differs from its export's check by {found['relative']:.3g} "
                                  f"of its scale (over {allowed:.3g})")
-    return [Tensor(n, "string" if np.asarray(a).dtype.kind in "OSU" else np.asarray(a).dtype.name,
-                   (None, *np.asarray(a).shape[1:])) for n, a in sorted(answer.items())]
+    return [Tensor(n, dtype_name(np.asarray(a)), (None, *np.asarray(a).shape[1:])) for n, a in sorted(answer.items())]
 
 
 @dataclasses.dataclass

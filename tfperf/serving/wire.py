@@ -74,7 +74,7 @@ def to_array(value: Any, spec: Tensor, where: str) -> np.ndarray:
     says what it should be."""
     if spec.dtype == "string":
         try:
-            array = np.asarray(_unbase64(value), dtype=object)
+            array = np.asarray(from_json_values(value), dtype=object)
         except (ValueError, TypeError) as exc:
             raise RequestError(400, f"{where}: {spec.name!r} is not a tensor of strings ({exc})") from None
     else:
@@ -89,12 +89,24 @@ def _numbers(value: Any, dtype: str, what: str, want: str) -> np.ndarray:
         array = np.asarray(value)
     except ValueError:
         raise RequestError(400, f"{what} is ragged (rows of different lengths); the model takes {want}") from None
+    if array.dtype == object and np.dtype(dtype).kind in "iu" and all(isinstance(v, int) for v in array.ravel()):
+        return _exact_integers(value, dtype, what, want)  # whole numbers past 64 bits: NumPy kept them as objects
     if array.dtype.kind in "USO":
         raise RequestError(400, f"{what} holds strings where the model takes {want}")
     if array.dtype.kind == "f" and np.dtype(dtype).kind in "iub":
         if not np.all(np.isfinite(array)) or np.any(array != np.round(array)):
             raise RequestError(400, f"{what} holds fractions where the model takes {want}")
+        if array.size and np.abs(array).max() >= 2 ** 53:  # whole numbers NumPy read as float64 (one past int64's
+            return _exact_integers(value, dtype, what, want)  # range), which rounds them: read them again exactly
     return array.astype(dtype, casting="unsafe")
+
+
+def _exact_integers(value: Any, dtype: str, what: str, want: str) -> np.ndarray:
+    """JSON whole numbers straight into an integer dtype (2**64 - 1 as itself); a 400 for one out of its range."""
+    try:
+        return np.asarray(value, dtype=dtype)
+    except (OverflowError, ValueError, TypeError):
+        raise RequestError(400, f"{what} holds a number out of the range of {want}") from None
 
 
 def check_shape(array: np.ndarray, spec: Tensor, where: str) -> None:
@@ -112,20 +124,25 @@ def _shape_text(spec: Tensor) -> str:
     return f"{spec.dtype}[{dims}]"
 
 
-def _unbase64(value: Any) -> Any:
+def dtype_name(array: np.ndarray) -> str:
+    """NumPy's name of an array's dtype as the wire tables use it: "string" for bytes and str (object, S, U)."""
+    return "string" if array.dtype == object or array.dtype.kind in "SU" else array.dtype.name
+
+
+def from_json_values(value: Any) -> Any:
     """TF Serving's {"b64": "..."} objects as the bytes they hold, anywhere in nested lists."""
     if isinstance(value, dict):
         if set(value) != {"b64"} or not isinstance(value["b64"], str):
             raise ValueError("an object in a tensor must be {\"b64\": \"<base64>\"}")
         return base64.b64decode(value["b64"], validate=True)
     if isinstance(value, list):
-        return [_unbase64(v) for v in value]
+        return [from_json_values(v) for v in value]
     return value.encode() if isinstance(value, str) else value
 
 
-def _listed(value: np.ndarray) -> Any:
+def json_values(value: np.ndarray) -> Any:
     """An array as JSON values: bytes as TF Serving's {"b64": ...}, NumPy scalars as Python's."""
-    if value.dtype == object or value.dtype.kind in "SU":
+    if dtype_name(value) == "string":
         flat = [{"b64": base64.b64encode(v if isinstance(v, bytes) else str(v).encode()).decode()}
                 for v in value.reshape(-1)]
         return np.asarray(flat, dtype=object).reshape(value.shape).tolist() if value.ndim else flat[0]
@@ -186,11 +203,11 @@ def tfserving_predict_response(outputs: Mapping[str, np.ndarray], columnar: bool
     names = sorted(outputs)
     if columnar:
         if len(names) == 1:
-            return dump_json({"outputs": _listed(np.asarray(outputs[names[0]]))})
-        return dump_json({"outputs": {n: _listed(np.asarray(outputs[n])) for n in names}})
+            return dump_json({"outputs": json_values(np.asarray(outputs[names[0]]))})
+        return dump_json({"outputs": {n: json_values(np.asarray(outputs[n])) for n in names}})
     if len(names) == 1:
-        return dump_json({"predictions": _listed(np.asarray(outputs[names[0]]))})
-    columns = {n: _listed(np.asarray(outputs[n])) for n in names}
+        return dump_json({"predictions": json_values(np.asarray(outputs[names[0]]))})
+    columns = {n: json_values(np.asarray(outputs[n])) for n in names}
     rows = len(next(iter(columns.values())))
     return dump_json({"predictions": [{n: columns[n][i] for n in names} for i in range(rows)]})
 
@@ -361,14 +378,14 @@ def v2_infer_response(name: str, version: int, request: V2Request,
     described, raw = [], []
     for out, binary in chosen.items():
         array = np.asarray(outputs[out])
-        dtype = "string" if array.dtype == object or array.dtype.kind in "SU" else array.dtype.name
+        dtype = dtype_name(array)
         entry: dict[str, Any] = {"name": out, "datatype": NUMPY_TO_V2.get(dtype, "BYTES"), "shape": list(array.shape)}
         if binary:
             data = to_v2_bytes(array)
             entry["parameters"] = {"binary_data_size": len(data)}
             raw.append(data)
         else:
-            entry["data"] = _listed(array.reshape(-1)) if dtype != "string" else [
+            entry["data"] = json_values(array.reshape(-1)) if dtype != "string" else [
                 v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
         described.append(entry)
     answer: dict[str, Any] = {"model_name": name, "model_version": str(version), "outputs": described}

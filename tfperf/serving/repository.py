@@ -69,6 +69,7 @@ class Version:
     outputs: tuple[Tensor, ...]
     server: Batcher
     in_flight: int = 0
+    config: ServingConfig | None = None  # how it is served: the repository's, with this version's runtime
 
     @property
     def platform(self) -> str:
@@ -119,7 +120,7 @@ class Repository:
             server.close()
             raise
         inputs = tuple(Tensor(s.name, s.dtype, tuple(s.shape)) for s in runner.inputs)
-        return Version(number, path, fmt, runner.signature, inputs, tuple(outputs), server)
+        return Version(number, path, fmt, runner.signature, inputs, tuple(outputs), server, config=config)
 
     def _batched(self, rows: int, waits: list[float], compute_s: float) -> None:
         """A batch a version ran, passed to whoever watches (the server's metrics, set after loading)."""

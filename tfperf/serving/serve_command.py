@@ -213,8 +213,8 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
     def ready(ports: tuple[int, int]) -> None:
         repository.watch(args.poll_seconds)
         # One write, the newline in it: the workers share stdout, and print writes the end apart.
-        print(ready_line(name, version.number, f"{version.format}, {config.name}", args.host, ports, pid.strip()),
-              end="", flush=True)
+        print(ready_line(name, version.number, version.config.name, args.host, ports, pid.strip()), end="",
+              flush=True)
 
     try:
         asyncio.run(serve(repository, options, say, ready))

@@ -56,6 +56,17 @@ def test_every_recipe_is_in_one_family_page_in_its_declared_order():
         assert names == sorted(names, key=order.get), page.name
 
 
+def test_the_librarys_table_names_every_module_of_each_package_it_lists():
+    page = (DOCS / "reference" / "index.md").read_text()
+    for row in re.findall(r"^\| `(tfperf\.\w+)` \| (.*) \|$", page, flags=re.M):
+        package, text = row
+        modules = {p.stem for p in (REPO / package.replace(".", "/")).glob("*.py") if p.stem != "__init__"}
+        assert modules and modules == modules & set(re.findall(r"`(\w+)`", text)), (package, modules - set(
+            re.findall(r"`(\w+)`", text)))
+    cluster = {p.stem for p in (REPO / "tfperf" / "cluster").glob("*.py") if p.stem not in ("__init__", "errors")}
+    assert all(f"`{m}`" in page for m in cluster), cluster
+
+
 def test_every_command_has_its_line_and_its_page():
     import argparse
 

@@ -45,7 +45,7 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
     from tfperf.measure import TimerServer
     from tfperf.records.jsonl import race_table
 
-    from tfperf.deploy.commands import MEMORY_SHARE
+    from tfperf.deploy.limits import MEMORY_SHARE
     from tfperf.flags import available_memory
 
     configs = thread_configs(os.cpu_count() or 1)
@@ -113,7 +113,7 @@ def serve_thread_timers(args) -> int:
     if args.intra is not None:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra)
         tf.config.threading.set_inter_op_parallelism_threads(args.inter)
-    from tfperf.deploy.commands import ceilings
+    from tfperf.deploy.limits import ceilings
 
     with ceilings("doctor", None, args.child_memory_limit):  # resident memory: its bytes plus what it held at start
         subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfperf.serving.configs import ServingConfig
+from tfperf.serving.runtimes import PLATFORMS
 from tfperf.serving.wire import Tensor
 
 # Triton's data types (model_config.proto) by NumPy's names.
@@ -17,7 +18,9 @@ TRITON_TYPES = {"bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT
                 "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32",
                 "int64": "TYPE_INT64", "float16": "TYPE_FP16", "float32": "TYPE_FP32", "float64": "TYPE_FP64",
                 "string": "TYPE_STRING"}
-TRITON_PLATFORMS = {"savedmodel": ("tensorflow_savedmodel", "model.savedmodel"), "onnx": ("onnxruntime_onnx", "model.onnx")}
+# The formats Triton serves, with the file its model repository expects each in.
+TRITON_PLATFORMS = {fmt: (PLATFORMS[fmt], file)
+                    for fmt, file in (("savedmodel", "model.savedmodel"), ("onnx", "model.onnx"))}
 # The headroom a replica count keeps: capacity measured at the budget times this is what one replica is given.
 HEADROOM = 0.7
 

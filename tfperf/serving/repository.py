@@ -17,11 +17,10 @@ import numpy as np
 from tfperf.deploy.errors import ModelError, first_line
 from tfperf.serving.batcher import Batcher
 from tfperf.serving.configs import ServingConfig
+from tfperf.serving.runtimes import PLATFORMS
 from tfperf.serving.wire import RequestError, Tensor, dtype_name
 
 AVAILABLE, LOADING, END = "AVAILABLE", "LOADING", "END"
-# The platform names KServe v2 metadata gives each export format (Triton's own names).
-PLATFORMS = {"savedmodel": "tensorflow_savedmodel", "onnx": "onnxruntime_onnx", "litert": "tflite"}
 
 
 def export_versions(source: Path) -> dict[int, Path]:

@@ -2,6 +2,8 @@
 TensorFlow's own batching: each named once, here."""
 
 RUNTIMES = ("savedmodel", "litert", "onnx")  # what `tfperf serve` runs and `tfperf load` exports to and searches
+# The platform each export format is in KServe v2 metadata and Triton's model config (Triton's own names).
+PLATFORMS = {"savedmodel": "tensorflow_savedmodel", "onnx": "onnxruntime_onnx", "litert": "tflite"}
 BATCH_FUNCTION = "tf-batch-function"  # the SavedModel's signature under TensorFlow's BatchFunction: an anchor of load
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tfperf.serving.wire import (NUMPY_TO_V2, TF_NAMES, V2_TYPES, Tensor, dtype_name, dump_json, from_json_values,
-                                 json_values, to_v2_bytes)
+                                 json_values, to_v2_bytes, v2_json_bytes, v2_json_strings)
 
 PROTOCOLS = {"rest": "TF Serving REST", "grpc": "TF Serving gRPC", "v2": "KServe v2 over HTTP",
              "grpc+v2": "KServe v2 over gRPC"}
@@ -162,7 +162,8 @@ def encode(endpoint: Endpoint, arrays: Mapping[str, np.ndarray]) -> Any:
             array = np.asarray(value)
             entry = {"name": name, "shape": list(array.shape), "datatype": NUMPY_TO_V2[dtype_name(array)]}
             if endpoint.json:  # BYTES as JSON strings, as KServe v2 writes them
-                entry["data"] = [v.decode() if isinstance(v, bytes) else v for v in array.reshape(-1).tolist()]
+                entry["data"] = (v2_json_strings(array) if dtype_name(array) == "string"
+                                 else array.reshape(-1).tolist())
             else:
                 data = to_v2_bytes(array)
                 entry["parameters"] = {"binary_data_size": len(data)}
@@ -314,8 +315,7 @@ class RemoteServer:
             header, at, outputs = json.loads(body[:length]), length, {}
             for t in header["outputs"]:
                 if "data" in t:  # BYTES as JSON strings
-                    outputs[t["name"]] = (np.asarray([v.encode() if isinstance(v, str) else v for v in t["data"]],
-                                                     dtype=object) if t["datatype"] == "BYTES" else
+                    outputs[t["name"]] = (v2_json_bytes(t["data"]) if t["datatype"] == "BYTES" else
                                           np.asarray(t["data"], dtype=V2_TYPES[t["datatype"]])).reshape(t["shape"])
                 else:
                     size = t["parameters"]["binary_data_size"]

@@ -140,6 +140,16 @@ def from_json_values(value: Any) -> Any:
     return value.encode() if isinstance(value, str) else value
 
 
+def v2_json_strings(array: np.ndarray) -> list[str]:
+    """A BYTES tensor's items as KServe v2's JSON writes them: strings (bytes that are not UTF-8 replaced)."""
+    return [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+
+
+def v2_json_bytes(data: Any) -> np.ndarray:
+    """KServe v2 JSON "data" of a BYTES tensor as a flat array of bytes."""
+    return np.asarray([v.encode() if isinstance(v, str) else v for v in np.ravel(data)], dtype=object)
+
+
 def json_values(value: np.ndarray) -> Any:
     """An array as JSON values: bytes as TF Serving's {"b64": ...}, NumPy scalars as Python's."""
     if dtype_name(value) == "string":
@@ -345,8 +355,7 @@ def v2_infer_request(body: bytes, header_length: int | None, inputs: Sequence[Te
                 raise RequestError(400, f"input {name!r}: binary_data_size {size} runs past the body")
             array, at = from_v2_bytes(binary[at:at + size], datatype, shape, f"input {name!r}"), at + size
         elif "data" in item:
-            data = (np.asarray([v.encode() if isinstance(v, str) else v for v in np.ravel(item["data"])], dtype=object)
-                    if datatype == "BYTES" else
+            data = (v2_json_bytes(item["data"]) if datatype == "BYTES" else
                     _numbers(item["data"], V2_TYPES[datatype], f"input {name!r}", _shape_text(spec)))
             if data.size != math.prod(shape):
                 raise RequestError(400, f"input {name!r}: {data.size} values for shape {shape}")
@@ -385,8 +394,7 @@ def v2_infer_response(name: str, version: int, request: V2Request,
             entry["parameters"] = {"binary_data_size": len(data)}
             raw.append(data)
         else:
-            entry["data"] = json_values(array.reshape(-1)) if dtype != "string" else [
-                v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in array.reshape(-1)]
+            entry["data"] = json_values(array.reshape(-1)) if dtype != "string" else v2_json_strings(array)
         described.append(entry)
     answer: dict[str, Any] = {"model_name": name, "model_version": str(version), "outputs": described}
     if request.id is not None:

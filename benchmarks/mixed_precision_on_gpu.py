@@ -2,6 +2,7 @@
 
 Run:   KERAS_BACKEND=jax python benchmarks/mixed_precision_on_gpu.py            (a few minutes on one GPU)
        KERAS_BACKEND=jax python benchmarks/mixed_precision_on_gpu.py --tiny     (the same code at toy sizes, CPU)
+       ... --kernels DIR: each policy also traced against float32 in turns, kernel by kernel (traces in DIR)
 Needs: Keras 3 and JAX (a CUDA build for the GPU); no TensorFlow: tfperf.measure times JAX arrays by
        `block_until_ready`, so this runs where TensorFlow's CUDA build cannot be installed.
 
@@ -11,7 +12,9 @@ under each policy from the same seed and trained on the same batch with `train_o
 forward, loss, backward, update), the policies taking turns in interleaved rounds (`tfperf.measure.race`),
 each figure against float32's from the same rounds with its 95% interval. The first call (trace and XLA
 compile) is one reading per variant. Whether the policy took effect is read from the model, not its name:
-the layers computing in float16 or bfloat16. On JAX a float32 matmul on an Ampere or newer GPU already runs
+the layers computing in float16 or bfloat16. With --kernels, where the time went: each policy and float32
+traced in turns (JAX's profiler, read through XProf), the GPU kernels' time grouped by layer and operation,
+each group's ratio with its interval, as `tfperf doctor` reports a mixed policy that is not faster. On JAX a float32 matmul on an Ampere or newer GPU already runs
 on tensor cores as TF32 (JAX's default precision), so float32 here is not CUDA-core float32.
 """
 
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
+import re
 import sys
 import time
 
@@ -30,6 +35,7 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tfperf.doctor.kernels import kernel_diff, precision_hint  # noqa: E402
 from tfperf.measure import Timer, race  # noqa: E402
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -69,8 +75,9 @@ def reduced_precision_layers(model: keras.Model) -> str:
     return f"{len(low)}/{len(weighted)} weighted layers in {low[0].compute_dtype}" if low else "none in 16 bits"
 
 
-def variant(build, policy: str, batch: int, shape: tuple) -> tuple[Timer, str]:
-    """A Timer on one training step of the model built under `policy`, warmed up (its first call timed)."""
+def variant(build, policy: str, batch: int, shape: tuple) -> tuple[Timer, str, keras.Model]:
+    """A Timer on one training step of the model built under `policy`, warmed up (its first call timed), what the
+    policy did to the model, and the model."""
     full = policy == FULL_FLOAT32
     keras.config.set_dtype_policy("float32" if full else policy)
     try:
@@ -94,7 +101,20 @@ def variant(build, policy: str, batch: int, shape: tuple) -> tuple[Timer, str]:
     timer = Timer(step, name=policy, items_per_call=batch)
     started = time.perf_counter()
     timer.first_call()
-    return timer, f"{reduced_precision_layers(model)}, first call {time.perf_counter() - started:.1f} s"
+    return timer, f"{reduced_precision_layers(model)}, first call {time.perf_counter() - started:.1f} s", model
+
+
+def kernels(timers: list[Timer], built: dict[str, keras.Model], folder: str) -> list[str]:
+    """Each policy against float32 (the first timer), traced in turns: the kernels that got slower or were added."""
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    found = []
+    for timer in timers[1:]:
+        model = built[timer.name]
+        diff = kernel_diff(timers[0], timer, [layer.name for layer in model.layers],
+                           os.path.join(folder, re.sub(r"[^A-Za-z0-9]+", "-", timer.name)), calls=3)
+        hint = precision_hint(timer.name, model, sorted({g.layer for g in diff.slower}), gpus)
+        found.append(dataclasses.replace(diff, hint=hint).describe())
+    return found
 
 
 def main() -> int:
@@ -104,6 +124,7 @@ def main() -> int:
     parser.add_argument("--min-time", type=float, default=1.5, help="seconds of samples per variant")
     parser.add_argument("--only", nargs="*", default=None, help="models whose label starts with one of these")
     parser.add_argument("--tf32", action="store_true", help=f"add a row '{FULL_FLOAT32}' (full float32 matmuls)")
+    parser.add_argument("--kernels", metavar="DIR", help="trace each policy against float32, kernel by kernel")
     args = parser.parse_args()
     if keras.backend.backend() != "jax":
         print("This benchmark runs Keras 3 on JAX: set KERAS_BACKEND=jax.", file=sys.stderr)
@@ -116,9 +137,9 @@ def main() -> int:
     for label, (build, batch, shape) in models(args.tiny).items():
         if args.only and not any(label.startswith(prefix) for prefix in args.only):
             continue
-        timers, facts = [], {}
+        timers, facts, built = [], {}, {}
         for policy in policies:
-            timer, facts[policy] = variant(build, policy, batch, shape)
+            timer, facts[policy], built[policy] = variant(build, policy, batch, shape)
             timers.append(timer)
         measured, comparisons = race(timers, rounds=args.rounds, min_time_s=args.min_time, seed=0)
         against = {c.candidate: c for c in comparisons}
@@ -127,6 +148,10 @@ def main() -> int:
             judged = against[m.name].describe() if m.name in against else "the baseline"
             print(f"- {m.name}: {m.median_s * 1e3:.2f} ms a step, {m.items_per_s:,.0f} images/s; {judged} "
                   f"({facts[m.name]})")
+        if args.kernels:
+            folder = os.path.join(args.kernels, re.sub(r"[^A-Za-z0-9]+", "-", label))
+            for line in kernels(timers, built, folder):
+                print(f"- {line}")
     return 0
 
 

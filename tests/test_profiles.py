@@ -112,3 +112,26 @@ def test_the_profilers_input_verdict_both_ways(tmp_path):
     assert waiting.steps >= 6 and waiting.slowest_stage
     fed = loop_trace(tmp_path, fast, "fast")
     assert not fed.input_bound and fed.input_share < 0.2
+
+
+def test_the_profiler_is_the_one_of_the_framework_the_process_runs(monkeypatch):
+    """Keras 3 on JAX loads TensorFlow to seed its random numbers: TensorFlow's profiler would then trace none of
+    the JAX work (seen: empty traces), so Keras' backend decides, then which framework is loaded."""
+    import types
+
+    from tfperf.measure.timer import profiler_framework
+
+    def keras_on(backend):
+        return types.SimpleNamespace(backend=types.SimpleNamespace(backend=lambda: backend))
+
+    jax_module = types.ModuleType("jax")
+    assert profiler_framework() == "tensorflow"  # this process: TensorFlow, Keras on TensorFlow
+    monkeypatch.setitem(sys.modules, "jax", jax_module)
+    assert profiler_framework() == "tensorflow"
+    monkeypatch.setitem(sys.modules, "keras", keras_on("jax"))
+    assert profiler_framework() == "jax"
+    monkeypatch.delitem(sys.modules, "keras")
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    assert profiler_framework() == "jax"
+    monkeypatch.delitem(sys.modules, "jax")
+    assert profiler_framework() == "tensorflow"  # neither loaded: TensorFlow's, imported when needed

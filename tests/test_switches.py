@@ -164,6 +164,48 @@ def test_kernel_by_kernel_the_casts_a_policy_added_are_named_with_their_layer(tm
     assert "`Cast` in `cast_heavy` is added" in text and text.endswith("(a hint).")
 
 
+def test_kernel_groups_read_jaxs_names_on_a_gpu_trace_and_tensorflows_as_before():
+    """Names as XProf gave them from Keras 3 on JAX on an H100 (benchmarks/mixed_precision_on_gpu.py --kernels):
+    a layer's scope wrapped in JAX's transforms, the backward pass under transpose(...), host rows beside the
+    kernels, XLA's own copies typed Unknown."""
+    from tfperf.doctor.kernels import grouped
+    from tfperf.measure.profiles import OpTime
+
+    def op(place, type_, name, ms):
+        return OpTime(place, type_, name, 3, ms / 1e3, 0.0)
+
+    gpu = [op("Device", "conv_general_dilated", "jit(train_step)/jvp(conv1)/conv_general_dilated", 1.5),
+           op("Device", "conv_general_dilated", "jit(train_step)/transpose(jvp(conv1))/conv_general_dilated", 4.5),
+           op("Device", "max", "jit(train_step)/jvp(conv1)/jit(relu)/max", 0.3),
+           op("Device", "add", "jit(train_step)/sgd_5/add", 0.03),
+           op("Device", "Unknown", "input_transpose_fusion.4", 0.03),
+           op("Device", "Unknown", "input_transpose_fusion.7", 0.03),
+           op("Host", "GetEventForComputeStreamSyncPoint", "ThenExecuteCallback", 0.3)]
+    found = {k: round(v * 1e3, 6) for k, v in grouped(gpu, ["conv0", "conv1", "logits"], calls=3).items()}
+    assert found == {("conv1", "conv_general_dilated"): 0.5, ("conv1", "conv_general_dilated (gradient)"): 1.5,
+                     ("conv1", "max"): 0.1, ("sgd", "add"): 0.01, ("", "input_transpose_fusion"): 0.02,
+                     ("ThenExecuteCallback", "GetEventForComputeStreamSyncPoint (host)"): 0.1}
+    cpu = [op("Host", "Conv2D", "model/conv1_1/Conv2D", 3.0),
+           op("Host", "Conv2DBackpropFilter", "gradient_tape/model/conv1/Conv2DBackpropFilter", 6.0)]
+    assert set(grouped(cpu, ["conv1"], calls=1)) == {("conv1", "Conv2D"), ("conv1", "Conv2DBackpropFilter")}
+
+
+def test_on_a_gpu_the_precision_hint_names_the_layers_whose_channels_tensor_cores_do_not_take():
+    """A decision taken on a fake device list: 60 filters (seen on an H100 to make bfloat16 convolutions 1.7x
+    slower) and a first convolution over 3 image channels."""
+    from tfperf.doctor.kernels import precision_hint
+
+    inputs = keras.Input((16, 16, 3))
+    x = keras.layers.Conv2D(64, 3, name="stem")(inputs)
+    x = keras.layers.Conv2D(60, 3, name="odd")(x)
+    model = keras.Model(inputs, keras.layers.Dense(8, name="head")(keras.layers.Flatten()(x)))
+    hint = precision_hint("mixed_bfloat16", model, ["odd", "stem", "head", "not-a-layer"], gpus=["GPU:0"])
+    assert "`odd` (64 in, 60 out): pad their filters or units to multiples of 8" in hint
+    assert "`stem` (3 in)" in hint and "padded with zero channels to 8" in hint and "`head`" not in hint
+    assert precision_hint("mixed_float16", model, ["head"], gpus=["GPU:0"]) == ""
+    assert "emulated" in precision_hint("mixed_float16", model, ["odd"], gpus=[])
+
+
 class Amplify(keras.layers.Layer):
     def call(self, x):
         return x * 1e5

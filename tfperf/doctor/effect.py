@@ -94,20 +94,24 @@ class PolicyEffect:
 
 def layer_of(op_name: str, layers: set[str]) -> str:
     """The layer an operation belongs to, by the innermost name scope in its name that is a layer's (TensorFlow adds
-    `_1`, `_2` to a scope it meets again); else the scope above the op, without such counters."""
+    `_1`, `_2` to a scope it meets again; JAX wraps a scope in its transforms, `transpose(jvp(conv1))`); else the
+    scope above the op, without such counters or wrappers."""
     import re
 
     scopes = op_name.split("/")[:-1]
     for scope in reversed(scopes):
-        name = scope
-        while True:
-            if name in layers:
-                return name
-            shorter = re.sub(r"_\d+$", "", name)
-            if shorter == name:
-                break
-            name = shorter
-    return re.sub(r"(_\d+)+$", "", scopes[-1]) if scopes else op_name
+        for name in reversed(re.findall(r"[^()]+", scope)):
+            while True:
+                if name in layers:
+                    return name
+                shorter = re.sub(r"_\d+$", "", name)
+                if shorter == name:
+                    break
+                name = shorter
+    if not scopes:
+        return op_name
+    innermost = (re.findall(r"[^()]+", scopes[-1]) or [scopes[-1]])[-1]
+    return re.sub(r"(_\d+)+$", "", innermost)
 
 
 def heavy_ops(graph_def, layers: Sequence[str]) -> tuple[list[HeavyOp], int]:

@@ -11,6 +11,7 @@ traced `rounds` times, interleaved, so that every group has a sample per round a
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,12 +65,15 @@ class KernelDiff:
 
     def describe(self) -> str:
         shown = self.slower[:SHOWN]
+        if not self.groups:
+            return (f"Traced in turns, neither {self.variant} nor {self.plain} left an operation's time in its trace: "
+                    f"the profiler records none here (JAX on a CPU, say), so the difference cannot be placed.")
         if not shown:
             return (f"Traced in turns against {self.plain}, no layer's operations of {self.variant} are measurably "
-                    f"slower or added: the difference lies outside TensorFlow's operations (dispatch, Python).")
+                    f"slower or added: the difference lies outside the framework's operations (dispatch, Python).")
         parts = []
         for g in shown:
-            where = f"`{g.type}` in `{g.layer}`"
+            where = f"`{g.type}` in `{g.layer}`" if g.layer else f"XLA's `{g.type}` (in no layer)"
             if g.comparison is None:
                 parts.append(f"{where} is added ({ms(g.variant_s)} ms per call)")
             else:
@@ -85,38 +89,63 @@ class KernelDiff:
                 + (f" {self.hint}" if self.hint else ""))
 
 
+def group_of(op, layers: set[str], on_device: bool) -> tuple[str, str]:
+    """The (layer, kind) an operation's time is counted under. JAX names the backward pass's ops as their forward
+    ones inside `transpose(...)`: they are kept apart as the type's gradient. On a trace with device rows, host ops
+    are kept apart from the kernels. An op XProf types `Unknown` is XLA's own (a layout transpose, a copy), in no
+    layer: it is counted by its name without the counter XLA numbers it with."""
+    if op.type == "Unknown":
+        return "", re.sub(r"\.\d+$", "", op.name)
+    kind = op.type
+    if any(scope.startswith("transpose(") for scope in op.name.split("/")[:-1]):
+        kind += " (gradient)"
+    if on_device and op.place == "Host":
+        kind += " (host)"
+    return layer_of(op.name, layers), kind
+
+
 def grouped(ops, layers: Sequence[str], calls: int) -> dict[tuple[str, str], float]:
-    """Self time per call by (layer, op type), from one trace's operations."""
+    """Self time per call by (layer, kind), from one trace's operations (`group_of`)."""
     known = set(layers)
+    on_device = any(op.place == "Device" for op in ops)
     found: dict[tuple[str, str], float] = {}
     for op in ops:
-        key = (layer_of(op.name, known), op.type)
+        key = group_of(op, known, on_device)
         found[key] = found.get(key, 0.0) + op.self_s / calls
     return found
 
 
-def kernel_diff(plain, variant, layers: Sequence[str], root: Path, *, calls: int, rounds: int = ROUNDS,
-                hint: str = "") -> KernelDiff:
-    """Trace two measured timers in turns, `calls` calls a trace, and compare their operations by layer and type."""
+def diff_of_traces(plain: str, variant: str, traces: dict[str, list[list[str]]], layers: Sequence[str], *,
+                   calls: int, hint: str = "") -> KernelDiff:
+    """Compare two variants' traces, taken in turns (`traces[name]`: each round's XSpace files), by layer and kind."""
     import numpy as np
 
-    from tfperf.measure.profiles import op_times, trace_files
+    from tfperf.measure.profiles import op_times
 
-    samples: dict[str, list[dict]] = {plain.name: [], variant.name: []}
-    for r in range(rounds):
-        for timer in (plain, variant):
-            where = timer.profile(Path(root) / f"round-{r}", steps=calls)
-            samples[timer.name].append(grouped(op_times(trace_files(where)), layers, calls))
-    keys = {k for rounds_ in samples.values() for found in rounds_ for k in found}
+    samples = {name: [grouped(op_times(paths), layers, calls) for paths in traces[name]] for name in (plain, variant)}
+    rounds = min(len(samples[plain]), len(samples[variant]))
+    keys = {k for found_rounds in samples.values() for found in found_rounds for k in found}
     groups = []
     for key in keys:
-        a = [found.get(key, 0.0) for found in samples[plain.name]]
-        b = [found.get(key, 0.0) for found in samples[variant.name]]
+        a = [found.get(key, 0.0) for found in samples[plain]]
+        b = [found.get(key, 0.0) for found in samples[variant]]
         both = min(a) > 0 and min(b) > 0
-        comparison = compare_times(a, b, names=(plain.name, variant.name), rounds=rounds) if both else None
+        comparison = compare_times(a, b, names=(plain, variant), rounds=rounds) if both else None
         groups.append(Group(key[0], key[1], float(np.median(a)), float(np.median(b)), comparison))
     groups.sort(key=lambda g: -g.added_s)
-    return KernelDiff(variant.name, plain.name, tuple(groups), hint)
+    return KernelDiff(variant, plain, tuple(groups), hint)
+
+
+def kernel_diff(plain, variant, layers: Sequence[str], root: Path, *, calls: int, rounds: int = ROUNDS,
+                hint: str = "") -> KernelDiff:
+    """Trace two measured timers in turns, `calls` calls a trace, and compare their operations by layer and kind."""
+    from tfperf.measure.profiles import trace_files
+
+    traces: dict[str, list[list[str]]] = {plain.name: [], variant.name: []}
+    for r in range(rounds):
+        for timer in (plain, variant):
+            traces[timer.name].append(trace_files(timer.profile(Path(root) / f"round-{r}", steps=calls)))
+    return diff_of_traces(plain.name, variant.name, traces, layers, calls=calls, hint=hint)
 
 
 def precision_hint(policy: str, model, layers: Sequence[str], gpus: Sequence = ()) -> str:
@@ -129,7 +158,7 @@ def precision_hint(policy: str, model, layers: Sequence[str], gpus: Sequence = (
         if low == "bfloat16":
             return f"This CPU's bfloat16 arithmetic: {cpu_bf16_support()}."
         return "float16 on a CPU is emulated: mixed_float16 is for GPUs."
-    odd = []
+    odd, odd_inputs = [], []
     for name in layers:
         try:
             layer = model.get_layer(name)
@@ -137,9 +166,21 @@ def precision_hint(policy: str, model, layers: Sequence[str], gpus: Sequence = (
             incoming = layer.input.shape[-1]
         except (ValueError, AttributeError):
             continue
-        if outgoing and incoming and (outgoing % 8 or incoming % 8):
+        if outgoing and incoming and outgoing % 8:
             odd.append(f"`{name}` ({incoming} in, {outgoing} out)")
+        elif outgoing and incoming and incoming % 8:
+            odd_inputs.append((name, incoming))
+    if not odd and not odd_inputs:
+        return ""
+    # Seen on an H100 (benchmarks/mixed_precision_on_gpu.py): at 60 channels bfloat16's forward convolutions took
+    # 1.7x float32's, at 64 half; a first convolution over 3 image channels was 1.2-1.3x slower in 16 bits.
+    said = [f"Tensor cores take {low} in multiples of 8 channels."]
     if odd:
-        return (f"Tensor cores take {low} in multiples of 8 channels: not so for " + ", ".join(odd)
-                + ". Pad the layers' channels (filters, units) to multiples of 8.")
-    return ""
+        said.append("Not so for " + ", ".join(odd) + ": pad their filters or units to multiples of 8.")
+    if odd_inputs:
+        fed = ", ".join(f"`{n}` ({c} in)" for n, c in odd_inputs)
+        small = any(c < 8 for _, c in odd_inputs)
+        said.append(f"Fed a number of channels that is not: {fed}; " + (
+            "an input of fewer than 8 channels (an image's 3) can be padded with zero channels to 8, or its first "
+            "layer left in float32 (`dtype=\"float32\"`)." if small else "pad the layer that feeds it."))
+    return " ".join(said)

@@ -76,15 +76,47 @@ def sync(result: Any = None, *, devices: bool | None = None) -> None:
             wait()
 
 
+def profiler_framework() -> str:
+    """Whose profiler traces this process's work: "jax" when its Keras runs on JAX or JAX alone is loaded, else
+    "tensorflow". Keras 3 on JAX may load TensorFlow too (for tf.data, or to seed its random numbers), and
+    TensorFlow's profiler would then see none of the JAX work."""
+    keras = sys.modules.get("keras")
+    if "jax" in sys.modules and keras is not None and getattr(keras, "backend", None) is not None:
+        if keras.backend.backend() == "jax":
+            return "jax"
+    return "jax" if "jax" in sys.modules and _loaded_tf() is None else "tensorflow"
+
+
 def profiled(profile_dir: str | None, name: str) -> contextlib.AbstractContextManager:
-    """A TensorBoard profiler trace of the enclosed block in profile_dir/<name>, or nothing when profile_dir is None."""
+    """A profiler trace of the enclosed block in profile_dir/<name>, or nothing when profile_dir is None.
+
+    TensorFlow's or JAX's profiler, by `profiler_framework`: both write the XSpace files that
+    `tfperf.measure.profiles` reads, and each sees only its own framework's work."""
     if profile_dir is None:
         return contextlib.nullcontext()
     # One folder per trace: traces are named by the second they start, so two in one second would
     # overwrite each other; TensorBoard shows each folder as a run.
+    folder = str(Path(profile_dir) / run_name(name))
+    if profiler_framework() == "jax":
+        import jax
+
+        options = jax.profiler.ProfileOptions()
+        options.python_tracer_level = 0  # as TensorFlow's default: Python calls would bury the ops
+        return jax.profiler.trace(folder, profiler_options=options)
     import tensorflow as tf
 
-    return tf.profiler.experimental.Profile(str(Path(profile_dir) / run_name(name)))
+    return tf.profiler.experimental.Profile(folder)
+
+
+def step_marker(step: int) -> contextlib.AbstractContextManager:
+    """Marks one step for the profiler's step-time and input-pipeline analyses, in the profiler `profiled` uses."""
+    if profiler_framework() == "jax":
+        import jax
+
+        return jax.profiler.StepTraceAnnotation("train", step_num=step)
+    import tensorflow as tf
+
+    return tf.profiler.experimental.Trace("train", step_num=step, _r=1)
 
 
 def run_name(name: str) -> str:
@@ -228,19 +260,16 @@ class Timer:
         return self._measurement(samples, rounds=1)
 
     def profile(self, profile_dir: str | Path | None, *, steps: int = 10, mark_steps: bool = False) -> Path | None:
-        """A TensorBoard trace of `steps` more samples in profile_dir/<name>, which it returns; nothing when
-        profile_dir is None. `mark_steps` marks each sample as a profiler step (`Trace("train", step_num=i)`),
+        """A profiler trace (`profiled`) of `steps` more samples in profile_dir/<name>, which it returns; nothing
+        when profile_dir is None. `mark_steps` marks each sample as a profiler step (`Trace("train", step_num=i)`),
         which the profiler's step-time and input-pipeline analyses need."""
         if profile_dir is None:
             return None
-        import tensorflow as tf
-
         with profiled(str(profile_dir), self.name):
             if self.first_call_s is None:
                 self.start()
             for i in range(steps):
-                step = tf.profiler.experimental.Trace("train", step_num=i, _r=1) if mark_steps else None
-                with step or contextlib.nullcontext():
+                with step_marker(i) if mark_steps else contextlib.nullcontext():
                     self._sample(self.block_size)
         return Path(profile_dir) / run_name(self.name)
 

@@ -14,8 +14,9 @@ each figure against float32's from the same rounds with its 95% interval. The fi
 compile) is one reading per variant. Whether the policy took effect is read from the model, not its name:
 the layers computing in float16 or bfloat16. With --kernels, where the time went: each policy and float32
 traced in turns (JAX's profiler, read through XProf), the GPU kernels' time grouped by layer and operation,
-each group's ratio with its interval, as `tfperf doctor` reports a mixed policy that is not faster. On JAX a float32 matmul on an Ampere or newer GPU already runs
-on tensor cores as TF32 (JAX's default precision), so float32 here is not CUDA-core float32.
+each group's ratio with its interval, as `tfperf doctor` reports a mixed policy that is not faster. On JAX
+a float32 matmul on an Ampere or newer GPU already runs on tensor cores as TF32 (JAX's default precision), so
+float32 here is not CUDA-core float32.
 """
 
 from __future__ import annotations

@@ -146,7 +146,8 @@ def main() -> int:
     from tfperf.serving.measure import Bench, Sizes
     from tfperf.serving.search import Budget, Space, ranked, search
     from tfperf.serving.through_socket import ServeProcess
-    from tfperf.serving.wire import Tensor, dump_json, tfserving_metadata
+    from tfperf.serving.protocols import tfserving_rest
+    from tfperf.serving.protocols.tensors import Tensor, dump_json
 
     budget, sizes, cores = Budget(args.budget_ms / 1e3, 99.0), Sizes.quick(), os.cpu_count() or 1
     tmp = Path(tempfile.mkdtemp(prefix="serving-for-real-"))
@@ -172,8 +173,9 @@ def main() -> int:
         workers_port = workers.ports[0]
         runner = load(exports["savedmodel"])
         outputs = runner(requests[0])
-        meta = tfserving_metadata("cnn", 1, "serving_default", [Tensor(s.name, s.dtype, s.shape) for s in runner.inputs],
-                                  [Tensor(k, v.dtype.name, (None, *v.shape[1:])) for k, v in outputs.items()])
+        meta = tfserving_rest.metadata("cnn", 1, "serving_default",
+                                       [Tensor(s.name, s.dtype, s.shape) for s in runner.inputs],
+                                       [Tensor(k, v.dtype.name, (None, *v.shape[1:])) for k, v in outputs.items()])
         (tmp / "metadata.json").write_bytes(dump_json(meta))
         naive_port = free_port()
         naive = subprocess.Popen([sys.executable, "-c", NAIVE, str(exports["savedmodel"]), str(tmp / "metadata.json"),

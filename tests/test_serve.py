@@ -239,7 +239,7 @@ def test_a_full_queue_answers_503_at_once_and_a_passed_deadline_drops_the_reques
     from tfperf.serving.batcher import Batcher, BatchingOptions
     from tfperf.serving.repository import Version
     from tfperf.serving.server import Server, ServerOptions
-    from tfperf.serving.wire import RequestError
+    from tfperf.serving.protocols.tensors import RequestError
 
     ran = []
 
@@ -384,7 +384,7 @@ def test_load_url_clients_read_the_metadata_and_get_the_models_answers_in_every_
 def every_dtype() -> dict[str, np.ndarray]:
     """Two rows of each dtype TF Serving and KServe v2 name, at the ends of their ranges (uint64 past 2**63, float16
     halves, UTF-8 text and an empty string): what a client reads back must be these values, as these dtypes."""
-    from tfperf.serving.wire import TF_TYPES
+    from tfperf.serving.protocols.tfserving_rest import TF_TYPES
 
     found = {}
     for dtype in TF_TYPES:
@@ -456,7 +456,7 @@ def test_a_url_that_names_no_endpoint_is_one_line():
 
 
 def test_the_ready_line_is_read_back_by_the_function_beside_the_one_that_writes_it():
-    from tfperf.serving.wire import ready_line, ready_ports
+    from tfperf.serving.ready import ready_line, ready_ports
 
     line = ready_line("cnn", 3, "onnx, 2 workers", "127.0.0.1", (8501, 8500), "[4242]")
     assert line.startswith("serving cnn version 3 (onnx, 2 workers) on http://127.0.0.1:8501 ") and line.endswith("\n")
@@ -467,17 +467,17 @@ def test_the_ready_line_is_read_back_by_the_function_beside_the_one_that_writes_
 def test_every_dtype_tf_servings_metadata_names_is_read_as_itself_and_an_unknown_one_refused():
     """Read back what tfperf serve's TF Serving metadata writes: each of its 13 dtypes comes back as itself (the
     client kept a table of 10, and read a uint16, uint32 or uint64 input as float32, silently)."""
-    from tfperf.serving.endpoint import EndpointError, rest_tensors
-    from tfperf.serving.wire import TF_TYPES, Tensor, tfserving_metadata
+    from tfperf.serving.protocols import tfserving_rest
+    from tfperf.serving.protocols.tensors import EndpointError, Tensor
 
-    inputs = [Tensor(f"x_{dtype}", dtype, (None, 3)) for dtype in TF_TYPES]
-    found = tfserving_metadata("m", 1, "serving_default", inputs, [Tensor("y", "float32", (None,))])
-    read, outputs = rest_tensors(found)
+    inputs = [Tensor(f"x_{dtype}", dtype, (None, 3)) for dtype in tfserving_rest.TF_TYPES]
+    found = tfserving_rest.metadata("m", 1, "serving_default", inputs, [Tensor("y", "float32", (None,))])
+    read, outputs = tfserving_rest.metadata_tensors(found)
     assert [(t.name, t.dtype, t.shape) for t in read] == sorted((t.name, t.dtype, (None, 3)) for t in inputs)
     assert [t.dtype for t in outputs] == ["float32"]
     found["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]["x_uint16"]["dtype"] = "DT_COMPLEX64"
     with pytest.raises(EndpointError, match="tensor 'x_uint16' has type DT_COMPLEX64, which tfperf cannot send"):
-        rest_tensors(found)
+        tfserving_rest.metadata_tensors(found)
 
 
 def test_the_deploy_files_parse_with_each_serving_systems_own_schema(served, tmp_path):

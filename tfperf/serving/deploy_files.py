@@ -11,7 +11,7 @@ from typing import Any
 
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.runtimes import PLATFORMS
-from tfperf.serving.wire import Tensor
+from tfperf.serving.protocols.tensors import Tensor
 
 # Triton's data types (model_config.proto) by NumPy's names.
 TRITON_TYPES = {"bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
@@ -169,7 +169,7 @@ def write_deploy(found, winner, exports: dict, out, *, name: str, cores: int, ra
     triton = winner if winner.config.runtime in TRITON_PLATFORMS else best_of(found, tuple(TRITON_PLATFORMS))
     if triton is not None and triton.config.runtime in exports:
         from tfperf.deploy.layout import load
-        from tfperf.serving.wire import Tensor
+        from tfperf.serving.protocols.tensors import Tensor
 
         fmt = triton.config.runtime
         runner = load(exports[fmt])

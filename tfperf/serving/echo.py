@@ -31,24 +31,17 @@ async def record(remote) -> Recorded:
     """The answers of a `RemoteServer`'s endpoint to its metadata and to its first encoded request."""
     endpoint, encoded = remote.endpoint, next(iter(remote._encoded.values()))
     if endpoint.protocol in ("rest", "v2"):
-        async with remote.session.get(endpoint.url("/metadata" if endpoint.protocol == "rest" else "")) as got:
+        async with remote.session.get(endpoint.metadata_url) as got:
             metadata = await got.read()
         body, headers = encoded
-        async with remote.session.post(endpoint.url(":predict" if endpoint.protocol == "rest" else "/infer"),
-                                       data=body, headers=headers) as got:
+        async with remote.session.post(endpoint.infer_url, data=body, headers=headers) as got:
             answer = await got.read()
             kept = tuple((k, v) for k, v in got.headers.items() if k.lower() == "inference-header-content-length")
         return Recorded(endpoint.protocol, metadata, answer, kept)
+    from tfperf.serving.endpoint import CODECS
+
     service, _, meta_method = GRPC_METHODS[endpoint.protocol]
-    if endpoint.protocol == "grpc":
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
-        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
-        request.model_spec.name = endpoint.model
-    else:
-        from tritonclient.grpc import service_pb2
-
-        request = service_pb2.ModelMetadataRequest(name=endpoint.model)
+    request = CODECS[endpoint.protocol].metadata_request(endpoint.model, endpoint.version)
     raw = remote.channel.unary_unary(f"/{service}/{meta_method}", request_serializer=lambda m: m.SerializeToString(),
                                      response_deserializer=lambda b: b)
     metadata = await raw(request, timeout=30)

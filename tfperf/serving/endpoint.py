@@ -3,7 +3,8 @@
 sends requests from an asyncio event loop of its own thread (HTTP/1.1 keep-alive through aiohttp, gRPC's own
 asyncio stubs), each request's body encoded once, so that the sending side costs as little as Python allows.
 `RemoteServer.submit(arrays)` returns a Future, as the in-process servers' does, so the closed loop and LoadGen
-measure it unchanged.
+measure it unchanged. What goes over the wire is each protocol's module's (`tfperf.serving.protocols`); the
+connections, the event loop and the metadata calls are here.
 
   http://HOST:PORT/v1/models/NAME[/versions/N]   TF Serving REST (row format; columnar with `columnar=True`)
   grpc://HOST:PORT/NAME[/versions/N]             TF Serving gRPC (PredictionService)
@@ -18,22 +19,21 @@ import dataclasses
 import json
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
-from tfperf.serving.wire import (NUMPY_TO_V2, TF_NAMES, V2_TYPES, Tensor, dtype_name, dump_json, from_json_values,
-                                 json_values, to_v2_bytes, v2_json_bytes, v2_json_strings)
+from tfperf.serving.protocols import kserve_v2, kserve_v2_grpc, tfserving_grpc, tfserving_rest
+from tfperf.serving.protocols.tensors import EndpointError, Tensor
+
+# Each protocol's module: encodes requests, decodes answers and reads the model's metadata.
+CODECS = {"rest": tfserving_rest, "grpc": tfserving_grpc, "v2": kserve_v2, "grpc+v2": kserve_v2_grpc}
 
 PROTOCOLS = {"rest": "TF Serving REST", "grpc": "TF Serving gRPC", "v2": "KServe v2 over HTTP",
              "grpc+v2": "KServe v2 over gRPC"}
 _URL = re.compile(r"^(?P<scheme>https?|grpc|grpc\+v2)://(?P<host>\[[^\]]+\]|[^/:]+):(?P<port>\d+)(?P<path>/.*)?$")
-
-
-class EndpointError(ValueError):
-    """A URL that names no endpoint tfperf can load, or an endpoint that does not answer as its protocol does."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,16 @@ class Endpoint:
         version = f"/versions/{self.version}" if self.version else ""
         api = "v1" if self.protocol == "rest" else "v2"
         return f"http://{self.host}:{self.port}/{api}/models/{self.model}{version}{verb}"
+
+    @property
+    def metadata_url(self) -> str:
+        """Where an HTTP protocol answers the model's metadata."""
+        return self.url("/metadata" if self.protocol == "rest" else "")
+
+    @property
+    def infer_url(self) -> str:
+        """Where an HTTP protocol answers inference requests."""
+        return self.url(":predict" if self.protocol == "rest" else "/infer")
 
 
 def parse_url(url: str, *, columnar: bool = False, json: bool = False) -> Endpoint:
@@ -87,114 +97,34 @@ def parse_url(url: str, *, columnar: bool = False, json: bool = False) -> Endpoi
                     columnar, json)
 
 
-def _shape(dims: Sequence[Any]) -> tuple[int | None, ...]:
-    return tuple(None if int(d) < 0 else int(d) for d in dims)
-
-
-def _dtype(names: Mapping[Any, str], code: Any, tensor: str) -> str:
-    """NumPy's name for a tensor's type in a metadata answer; EndpointError for a type no request can carry (a
-    guess would send the server arrays of the wrong type)."""
-    if code not in names:
-        raise EndpointError(f"the model's tensor {tensor!r} has type {code}, which tfperf cannot send or read: "
-                            f"measure a signature whose tensors are {', '.join(sorted(set(names.values())))}")
-    return names[code]
-
-
-def rest_tensors(found: Mapping[str, Any]) -> tuple[list[Tensor], list[Tensor]]:
-    """The inputs and outputs of TF Serving's REST metadata answer (GetModelMetadataResponse as JSON)."""
-    signatures = found["metadata"]["signature_def"]["signature_def"]
-    signature = signatures.get("serving_default") or next(iter(signatures.values()))
-    inputs, outputs = ([Tensor(name, _dtype(TF_NAMES, info["dtype"], name),
-                               _shape(d["size"] for d in info["tensor_shape"]["dim"]))
-                        for name, info in sorted(signature[kind].items())] for kind in ("inputs", "outputs"))
-    return inputs, outputs
-
-
 async def read_metadata(endpoint: Endpoint, session=None, channel=None) -> tuple[list[Tensor], list[Tensor]]:
     """The model's inputs and outputs, as its own metadata API gives them."""
-    from tfperf.serving.grpc_wire import ENUM_TF
-
-    if endpoint.protocol == "rest":
-        async with session.get(endpoint.url("/metadata")) as answer:
+    codec = CODECS[endpoint.protocol]
+    if session is not None:
+        url = endpoint.metadata_url
+        async with session.get(url) as answer:
             found = json.loads(await answer.read())
             if answer.status != 200:
-                raise EndpointError(f"{endpoint.url('/metadata')} answered {answer.status}: {found.get('error', found)}")
-        return rest_tensors(found)
-    if endpoint.protocol == "v2":
-        async with session.get(endpoint.url()) as answer:
-            found = json.loads(await answer.read())
-            if answer.status != 200:
-                raise EndpointError(f"{endpoint.url()} answered {answer.status}: {found.get('error', found)}")
-        return ([Tensor(t["name"], _dtype(V2_TYPES, t["datatype"], t["name"]), _shape(t["shape"]))
-                 for t in found[kind]] for kind in ("inputs", "outputs"))
+                raise EndpointError(f"{url} answered {answer.status}: {found.get('error', found)}")
+        return codec.metadata_tensors(found)
+    request = codec.metadata_request(endpoint.model, endpoint.version)
     if endpoint.protocol == "grpc":
-        from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+        from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
-        request.model_spec.name = endpoint.model
-        if endpoint.version:
-            request.model_spec.version.value = endpoint.version
-        answer = await prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata(request, timeout=30)
-        signatures = get_model_metadata_pb2.SignatureDefMap()
-        answer.metadata["signature_def"].Unpack(signatures)
-        signature = signatures.signature_def.get("serving_default") or next(iter(signatures.signature_def.values()))
-        return ([Tensor(name, _dtype(ENUM_TF, info.dtype, name), _shape(d.size for d in info.tensor_shape.dim))
-                 for name, info in sorted(getattr(signature, kind).items())] for kind in ("inputs", "outputs"))
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+        ask = prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata
+    else:
+        from tritonclient.grpc import service_pb2_grpc
 
-    answer = await service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(
-        service_pb2.ModelMetadataRequest(name=endpoint.model, version=str(endpoint.version or "")), timeout=30)
-    return ([Tensor(t.name, _dtype(V2_TYPES, t.datatype, t.name), _shape(t.shape)) for t in getattr(answer, kind)]
-            for kind in ("inputs", "outputs"))
-
+        ask = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelMetadata
+    return codec.metadata_tensors(await ask(request, timeout=30))
 
 def encode(endpoint: Endpoint, arrays: Mapping[str, np.ndarray]) -> Any:
     """One request as the protocol sends it: (body bytes, headers) over HTTP, a request message over gRPC."""
     if endpoint.protocol == "rest":
-        if endpoint.columnar:
-            return dump_json({"inputs": {k: json_values(np.asarray(v)) for k, v in arrays.items()}}), {}
-        rows = len(next(iter(arrays.values())))
-        return dump_json({"instances": [{k: json_values(np.asarray(v)[i]) for k, v in arrays.items()}
-                                        for i in range(rows)]}), {}
+        return tfserving_rest.encode_request(arrays, endpoint.columnar), {}
     if endpoint.protocol == "v2":
-        tensors, raw = [], []
-        for name, value in arrays.items():
-            array = np.asarray(value)
-            entry = {"name": name, "shape": list(array.shape), "datatype": NUMPY_TO_V2[dtype_name(array)]}
-            if endpoint.json:  # BYTES as JSON strings, as KServe v2 writes them
-                entry["data"] = (v2_json_strings(array) if dtype_name(array) == "string"
-                                 else array.reshape(-1).tolist())
-            else:
-                data = to_v2_bytes(array)
-                entry["parameters"] = {"binary_data_size": len(data)}
-                raw.append(data)
-            tensors.append(entry)
-        header = dump_json({"inputs": tensors, "parameters": {"binary_data_output": not endpoint.json}})
-        if endpoint.json:
-            return header, {"Content-Type": "application/json"}
-        return header + b"".join(raw), {"Inference-Header-Content-Length": str(len(header)),
-                                        "Content-Type": "application/octet-stream"}
-    if endpoint.protocol == "grpc":
-        from tensorflow_serving.apis import predict_pb2
-
-        from tfperf.serving.grpc_wire import to_tensor_proto
-
-        request = predict_pb2.PredictRequest()
-        request.model_spec.name = endpoint.model
-        if endpoint.version:
-            request.model_spec.version.value = endpoint.version
-        for name, value in arrays.items():
-            request.inputs[name].CopyFrom(to_tensor_proto(np.asarray(value)))
-        return request
-    from tritonclient.grpc import service_pb2
-
-    request = service_pb2.ModelInferRequest(model_name=endpoint.model, model_version=str(endpoint.version or ""))
-    for name, value in arrays.items():
-        array = np.asarray(value)
-        request.inputs.add(name=name, datatype=NUMPY_TO_V2[dtype_name(array)], shape=list(array.shape))
-        request.raw_input_contents.append(to_v2_bytes(array))
-    return request
-
+        return kserve_v2.encode_request(arrays, binary=not endpoint.json)
+    return CODECS[endpoint.protocol].encode_request(endpoint.model, endpoint.version, arrays)
 
 class RemoteServer:
     """An endpoint as a server to measure: `submit(arrays)` sends one request from the client's event loop and
@@ -267,8 +197,7 @@ class RemoteServer:
     async def _request(self, encoded: Any, decode: bool = False) -> Any:
         if self.session is not None:
             body, headers = encoded
-            verb = ":predict" if self.endpoint.protocol == "rest" else "/infer"
-            async with self.session.post(self.endpoint.url(verb), data=body, headers=headers) as answer:
+            async with self.session.post(self.endpoint.infer_url, data=body, headers=headers) as answer:
                 data = await answer.read()
                 if answer.status != 200:
                     raise EndpointError(f"HTTP {answer.status}: {data[:200].decode(errors='replace')}")
@@ -294,38 +223,11 @@ class RemoteServer:
         return _Decoding(self)
 
     def _decode(self, found: Any) -> dict[str, np.ndarray]:
-        from tfperf.serving.grpc_wire import from_tensor_proto
-        from tfperf.serving.wire import from_v2_bytes
-
-        if self.endpoint.protocol == "rest":  # JSON values as the metadata's dtypes (bytes from {"b64": ...})
-            dtypes = {t.name: t.dtype for t in self.outputs}
-            typed = lambda name, values: (np.asarray(from_json_values(values), dtype=object)  # noqa: E731
-                                          if dtypes.get(name) == "string" else np.asarray(values, dtypes.get(name)))
-            data = json.loads(found[0])
-            if "outputs" in data:
-                return {k: typed(k, v) for k, v in (data["outputs"].items() if isinstance(data["outputs"], dict)
-                                                    else [(self.outputs[0].name, data["outputs"])])}
-            rows = data["predictions"]
-            if rows and isinstance(rows[0], dict):
-                return {k: typed(k, [r[k] for r in rows]) for k in rows[0]}
-            return {self.outputs[0].name: typed(self.outputs[0].name, rows)}
+        if self.endpoint.protocol == "rest":
+            return tfserving_rest.decode_response(found[0], self.outputs)
         if self.endpoint.protocol == "v2":
-            body, headers = found
-            length = int(headers.get("Inference-Header-Content-Length", len(body)))
-            header, at, outputs = json.loads(body[:length]), length, {}
-            for t in header["outputs"]:
-                if "data" in t:  # BYTES as JSON strings
-                    outputs[t["name"]] = (v2_json_bytes(t["data"]) if t["datatype"] == "BYTES" else
-                                          np.asarray(t["data"], dtype=V2_TYPES[t["datatype"]])).reshape(t["shape"])
-                else:
-                    size = t["parameters"]["binary_data_size"]
-                    outputs[t["name"]] = from_v2_bytes(body[at:at + size], t["datatype"], t["shape"], t["name"])
-                    at += size
-            return outputs
-        if self.endpoint.protocol == "grpc":
-            return {k: from_tensor_proto(v, k) for k, v in found.outputs.items()}
-        return {t.name: from_v2_bytes(raw, t.datatype, list(t.shape), t.name)
-                for t, raw in zip(found.outputs, found.raw_output_contents)}
+            return kserve_v2.decode_response(*found)
+        return CODECS[self.endpoint.protocol].decode_response(found)
 
     def close(self) -> None:
         async def shut() -> None:

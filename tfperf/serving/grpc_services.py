@@ -8,11 +8,15 @@ import time
 from typing import Any
 
 from tfperf import __version__
-from tfperf.serving.grpc_wire import (metadata_response, predict_inputs, predict_response, status_response,
-                                      v2_grpc_request, v2_grpc_response)
-from tfperf.serving.repository import AVAILABLE
 from tfperf.serving.deploy_files import triton_config
-from tfperf.serving.wire import GRPC_CODES, NUMPY_TO_V2, RequestError
+from tfperf.serving.protocols import kserve_v2_grpc, tfserving_grpc
+from tfperf.serving.protocols.kserve_v2 import NUMPY_TO_V2
+from tfperf.serving.protocols.tensors import RequestError
+from tfperf.serving.repository import AVAILABLE
+
+# gRPC status codes by the HTTP status a RequestError carries (503: the queue is full): the edge's mapping.
+GRPC_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
+              501: "UNIMPLEMENTED", 503: "RESOURCE_EXHAUSTED", 504: "DEADLINE_EXCEEDED"}
 
 
 async def _refuse(server, context, protocol: str, started: float, exc: RequestError) -> None:
@@ -55,11 +59,11 @@ def add_services(grpc_server, server) -> None:
             repository = server.model(request.model_spec.name)
             v = repository.acquire(_version(request.model_spec))
             try:
-                arrays = predict_inputs(request, v.inputs, v.signature)
+                arrays = tfserving_grpc.predict_request(request, v.inputs, v.signature)
                 outputs = await server.infer(v, arrays, deadline_s=context.time_remaining())
             finally:
                 repository.release(v)
-            return predict_response(repository.name, v.number, v.signature, outputs, list(request.output_filter))
+            return tfserving_grpc.predict_response(repository.name, v.number, v.signature, outputs, list(request.output_filter))
 
         @answered("grpc")
         async def GetModelMetadata(self, request, context):
@@ -69,7 +73,7 @@ def add_services(grpc_server, server) -> None:
                 raise RequestError(400, f"metadata_field must be ['signature_def'], got "
                                         f"{list(request.metadata_field)[:5]}")
             v = repository.get(_version(request.model_spec))
-            return metadata_response(repository.name, v.number, v.signature, v.inputs, v.outputs)
+            return tfserving_grpc.metadata_response(repository.name, v.number, v.signature, v.inputs, v.outputs)
 
     class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         @answered("grpc")
@@ -79,7 +83,7 @@ def add_services(grpc_server, server) -> None:
             states = {v: s for v, s in repository.states.items() if asked in (None, v)}
             if not states:
                 raise RequestError(404, f"model {repository.name!r} has no version {asked}")
-            return status_response(states, repository.errors)
+            return tfserving_grpc.status_response(states, repository.errors)
 
     def tensors(items) -> list[Any]:
         return [service_pb2.ModelMetadataResponse.TensorMetadata(
@@ -134,11 +138,11 @@ def add_services(grpc_server, server) -> None:
             repository = server.model(request.model_name)
             v = repository.acquire(asked(request.model_version))
             try:
-                decoded = v2_grpc_request(request, v.inputs)
+                decoded = kserve_v2_grpc.infer_request(request, v.inputs)
                 outputs = await server.infer(v, decoded.arrays, deadline_s=context.time_remaining())
             finally:
                 repository.release(v)
-            return v2_grpc_response(repository.name, v.number, decoded, outputs)
+            return kserve_v2_grpc.infer_response(repository.name, v.number, decoded, outputs)
 
         async def RepositoryIndex(self, request, context):
             r = server.repository

@@ -18,7 +18,7 @@ from tfperf.deploy.errors import ModelError, first_line
 from tfperf.serving.batcher import Batcher
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.runtimes import PLATFORMS
-from tfperf.serving.wire import RequestError, Tensor, dtype_name
+from tfperf.serving.protocols.tensors import RequestError, Tensor, dtype_name
 
 AVAILABLE, LOADING, END = "AVAILABLE", "LOADING", "END"
 

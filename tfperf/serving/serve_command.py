@@ -183,7 +183,7 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
     from tfperf.serving.configs import ServingConfig
     from tfperf.serving.repository import Repository
     from tfperf.serving.server import ServerOptions
-    from tfperf.serving.wire import ready_line
+    from tfperf.serving.ready import ready_line
 
     config = ServingConfig.from_json(config_json.encode(), "the configuration")
     pid = f"[{os.getpid()}] " if config.workers > 1 else ""

@@ -3,10 +3,10 @@ over HTTP (aiohttp), TF Serving's PredictionService and ModelService and v2's GR
 (grpcio's asyncio server), both on one event loop, in front of a `Repository` (versions, checked and
 swapped) whose batcher runs the model on threads of its own; Prometheus metrics at TF Serving's path.
 
-A request is decoded on the event loop (`wire`, `grpc_wire`), handed to the served version's batcher, and
-awaited; a full queue answers 503 (gRPC: RESOURCE_EXHAUSTED) at once, a request whose gRPC deadline passes
-while it waits is dropped before it runs, a body over the size limit is refused before it is read whole,
-and on `stop()` the server stops accepting, answers what it has accepted (within the drain timeout) and ends.
+A request is decoded on the event loop (by its protocol's module, `tfperf.serving.protocols`), handed to the
+served version's batcher, and awaited; a full queue answers 503 (gRPC: RESOURCE_EXHAUSTED) at once, a request
+whose gRPC deadline passes while it waits is dropped before it runs, a body over the size limit is refused
+before it is read whole, and on `stop()` the server stops accepting, answers what it has accepted (within the drain timeout) and ends.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from tfperf.serving.deploy_files import triton_config
 from tfperf.serving.grpc_services import add_services
 from tfperf.serving.repository import AVAILABLE, Repository, Version
 from tfperf.serving.scrape import METRICS_PATH
-from tfperf.serving.wire import (RequestError, dump_json, tfserving_metadata, tfserving_predict_request,
-                                 tfserving_predict_response, tfserving_status, v2_infer_request, v2_infer_response,
-                                 v2_metadata)
+from tfperf.serving.protocols import kserve_v2, tfserving_rest
+from tfperf.serving.protocols.tensors import RequestError, dump_json
 
 V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
                 r"(?P<verb>:predict|:classify|:regress|/metadata)?$")
@@ -205,10 +204,10 @@ class Server:
                 states = {v: s for v, s in repository.states.items() if version_asked in (None, v)}
                 if not states:
                     raise RequestError(404, f"model {repository.name!r} has no version {version_asked}")
-                return self._answer("rest", started, 200, dump_json(tfserving_status(states, repository.errors)))
+                return self._answer("rest", started, 200, dump_json(tfserving_rest.status(states, repository.errors)))
             if request.method == "GET" and verb == "/metadata":
                 v = repository.get(version_asked)
-                return self._answer("rest", started, 200, dump_json(tfserving_metadata(
+                return self._answer("rest", started, 200, dump_json(tfserving_rest.metadata(
                     repository.name, v.number, v.signature, v.inputs, v.outputs)))
             if request.method != "POST" or verb != ":predict":
                 raise RequestError(405 if verb else 404, f"{request.method} {request.path[:100]}: use POST "
@@ -216,11 +215,11 @@ class Server:
             body = await self._body(request)
             v = repository.acquire(version_asked)
             try:
-                arrays, columnar = tfserving_predict_request(body, v.inputs, v.signature)
+                arrays, columnar = tfserving_rest.predict_request(body, v.inputs, v.signature)
                 outputs = await self.infer(v, arrays)
             finally:
                 repository.release(v)
-            return self._answer("rest", started, 200, tfserving_predict_response(outputs, columnar))
+            return self._answer("rest", started, 200, tfserving_rest.predict_response(outputs, columnar))
         except RequestError as exc:
             return self._answer("rest", started, exc.status, dump_json({"error": str(exc)}))
 
@@ -253,7 +252,7 @@ class Server:
                 return self._answer("v2", started, 200, b"")
             if request.method == "GET" and verb is None:
                 v = repository.get(version_asked)
-                return self._answer("v2", started, 200, dump_json(v2_metadata(
+                return self._answer("v2", started, 200, dump_json(kserve_v2.metadata(
                     repository.name, [v.number], v.platform, v.inputs, v.outputs)))
             if request.method == "GET" and verb == "/config":
                 v = repository.get(version_asked)
@@ -269,11 +268,11 @@ class Server:
                 raise RequestError(400, f"Inference-Header-Content-Length {header[:40]!r} is not a number") from None
             v = repository.acquire(version_asked)
             try:
-                decoded = v2_infer_request(body, header_length, v.inputs)
+                decoded = kserve_v2.infer_request(body, header_length, v.inputs)
                 outputs = await self.infer(v, decoded.arrays)
             finally:
                 repository.release(v)
-            answer, length = v2_infer_response(repository.name, v.number, decoded, outputs)
+            answer, length = kserve_v2.infer_response(repository.name, v.number, decoded, outputs)
             if length is None:
                 return self._answer("v2", started, 200, answer)
             return self._answer("v2", started, 200, answer, {"Inference-Header-Content-Length": str(length)},

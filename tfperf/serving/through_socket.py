@@ -21,7 +21,7 @@ from pathlib import Path
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.runtimes import RUNTIMES
 from tfperf.serving.search import Budget, Swept
-from tfperf.serving.wire import ready_ports
+from tfperf.serving.ready import ready_ports
 
 PROTOCOLS = ("v2", "grpc")  # the fastest over HTTP (binary tensors) and TF Serving's gRPC
 

@@ -1,8 +1,7 @@
-"""What gRPC clients written for TF Serving and for Triton or KServe send and expect, to and from arrays by name:
-TF Serving's TensorProto (tensor_content, or the typed value fields tf.make_tensor_proto and other clients
-fill), its model status and metadata messages, and the v2 protocol's ModelInfer (raw contents, as tritonclient
-sends them, or typed contents). The messages come from the services' own definitions: `tensorflow-serving-api`
-for TF Serving's, tritonclient's for v2."""
+"""TF Serving's gRPC API, both sides: TensorProto to and from arrays (tensor_content, or the typed value fields
+tf.make_tensor_proto and other clients fill), PredictionService's Predict and GetModelMetadata and
+ModelService's status on the server; the same messages built and read by the client (`tfperf load --url
+grpc://HOST:PORT/NAME`). The messages come from `tensorflow-serving-api`."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tfperf.serving.wire import (NUMPY_TO_V2, V2_TYPES, RequestError, Tensor, V2Request, check_shape, dtype_name,
-                                 every_input, from_v2_bytes, to_v2_bytes, v2_tensor)
+from tfperf.serving.protocols.tensors import (RequestError, Tensor, check_shape, dtype_name, every_input,
+                                              metadata_dtype, metadata_shape)
 
 # TensorFlow's DataType enum values (tensorflow/core/framework/types.proto) and NumPy's names.
 TF_ENUM = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6, "string": 7, "int64": 9,
@@ -22,10 +21,6 @@ ENUM_TF = {v: k for k, v in TF_ENUM.items()}
 _TF_FIELDS = {"float32": "float_val", "float64": "double_val", "int32": "int_val", "uint8": "int_val",
               "int16": "int_val", "int8": "int_val", "uint16": "int_val", "int64": "int64_val", "bool": "bool_val",
               "float16": "half_val", "uint32": "uint32_val", "uint64": "uint64_val", "string": "string_val"}
-_V2_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-              "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
-              "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
-              "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 
 
 def from_tensor_proto(proto, where: str) -> np.ndarray:
@@ -71,7 +66,9 @@ def to_tensor_proto(array: np.ndarray):
     return proto
 
 
-def predict_inputs(request, inputs: Sequence[Tensor], signature: str) -> dict[str, np.ndarray]:
+# The server ---------------------------------------------------------------------------------------
+
+def predict_request(request, inputs: Sequence[Tensor], signature: str) -> dict[str, np.ndarray]:
     """A PredictRequest's inputs as arrays by name, checked against the model's."""
     asked = request.model_spec.signature_name
     if asked and asked != signature:
@@ -153,50 +150,45 @@ def status_response(versions: Mapping[int, str], errors: Mapping[int, str] | Non
     return response
 
 
-# The v2 protocol over gRPC ------------------------------------------------------------------------
+# The client ---------------------------------------------------------------------------------------
 
-def v2_grpc_request(request, inputs: Sequence[Tensor]) -> V2Request:
-    """A ModelInferRequest as a decoded v2 request: raw_input_contents in input order (tritonclient's way), or
-    each input's typed contents."""
-    by_name = {s.name: s for s in inputs}
-    raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise RequestError(400, f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
-    arrays = {}
-    for i, item in enumerate(request.inputs):
-        name, datatype, shape = item.name, item.datatype, list(item.shape)
-        if name not in by_name:
-            raise RequestError(400, f"unknown input {name!r}: the model takes {sorted(by_name)}")
-        if datatype not in V2_TYPES:
-            raise RequestError(400, f"input {name!r}: datatype {datatype!r} is not one of {sorted(V2_TYPES)}")
-        if any(d < 0 for d in shape):
-            raise RequestError(400, f"input {name!r}: shape {shape} has a negative size")
-        spec = by_name[name]
-        if raw:
-            array = from_v2_bytes(raw[i], datatype, shape, f"input {name!r}")
-        elif datatype in _V2_FIELDS:
-            values = list(getattr(item.contents, _V2_FIELDS[datatype]))
-            if len(values) != math.prod(shape):
-                raise RequestError(400, f"input {name!r}: {len(values)} values for shape {shape}")
-            array = np.asarray(values, dtype=object if datatype == "BYTES" else V2_TYPES[datatype]).reshape(shape)
-        else:
-            raise RequestError(400, f"input {name!r}: {datatype} comes only in raw_input_contents")
-        arrays[name] = v2_tensor(array, datatype, spec)
-    every_input(arrays, inputs)
-    return V2Request(request.id or None, arrays, {o.name: True for o in request.outputs}, True)
+def metadata_request(model: str, version: int | None):
+    """A GetModelMetadataRequest for the model's signatures."""
+    from tensorflow_serving.apis import get_model_metadata_pb2
+
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    request.model_spec.name = model
+    if version:
+        request.model_spec.version.value = version
+    return request
 
 
-def v2_grpc_response(name: str, version: int, request: V2Request, outputs: Mapping[str, np.ndarray]):
-    """A ModelInferResponse with raw_output_contents, as Triton answers tritonclient."""
-    from tritonclient.grpc import service_pb2
+def metadata_tensors(answer) -> tuple[list[Tensor], list[Tensor]]:
+    """The inputs and outputs of a GetModelMetadataResponse (serving_default, else its first signature)."""
+    from tensorflow_serving.apis import get_model_metadata_pb2
 
-    unknown = sorted(set(request.outputs) - set(outputs))
-    if unknown:
-        raise RequestError(400, f"unknown output {unknown[0]!r}: the model answers {sorted(outputs)}")
-    response = service_pb2.ModelInferResponse(model_name=name, model_version=str(version), id=request.id or "")
-    for out in request.outputs or sorted(outputs):
-        array = np.asarray(outputs[out])
-        dtype = dtype_name(array)
-        response.outputs.add(name=out, datatype=NUMPY_TO_V2.get(dtype, "BYTES"), shape=list(array.shape))
-        response.raw_output_contents.append(to_v2_bytes(array))
-    return response
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    answer.metadata["signature_def"].Unpack(signatures)
+    signature = signatures.signature_def.get("serving_default") or next(iter(signatures.signature_def.values()))
+    inputs, outputs = ([Tensor(name, metadata_dtype(ENUM_TF, info.dtype, name),
+                               metadata_shape(d.size for d in info.tensor_shape.dim))
+                        for name, info in sorted(getattr(signature, kind).items())] for kind in ("inputs", "outputs"))
+    return inputs, outputs
+
+
+def encode_request(model: str, version: int | None, arrays: Mapping[str, np.ndarray]):
+    """A PredictRequest holding the arrays."""
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    if version:
+        request.model_spec.version.value = version
+    for name, value in arrays.items():
+        request.inputs[name].CopyFrom(to_tensor_proto(np.asarray(value)))
+    return request
+
+
+def decode_response(answer) -> dict[str, np.ndarray]:
+    """A PredictResponse's outputs as arrays by name."""
+    return {k: from_tensor_proto(v, k) for k, v in answer.outputs.items()}

@@ -576,6 +576,7 @@ def test_load_url_reports_p99_with_its_interval_and_a_verdict_and_agrees_with_an
     from tfperf.serving.endpoint import RemoteServer, parse_url
     from tfperf.serving.measure import Sizes
     from tfperf.serving.search import Budget
+    from tfperf.serving.report import SPLIT_HEADER
     from tfperf.serving.url_load import answer_endpoint, metrics_url_of
 
     tiny = Sizes(window_s=0.1, max_windows=3, warmup_s=0.05, probe_s=0.4, probes=2, validation_s=0.6,
@@ -597,6 +598,7 @@ def test_load_url_reports_p99_with_its_interval_and_a_verdict_and_agrees_with_an
         records = [json.loads(line) for line in (out / "load.jsonl").read_text().splitlines()]
         levels = [r for r in records if r["table"] == f"closed loop: {endpoint.name}"]
         assert levels and all(r["metrics"]["p99_ci95_ms"] and r["metrics"]["server_latency_ms"] > 0 for r in levels)
+        assert SPLIT_HEADER in report  # the server's split, returned with its sweep, is in the level table too
     rate, budget = 150.0, Budget(0.05, 90.0)
     with RemoteServer(parse_url(f"http://127.0.0.1:{served['rest']}/v1/models/tiny"), connections=16) as remote:
         ours = loadgen.run(lambda i: remote.submit(requests[i % 16]), 16, rate=rate, latency_s=budget.latency_s,

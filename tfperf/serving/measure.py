@@ -59,7 +59,8 @@ def batch_function_config(cores: int) -> ServingConfig:
 
 @dataclasses.dataclass
 class Bench:
-    """The exports, requests, budget and sizes every measurement of one `tfperf load` run shares."""
+    """The exports, requests, budget and sizes every measurement of one `tfperf load` run shares. It holds what
+    the measurements are given and what they load once; what they find is returned (`Swept`, LoadGen results)."""
 
     exports: dict[str, Path]  # runtime -> export folder
     requests: list[Arrays]
@@ -67,16 +68,15 @@ class Bench:
     sizes: Sizes
     rec: Any  # a tfperf.records.Recorder
     logs: Path  # LoadGen logs of the validation runs
-    references: dict[str, Callable[[Arrays], Arrays]] = dataclasses.field(default_factory=dict)
     server_process: Any = None  # a remote.ServerProcess: the servers run there, the clients here
-    tf_processes: dict[int, Any] = dataclasses.field(default_factory=dict)  # SavedModel children by intra-op threads
-    probes: list[tuple[ServingConfig, loadgen.LoadGenResult]] = dataclasses.field(default_factory=list)
     endpoint: Any = None  # a running server (tfperf.serving.endpoint.Endpoint): configurations "endpoint" reach it
     endpoint_runtime: str | None = None  # the runtime the endpoint serves, when known: its answers are checked
     endpoint_cpu: Callable[[], float] | None = None  # the endpoint's CPU seconds so far, when it runs on this machine
     metrics_url: str | None = None  # the endpoint's Prometheus metrics (tfperf.serving.scrape): latency split
-    splits: dict[tuple[str, str], dict[str, float]] = dataclasses.field(default_factory=dict)  # (config, level)
-    outputs_vary: bool | None = None  # False: the model answers every request alike, so agreement shows nothing
+    # Caches, shared by the copies through_socket makes: what they hold is loaded or started once.
+    references: dict[str, Callable[[Arrays], Arrays]] = dataclasses.field(default_factory=dict)
+    tf_processes: dict[int, Any] = dataclasses.field(default_factory=dict)  # SavedModel children by intra-op threads
+    varies: dict[str, bool] = dataclasses.field(default_factory=dict)  # runtime -> answers_vary of its reference
 
     def reference(self, runtime: str) -> Callable[[Arrays], Arrays]:
         """The runtime's own unbatched call, loaded once: what every server of it must answer."""
@@ -119,9 +119,9 @@ class Bench:
             process.close()
         self.tf_processes.clear()
 
-    def level(self, server, concurrency: int, config: ServingConfig | None = None) -> LoadLevel:
+    def level(self, server, concurrency: int, splits: dict[str, dict[str, float]] | None = None) -> LoadLevel:
         """One closed-loop level: `concurrency` clients, each cycling through the requests from its own offset;
-        with `metrics_url`, the server's own split of the time is kept in `splits`."""
+        with `metrics_url`, the server's own split of the time goes into `splits` under the level's label."""
         from tfperf.serving import scrape
 
         counters = [itertools.count(i * 7) for i in range(concurrency)]
@@ -132,8 +132,8 @@ class Bench:
                             warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None),
                             sender_cpu=getattr(server, "sender_cpu_s", None),
                             server_seen=self.endpoint is None or self.endpoint_cpu is not None)
-        if before is not None and config is not None:
-            self.splits[(config.name, level.label)] = scrape.split(before, scrape.snapshot(self.metrics_url))
+        if before is not None and splits is not None:
+            splits[level.label] = scrape.split(before, scrape.snapshot(self.metrics_url))
         return level
 
     def sweep(self, config: ServingConfig, concurrencies: list[int] | None = None) -> Swept:
@@ -152,19 +152,21 @@ class Bench:
                 wrong = check_agreement(answering, self.reference(runtime), self.requests)
             if wrong:
                 return self._dropped(config, wrong)
-            if runtime is not None and self.outputs_vary is None:
-                self.outputs_vary = answers_vary(self.reference(runtime), self.requests)
+            if runtime is not None and runtime not in self.varies:
+                self.varies[runtime] = answers_vary(self.reference(runtime), self.requests)
+            splits: dict[str, dict[str, float]] = {}
             if concurrencies:
-                levels = [self.level(server, c, config) for c in concurrencies]
+                levels = [self.level(server, c, splits) for c in concurrencies]
             else:
-                levels = concurrency_sweep(lambda c: self.level(server, c, config), self.budget,
+                levels = concurrency_sweep(lambda c: self.level(server, c, splits), self.budget,
                                            limit=self.sizes.max_concurrency, factor=self.sizes.concurrency_factor)
             padding = getattr(server, "padding", None)
         failing = next((lv for lv in levels if lv.errors), None)
         if failing is not None:
             return self._dropped(config, f"requests failed at {failing.label}: {failing.errors[0]}", levels)
-        self._record_levels(config, levels, padding)
-        return Swept(config, tuple(levels), padding=padding)
+        self._record_levels(config, levels, padding, splits)
+        return Swept(config, tuple(levels), padding=padding, splits=splits,
+                     outputs_vary=self.varies.get(runtime) if runtime is not None else None)
 
     def _dropped(self, config: ServingConfig, why: str, levels=()) -> Swept:
         self.rec.add("configurations", config.name, {**config.settings(), "dropped": why,
@@ -172,12 +174,13 @@ class Bench:
                      primary="requests_per_s_within_budget", lower_is_better=False, versus_first=False)
         return Swept(config, tuple(levels), why)
 
-    def _record_levels(self, config: ServingConfig, levels: list[LoadLevel], padding: float | None = None) -> None:
+    def _record_levels(self, config: ServingConfig, levels: list[LoadLevel], padding: float | None,
+                       splits: dict[str, dict[str, float]]) -> None:
         from tfperf.measure.measurement import Measurement
 
         extra = {"useful_token_share": padding} if padding is not None else {}
         for level in levels:
-            split = self.splits.get((config.name, level.label), {})
+            split = splits.get(level.label, {})
             self.rec.add(f"closed loop: {config.name}", level.label, {**level.metrics(), **config.settings(), **extra,
                                                                        **split},
                          primary="p50_ms", lower_is_better=True, versus_first=False,
@@ -197,7 +200,6 @@ class Bench:
         with self.server(config) as server:
             def within(rate: float) -> bool:
                 result = self.offered(server, rate, seconds=self.sizes.probe_s, min_queries=100)
-                self.probes.append((config, result))
                 self.rec.add(f"open loop: {config.name}", f"rate {rate:.0f}/s", {**result.metrics(),
                              **config.settings()}, primary="completed_qps", lower_is_better=False, versus_first=False)
                 return result.latency_met and not result.errors

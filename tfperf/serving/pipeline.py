@@ -176,8 +176,6 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
         bench.close()
         if process is not None:
             process.close()
-        found.outputs_vary = bench.outputs_vary
-        found.splits = bench.splits
         found.seconds = time.perf_counter() - started
         inside = max((s.rate_within(budget) for s in found.swept if not s.dropped), default=0.0)
         for t in found.sockets:  # beside the in-process best, the ceiling

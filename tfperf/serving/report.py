@@ -35,12 +35,16 @@ class Found:
     seconds: float = 0.0
     server_process: bool = False  # the servers ran in a process of their own, the clients in this one
     deploy: list[str] = dataclasses.field(default_factory=list)  # deploy/README.md's lines, when written
-    outputs_vary: bool | None = None  # False: the model answered every request alike
     requests_note: str = ""  # what the requests were, when it needs saying (lengths, roles of inputs)
     sockets: list = dataclasses.field(default_factory=list)  # through_socket.Through: served by tfperf serve
     through: object = None  # the through_socket.Through that answers (validated through its socket), if any
     client_ceiling: Swept | None = None  # an echo of the answers measured the same way: the client's ceiling
-    splits: dict = dataclasses.field(default_factory=dict)  # (config name, level label) -> the server's own split
+
+    @property
+    def outputs_vary(self) -> bool | None:
+        """False when the model answered every request alike (its answers' agreement then shows nothing)."""
+        seen = [s.outputs_vary for s in self.swept if s.outputs_vary is not None]
+        return None if not seen else any(seen)
 
 
 def _ms(seconds: float) -> str:
@@ -151,7 +155,7 @@ def write_report(found: Found, out: Path) -> Path:
     for s in _measured(found):
         if not s.levels:
             continue
-        split = any(found.splits.get((s.config.name, lv.label)) for lv in s.levels)
+        split = any(s.splits.get(lv.label) for lv in s.levels)
         lines += [f"**{s.config.name}**", "", "| clients | requests/s | p50 ms (95% CI) | p90 ms (95% CI) | "
                   "p99 ms (95% CI) | stable | clients' CPU share | server's cores busy |"
                   + (f" {SPLIT_HEADER} |" if split else ""),
@@ -160,7 +164,7 @@ def write_report(found: Found, out: Path) -> Path:
             cores = "-" if lv.server_cores is None else f"{lv.server_cores:.2f}"
             lines.append(f"| {lv.label.split()[-1]} | {lv.throughput:.0f} | {_ci(lv, 50)} | {_ci(lv, 90)} | "
                          f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {lv.client_share:.0%} | {cores} |"
-                         + (f" {_split(found.splits.get((s.config.name, lv.label)), lv)} |" if split else ""))
+                         + (f" {_split(s.splits.get(lv.label), lv)} |" if split else ""))
         lines.append("")
     lines += _generator(found)
     chart = _chart(found, out)

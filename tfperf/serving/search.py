@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tfperf.measure.load import LoadLevel
 from tfperf.serving.batcher import BatchingOptions
@@ -48,6 +48,9 @@ class Swept:
     levels: tuple[LoadLevel, ...] = ()
     dropped: str | None = None  # why: it fails, disagrees with the model, or misses the budget alone
     padding: float | None = None  # tokens asked for over tokens computed (requests of different lengths)
+    splits: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)  # level label -> the
+    # server's own split of the time (tfperf.serving.scrape), when its metrics were read
+    outputs_vary: bool | None = None  # False: the model answered every request alike (agreement shows nothing)
 
     def rate_within(self, budget: Budget) -> float:
         """The throughput of the best level whose percentile is within the budget (0 when none is)."""

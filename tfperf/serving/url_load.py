@@ -123,7 +123,6 @@ def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool,
     except (KeyboardInterrupt, flags.Stopped):
         found.partial = "interrupted (Ctrl-C or SIGTERM)"
     finally:
-        found.splits = bench.splits
         found.seconds = time.perf_counter() - started
         rec.save(out)
         write_report(found, out)

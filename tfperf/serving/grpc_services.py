@@ -11,18 +11,18 @@ from tfperf import __version__
 from tfperf.serving.deploy_files import triton_config
 from tfperf.serving.protocols import kserve_v2_grpc, tfserving_grpc
 from tfperf.serving.protocols.kserve_v2 import NUMPY_TO_V2
-from tfperf.serving.protocols.tensors import RequestError
-from tfperf.serving.repository import AVAILABLE
+from tfperf.serving.protocols.tensors import RequestError, http_status
+from tfperf.serving.repository import AVAILABLE, NotServed
 
 # gRPC status codes by the HTTP status a RequestError carries (503: the queue is full): the edge's mapping.
 GRPC_CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED", 500: "INTERNAL",
               501: "UNIMPLEMENTED", 503: "RESOURCE_EXHAUSTED", 504: "DEADLINE_EXCEEDED"}
 
 
-async def _refuse(server, context, protocol: str, started: float, exc: RequestError) -> None:
+async def _refuse(server, context, protocol: str, started: float, exc: Exception) -> None:
     import grpc
 
-    code = GRPC_CODES.get(exc.status, "UNKNOWN")
+    code = GRPC_CODES.get(http_status(exc), "UNKNOWN")
     server.count(protocol, code, started)
     await context.abort(getattr(grpc.StatusCode, code), str(exc))
 
@@ -46,7 +46,7 @@ def add_services(grpc_server, server) -> None:
                 started = time.perf_counter()
                 try:
                     response = await method(self, request, context)
-                except RequestError as exc:
+                except (RequestError, NotServed) as exc:
                     await _refuse(server, context, protocol, started, exc)
                 server.count(protocol, "OK", started)
                 return response
@@ -108,7 +108,7 @@ def add_services(grpc_server, server) -> None:
             try:
                 server.model(request.name).get(asked(request.version))
                 return service_pb2.ModelReadyResponse(ready=True)
-            except RequestError:
+            except (RequestError, NotServed):
                 return service_pb2.ModelReadyResponse(ready=False)
 
         async def ServerMetadata(self, request, context):

@@ -18,9 +18,13 @@ from tfperf.deploy.errors import ModelError, first_line
 from tfperf.serving.batcher import Batcher
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.runtimes import PLATFORMS
-from tfperf.serving.protocols.tensors import RequestError, Tensor, dtype_name
+from tfperf.serving.protocols.tensors import Tensor, dtype_name
 
 AVAILABLE, LOADING, END = "AVAILABLE", "LOADING", "END"
+
+
+class NotServed(LookupError):
+    """A version the repository is not serving: each protocol's edge answers it as its own "not found"."""
 
 
 def export_versions(source: Path) -> dict[int, Path]:
@@ -204,11 +208,11 @@ class Repository:
         self._watcher.start()
 
     def get(self, version: int | None = None) -> Version:
-        """The version a request asks for (None: the served one); 404 when it is not being served."""
+        """The version a request asks for (None: the served one); NotServed when it is not being served."""
         found = self.current
         if found is None or (version is not None and version != found.number):
             state = self.states.get(version) if version is not None else None
-            raise RequestError(404, f"model {self.name!r} version {version} is not being served"
+            raise NotServed(f"model {self.name!r} version {version} is not being served"
                                + (f" ({state.lower()})" if state else "")
                                + (f"; version {found.number} is" if found else ""))
         return found

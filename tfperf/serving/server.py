@@ -24,10 +24,10 @@ from tfperf import __version__
 from tfperf.serving.batcher import Overloaded
 from tfperf.serving.deploy_files import triton_config
 from tfperf.serving.grpc_services import add_services
-from tfperf.serving.repository import AVAILABLE, Repository, Version
+from tfperf.serving.repository import AVAILABLE, NotServed, Repository, Version
 from tfperf.serving.scrape import METRICS_PATH
 from tfperf.serving.protocols import kserve_v2, tfserving_rest
-from tfperf.serving.protocols.tensors import RequestError, dump_json
+from tfperf.serving.protocols.tensors import RequestError, dump_json, http_status
 
 V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
                 r"(?P<verb>:predict|:classify|:regress|/metadata)?$")
@@ -220,8 +220,8 @@ class Server:
             finally:
                 repository.release(v)
             return self._answer("rest", started, 200, tfserving_rest.predict_response(outputs, columnar))
-        except RequestError as exc:
-            return self._answer("rest", started, exc.status, dump_json({"error": str(exc)}))
+        except (RequestError, NotServed) as exc:
+            return self._answer("rest", started, http_status(exc), dump_json({"error": str(exc)}))
 
     async def _v2(self, request):
         """KServe's Open Inference Protocol (v2) over HTTP, with tritonclient's binary tensor extension."""
@@ -277,8 +277,8 @@ class Server:
                 return self._answer("v2", started, 200, answer)
             return self._answer("v2", started, 200, answer, {"Inference-Header-Content-Length": str(length)},
                                 "application/octet-stream")
-        except RequestError as exc:
-            return self._answer("v2", started, exc.status, dump_json({"error": str(exc)}))
+        except (RequestError, NotServed) as exc:
+            return self._answer("v2", started, http_status(exc), dump_json({"error": str(exc)}))
 
     async def _metrics(self, request):
         from aiohttp import web

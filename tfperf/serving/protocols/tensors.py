@@ -28,6 +28,11 @@ class RequestError(ValueError):
         self.status = status
 
 
+def http_status(exc: Exception) -> int:
+    """The HTTP status a refused request is answered with: a RequestError's own, 404 for what is not served."""
+    return exc.status if isinstance(exc, RequestError) else 404
+
+
 class EndpointError(ValueError):
     """A URL that names no endpoint tfperf can load, or an endpoint that does not answer as its protocol does."""
 

@@ -159,7 +159,8 @@ def test_tf_serving_grpc_stubs_predict_and_read_metadata_and_status(served):
         request.model_spec.name, request.model_spec.version.value = "tiny", 7  # the repository's NotServed, mapped
         with pytest.raises(grpc.RpcError) as refused:
             stub.Predict(request, timeout=30)
-        assert refused.value.code() == grpc.StatusCode.NOT_FOUND and "version 7 is not being served" in str(refused.value)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "version 7 is not being served" in refused.value.details()
 
 
 def test_tritonclient_over_http_json_and_binary_and_over_grpc(served):

@@ -13,6 +13,7 @@ used, so that a reader sees when the load generator, not the server, is the limi
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import threading
@@ -120,8 +121,13 @@ class LoadLevel:
 def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float = 1.0, max_windows: int = 10,
                 warmup_s: float = 0.2, label: str | None = None,
                 server_cpu: Callable[[], float] | None = None,
-                sender_cpu: Callable[[], float] | None = None, server_seen: bool = True) -> LoadLevel:
+                sender_cpu: Callable[[], float] | None = None, server_seen: bool = True,
+                loop: asyncio.AbstractEventLoop | None = None) -> LoadLevel:
     """N clients, each sending a request (`send(client)`, which returns when answered) and then the next.
+
+    The clients are threads; with `loop` (an event loop running in a thread of its own), they are coroutines on
+    it and `send(client)` returns an awaitable: no request crosses threads, which halves what a request costs
+    an asyncio client (benchmarks/load_client_cost.py).
 
     Measures in windows of `window_s` after `warmup_s`, until the last three agree (stable) or
     `max_windows` ran; the level is built from the stable windows (else from all, marked unstable).
@@ -138,25 +144,45 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
     stop = threading.Event()
     cpu = [0.0] * concurrency
 
+    def answered(t0: float, exc: Exception | None) -> None:
+        t1 = time.perf_counter()
+        with lock:
+            if exc is None:
+                finished.append((t1, t1 - t0))
+            elif len(errors) < 5:  # a failing request is a result, counted and named
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+
     def client(i: int) -> None:
         start_cpu = time.thread_time()
         while not stop.is_set():
             t0 = time.perf_counter()
             try:
                 send(i)
-            except Exception as exc:  # noqa: BLE001  (a failing request is a result, counted and named)
-                with lock:
-                    if len(errors) < 5:
-                        errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            except Exception as exc:  # noqa: BLE001
+                answered(t0, exc)
                 continue
-            t1 = time.perf_counter()
-            with lock:
-                finished.append((t1, t1 - t0))
+            answered(t0, None)
         cpu[i] = time.thread_time() - start_cpu
 
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
+    async def coroutine_clients() -> None:
+        async def one(i: int) -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    await send(i)
+                except Exception as exc:  # noqa: BLE001
+                    answered(t0, exc)
+                    await asyncio.sleep(0)  # a request that fails at once must not keep the loop from the others
+                    continue
+                answered(t0, None)
+
+        await asyncio.gather(*(one(i) for i in range(concurrency)))
+
+    threads = [] if loop is not None else [threading.Thread(target=client, args=(i,), daemon=True)
+                                           for i in range(concurrency)]
     for thread in threads:
         thread.start()
+    running = asyncio.run_coroutine_threadsafe(coroutine_clients(), loop) if loop is not None else None
     windows: list[Window] = []
     try:
         time.sleep(warmup_s)
@@ -178,6 +204,8 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
         stop.set()
         for thread in threads:
             thread.join()
+        if running is not None:
+            running.result()
     ok = stable(windows)
     used = windows[-STABLE_WINDOWS:] if ok else windows
     # The clients' CPU over the whole run, scaled to the measured part of it (the warm-up is small).

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
@@ -131,9 +131,10 @@ class RemoteServer:
     returns a Future that completes when the answer has been read (its body is not decoded: a load test
     measures the server, `check` reads answers). Close it when done."""
 
-    def __init__(self, endpoint: Endpoint, connections: int = 64, timeout_s: float = 60.0):
+    def __init__(self, endpoint: Endpoint, connections: int = 64, timeout_s: float = 60.0,
+                 loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop):
         self.endpoint, self.timeout_s = endpoint, timeout_s
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop_factory()
         self._thread = threading.Thread(target=self.loop.run_forever, name="client", daemon=True)
         self._thread.start()
         self._encoded: dict[int, Any] = {}  # id(request arrays) -> encoded request (requests are reused)
@@ -212,6 +213,10 @@ class RemoteServer:
 
     def __call__(self, arrays: Mapping[str, np.ndarray]) -> None:
         return self.submit(arrays).result()
+
+    async def send(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Send one request from a coroutine on this client's own loop (`self.loop`); returns once answered."""
+        await self._request(self._encode(arrays))
 
     def answer(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's outputs, decoded (to check what the endpoint answers)."""

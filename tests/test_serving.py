@@ -169,6 +169,35 @@ def test_closed_loop_counts_latencies_and_failures():
     assert level.count == 0 and level.errors and "RuntimeError: no" in level.errors[0]
 
 
+def test_closed_loop_runs_its_clients_as_coroutines_on_an_event_loop_and_counts_their_failures():
+    """The way load drives a client with a loop of its own (RemoteServer): no thread per client."""
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        clients, ran_on = set(), set()
+
+        async def send(client):
+            clients.add(client)
+            ran_on.add(threading.get_ident())
+            await asyncio.sleep(0.002)
+
+        level = closed_loop(send, 3, window_s=0.1, max_windows=3, warmup_s=0.02, loop=loop)
+        assert level.count > 0 and min(level.latencies_s) >= 0.002 and clients == {0, 1, 2}
+        assert ran_on == {thread.ident}  # every client a coroutine on the loop's thread, none a thread of its own
+
+        async def fails(client):
+            raise RuntimeError("no")
+        level = closed_loop(fails, 2, window_s=0.05, max_windows=2, warmup_s=0.0, loop=loop)
+        assert level.count == 0 and "RuntimeError: no" in level.errors[0]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
 def test_a_levels_server_cores_are_its_cpu_without_the_clients_and_unseen_for_an_endpoint_elsewhere():
     from tfperf.measure.load import Window
 

@@ -22,7 +22,6 @@ doubling its connections until p99 passes the budget: what a client that is not 
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import random
@@ -32,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

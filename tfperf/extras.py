@@ -30,8 +30,6 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "tritonclient": ("serve", "tritonclient"),
     "jax": ("jax", "JAX"),
     "tf_keras": ("keras2", "Keras 2 (tf_keras)"),
-    "mlxtend": ("data", "mlxtend"),
-    "sklearn": ("data", "scikit-learn"),
 }
 # The modules each extra must bring for its commands to run.
 NEEDS: dict[str, tuple[str, ...]] = {

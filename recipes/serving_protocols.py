@@ -161,13 +161,19 @@ def conclude(args, rec, found: Found) -> Conclusion:
                      f"{level.percentile_s(99) * 1e3:.2f} ms, {p99[0] * 1e3:.2f}-{p99[1] * 1e3:.2f}), "
                      f"{s.rate_within(budget) / max(inside.rate_within(budget), 1e-9):.2f}x of in process")
     # One request at a time, each protocol's latency against in process: what the hop alone costs.
-    alone = {w: Measurement(found.shown[w], s.levels[0].latencies_s) for w, s in found.swept.items() if s.levels}
-    costs = {w: versus(alone["in process"], m) for w, m in alone.items() if w != "in process"}
+    # A first level whose window closed before any answer came (a stalled request outlasts a short --window) has
+    # nothing to compare: it is named, not timed.
+    alone = {w: Measurement(found.shown[w], s.levels[0].latencies_s) for w, s in found.swept.items()
+             if s.levels and s.levels[0].latencies_s}
+    unanswered = [found.shown[w] for w in found.swept if w not in alone]
+    costs = ({w: versus(alone["in process"], m) for w, m in alone.items() if w != "in process"}
+             if "in process" in alone else {})
     for w, m in alone.items():
         rec.add(ALONE, found.shown[w], {"p50_ms": m.median_s * 1e3}, primary="p50_ms", lower_is_better=True,
                 measurement=m, comparison=costs.get(w))
     rows, binary = costs.get("rest"), costs.get("v2")
-    hop = "; ".join(f"{found.shown[w]}: {c.describe()}" for w, c in costs.items())
+    hop = "; ".join([*(f"{found.shown[w]}: {c.describe()}" for w, c in costs.items()),
+                     *(f"{shown}: no answer within a window at {args.concurrency[0]} client(s)" for shown in unanswered)])
     text = (f"The {args.model}, served by one tfperf serve (ONNX Runtime, batches of up to {args.max_batch_size}) "
             f"and called at the same loads ({', '.join(map(str, args.concurrency))} clients): " + "; ".join(lines)
             + f". One request at a time, against in process: {hop}. " + (

@@ -684,3 +684,12 @@ def test_serving_protocols_sends_each_encoding_as_written_and_measures_them_at_t
     conclusion = protocols.conclude(args, rec, found)
     assert not conclusion.failure and len(conclusion.lines) == 5 and "of in process" in conclusion.lines[0]
     assert conclusion.headline.rests_on == ("TF Serving REST (row format)", "KServe v2 over HTTP (binary tensors)")
+    # A first window that closed before any answer came (a stalled request outlasts a 50 ms window; seen once in
+    # CI) leaves that protocol untimed one request at a time: named in the conclusion, never a crash.
+    import dataclasses
+
+    columnar = found.swept["rest-columnar"]
+    empty = dataclasses.replace(columnar.levels[0], latencies_s=())
+    found.swept["rest-columnar"] = dataclasses.replace(columnar, levels=(empty, *columnar.levels[1:]))
+    text = protocols.conclude(args, rec, found).text
+    assert "TF Serving REST (columnar): no answer within a window at 1 client(s)" in text

@@ -81,20 +81,19 @@ def wheel(tmp_path_factory) -> Path:
 class Env:
     """A fresh virtual environment (no system site-packages, nothing of .venv) with the wheel installed: by uv,
     which lays TensorFlow out from its cache in a second or two where pip unpacks it anew (40 s on a quiet
-    machine); the extras a user adds later go in through the environment's own pip, as the README says."""
+    machine), and the extras a user adds later the same way ([onnx,report]: 1.4 s, where pip took 11 s): the
+    same requirements, resolved from the wheel's metadata as `pip install 'tfperf[onnx]'` resolves them."""
 
     def __init__(self, folder: Path, wheel: Path, pins: list[str]):
         self.folder, self.wheel = folder, wheel
         venv.create(folder, with_pip=True)
         self.python = folder / "bin" / "python"
-        uv = subprocess.run([str(Path(sys.executable).parent / "uv"), "pip", "install", "-q", "--python",
-                             str(self.python), str(wheel), *pins], capture_output=True, text=True, timeout=900)
-        assert uv.returncode == 0, uv.stderr[-3000:]
+        self.pip(str(wheel), *pins)
 
     def pip(self, *args: str) -> None:
-        # --no-compile: what the commands import compiles on first use; TensorFlow's thousands of files need not.
-        proc = subprocess.run([str(self.python), "-m", "pip", "install", "-q", "--no-compile",
-                               "--disable-pip-version-check", *args], capture_output=True, text=True, timeout=900)
+        """`pip install ARGS` into this environment, through uv."""
+        proc = subprocess.run([str(Path(sys.executable).parent / "uv"), "pip", "install", "-q", "--python",
+                               str(self.python), *args], capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     def run(self, *args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:

@@ -117,6 +117,24 @@ def test_predict_serves_every_format(mobilenet, exports, tmp_path, fmt, quantize
         assert (got.argmax(axis=1) == mobilenet["probs"].argmax(axis=1)).mean() > 0.25
 
 
+def test_a_model_holding_a_lookup_table_exports_and_answers_as_the_model(tmp_path):
+    """A SavedModel export holds the variables its function reads, not the model's object graph (2.5x faster to
+    write on MobileNetV2); a StringLookup's table is no variable, and is kept by tracking the whole model."""
+    text = keras.Input((1,), dtype="string", name="text")
+    ids = keras.layers.StringLookup(vocabulary=["a", "b", "c"])(text)
+    model = keras.Model(text, keras.layers.Embedding(4, 3)(ids))
+    model.save(tmp_path / "lookup.keras")
+    words = np.array([["a"], ["c"], ["zz"], ["b"]])
+    np.savez(tmp_path / "words.npz", text=words)
+    code, out, err = tfperf("export", tmp_path / "lookup.keras", "--root", tmp_path / "out", "--sample",
+                            tmp_path / "words.npz")
+    assert code == 0 and "largest difference 0 " in out, err
+    code, _, err = tfperf("predict", tmp_path / "out" / "lookup" / "1", "--input", tmp_path / "words.npz",
+                          "--output", tmp_path / "y.npy")
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), model(tf.constant(words)).numpy())
+
+
 def test_predict_a_keras_model_export_archive(tmp_path):
     keras.utils.set_random_seed(1)
     inputs = keras.Input((6,), name="features")

@@ -172,8 +172,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
         rec.add(ALONE, found.shown[w], {"p50_ms": m.median_s * 1e3}, primary="p50_ms", lower_is_better=True,
                 measurement=m, comparison=costs.get(w))
     rows, binary = costs.get("rest"), costs.get("v2")
+    silent = f"no answer within a window at {args.concurrency[0]} client(s)"
     hop = "; ".join([*(f"{found.shown[w]}: {c.describe()}" for w, c in costs.items()),
-                     *(f"{shown}: no answer within a window at {args.concurrency[0]} client(s)" for shown in unanswered)])
+                     *(f"{shown}: {silent}" for shown in unanswered)])
     text = (f"The {args.model}, served by one tfperf serve (ONNX Runtime, batches of up to {args.max_batch_size}) "
             f"and called at the same loads ({', '.join(map(str, args.concurrency))} clients): " + "; ".join(lines)
             + f". One request at a time, against in process: {hop}. " + (

@@ -1,5 +1,6 @@
 """Each recipe runs at its smallest size and writes well-formed records; the main job builds the report."""
 
+import dataclasses
 import importlib.util
 import re
 import sys
@@ -691,8 +692,6 @@ def test_serving_protocols_sends_each_encoding_as_written_and_measures_them_at_t
     assert conclusion.headline.rests_on == ("TF Serving REST (row format)", "KServe v2 over HTTP (binary tensors)")
     # A first window that closed before any answer came (a stalled request outlasts a 50 ms window; seen once in
     # CI) leaves that protocol untimed one request at a time: named in the conclusion, never a crash.
-    import dataclasses
-
     columnar = found.swept["rest-columnar"]
     empty = dataclasses.replace(columnar.levels[0], latencies_s=())
     found.swept["rest-columnar"] = dataclasses.replace(columnar, levels=(empty, *columnar.levels[1:]))

@@ -110,7 +110,8 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     assert stale() == [] and time.perf_counter() - started < 300
 
 
-@pytest.mark.whole_machine  # each host is pinned to a core
+# Beside the other worker's tests (its hosts share cores with them): what it asserts is what ended, what was named
+# and resumed, and bounds of tens of seconds on Gloo's 5 s timeout; alone it kept 1.2 cores busy over 88 s.
 @needs_hosts
 @pytest.mark.slow
 def test_a_lost_host_is_named_then_training_resumes_from_its_checkpoint_and_elastic_goes_on(tmp_path):

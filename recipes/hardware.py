@@ -49,6 +49,7 @@ MEMORY, CACHE, FLOPS, DISPATCH, ROOFLINE, LATENCY = (
     "dispatch overhead per call", "roofline: the cookbook's models (forward, batch 64)", "latency numbers")
 GPU_MEMORY, GPU_COPIES, GPU_FLOPS = ("GPU memory bandwidth", "copies between host and GPU memory",
                                      "GPU matmul FLOP/s by dtype and size")
+HOST_SIZES = {False: (256, 512, 1024, 2048), True: (256, 1024, 2048)}  # matmul sizes on the CPU, by --quick
 GPU_SIZES = (1024, 4096, 8192)  # tensor cores need large matmuls to fill a GPU's many multiprocessors
 AGREEMENT = 0.30  # the per-call clock fails its check when its CI against a chained run lies beyond this
 CHAIN = 10  # matmuls chained inside one graph call for the clock check
@@ -253,9 +254,8 @@ def cache_latencies(args, rec) -> None:
 def matmul_rates(args, rec):
     """Matmul FLOP/s per dtype and size, the clock checked against chained matmuls read back, NumPy's BLAS
     beside TensorFlow, and the float32 peak: (clock check, size, TF and NumPy GFLOP/s, NumPy vs TF, peak)."""
-    sizes = [256, 1024, 2048] if args.quick else [256, 512, 1024, 2048]
     for dtype in (tf.float32, tf.bfloat16, tf.float16, tf.float64):
-        for size in sizes:
+        for size in HOST_SIZES[args.quick]:
             rec.add(FLOPS, f"{dtype.name} {size}", {"gflops": matmul_flops_per_s(size, dtype=dtype, steps=args.steps) / 1e9},
                     primary="gflops", lower_is_better=False, versus_first=False)
     # The check on the clock: the per-call figure (synced, nothing copied) against the same matmuls chained

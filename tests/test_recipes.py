@@ -570,6 +570,7 @@ def test_hardware_measures_roofs_and_checks_numpy_and_on_a_fake_gpu_its_rows(tmp
     # An Ampere GPU listed (faked: its rows' code runs on this CPU, soft-placed), small matmuls.
     monkeypatch.setitem(found_here, "tensorflow_gpus", lambda: [Gpu("NVIDIA A100-SXM4-40GB", (8, 0), 40960)])
     monkeypatch.setitem(found_here, "GPU_SIZES", (64, 128))
+    monkeypatch.setitem(found_here, "HOST_SIZES", {True: (64, 256)})  # 2048 in bfloat16 is seconds on AVX2
     rate = found_here["matmul_flops_per_s"]
 
     def no_bfloat16(n, *, dtype, steps):  # a GPU whose libraries lack a dtype's matmul (its rows name dtypes)

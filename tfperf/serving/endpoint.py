@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tfperf.serving.protocols import kserve_v2, kserve_v2_grpc, tfserving_grpc, tfserving_rest
+from tfperf.serving.protocols.tfserving_messages import GET_MODEL_METADATA, PREDICT, client_method
 from tfperf.serving.protocols.tensors import EndpointError, Tensor
 
 # Each protocol's module: encodes requests, decodes answers and reads the model's metadata.
@@ -109,9 +110,8 @@ async def read_metadata(endpoint: Endpoint, session=None, channel=None) -> tuple
         return codec.metadata_tensors(found)
     request = codec.metadata_request(endpoint.model, endpoint.version)
     if endpoint.protocol == "grpc":
-        from tensorflow_serving.apis import prediction_service_pb2_grpc
-
-        ask = prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata
+        ask = client_method(channel, GET_MODEL_METADATA, "tensorflow.serving.GetModelMetadataRequest",
+                            "tensorflow.serving.GetModelMetadataResponse")
     else:
         from tritonclient.grpc import service_pb2_grpc
 
@@ -172,9 +172,8 @@ class RemoteServer:
             self.channel = grpc.aio.insecure_channel(f"{self.endpoint.host}:{self.endpoint.port}", options=[
                 ("grpc.max_receive_message_length", 256 * 2**20), ("grpc.max_send_message_length", 256 * 2**20)])
             if self.endpoint.protocol == "grpc":
-                from tensorflow_serving.apis import prediction_service_pb2_grpc
-
-                self._send = prediction_service_pb2_grpc.PredictionServiceStub(self.channel).Predict
+                self._send = client_method(self.channel, PREDICT, "tensorflow.serving.PredictRequest",
+                                           "tensorflow.serving.PredictResponse")
             else:
                 from tritonclient.grpc import service_pb2_grpc
 

@@ -1,6 +1,7 @@
 """The gRPC services of `tfperf serve`, from the services' own definitions: TF Serving's PredictionService and
-ModelService (`tensorflow-serving-api`) and the v2 protocol's GRPCInferenceService (tritonclient's), each an
-asyncio servicer on the server's event loop, answering through `Server.infer` as the HTTP APIs do."""
+ModelService (`tensorflow-serving-api`'s messages, made without TensorFlow) and the v2 protocol's
+GRPCInferenceService (tritonclient's), each an asyncio servicer on the server's event loop, answering through
+`Server.infer` as the HTTP APIs do."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tfperf.serving.deploy_files import triton_config
 from tfperf.serving.protocols import kserve_v2_grpc, tfserving_grpc
 from tfperf.serving.protocols.kserve_v2 import NUMPY_TO_V2
 from tfperf.serving.protocols.tensors import RequestError, http_status
+from tfperf.serving.protocols.tfserving_messages import MODEL_SERVICE, PREDICTION_SERVICE, server_method
 from tfperf.serving.repository import AVAILABLE, NotServed
 
 # gRPC status codes by the HTTP status a RequestError carries (503: the queue is full): the edge's mapping.
@@ -36,7 +38,7 @@ def _version(spec) -> int | None:
 
 def add_services(grpc_server, server) -> None:
     """Register TF Serving's two services and v2's on `grpc_server`, answering for `server` (a Server)."""
-    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+    import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
     def answered(protocol: str):
@@ -53,7 +55,7 @@ def add_services(grpc_server, server) -> None:
             return handle
         return wrap
 
-    class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+    class PredictionService:
         @answered("grpc")
         async def Predict(self, request, context):
             repository = server.model(request.model_spec.name)
@@ -75,7 +77,7 @@ def add_services(grpc_server, server) -> None:
             v = repository.get(_version(request.model_spec))
             return tfserving_grpc.metadata_response(repository.name, v.number, v.signature, v.inputs, v.outputs)
 
-    class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+    class ModelService:
         @answered("grpc")
         async def GetModelStatus(self, request, context):
             repository = server.model(request.model_spec.name)
@@ -151,6 +153,16 @@ def add_services(grpc_server, server) -> None:
                     name=r.name, version=str(v), state="READY" if s == AVAILABLE else "UNAVAILABLE")
                 for v, s in sorted(r.states.items())])
 
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(), grpc_server)
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(), grpc_server)
+    # TF Serving's methods by name (one not served here, such as Classify, answers UNIMPLEMENTED).
+    predictions, models = PredictionService(), ModelService()
+    grpc_server.add_generic_rpc_handlers((
+        grpc.method_handlers_generic_handler(PREDICTION_SERVICE, {
+            "Predict": server_method(predictions.Predict, "tensorflow.serving.PredictRequest",
+                                     "tensorflow.serving.PredictResponse"),
+            "GetModelMetadata": server_method(predictions.GetModelMetadata,
+                                              "tensorflow.serving.GetModelMetadataRequest",
+                                              "tensorflow.serving.GetModelMetadataResponse")}),
+        grpc.method_handlers_generic_handler(MODEL_SERVICE, {
+            "GetModelStatus": server_method(models.GetModelStatus, "tensorflow.serving.GetModelStatusRequest",
+                                            "tensorflow.serving.GetModelStatusResponse")})))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(), grpc_server)

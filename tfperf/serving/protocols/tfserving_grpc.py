@@ -1,7 +1,7 @@
 """TF Serving's gRPC API, both sides: TensorProto to and from arrays (tensor_content, or the typed value fields
 tf.make_tensor_proto and other clients fill), PredictionService's Predict and GetModelMetadata and
 ModelService's status on the server; the same messages built and read by the client (`tfperf load --url
-grpc://HOST:PORT/NAME`). The messages come from `tensorflow-serving-api`."""
+grpc://HOST:PORT/NAME`). The messages are `tensorflow-serving-api`'s, made without TensorFlow (tfserving_messages)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from tfperf.serving.protocols.tensors import (RequestError, Tensor, check_shape, dtype_name, every_input,
                                               metadata_dtype, metadata_shape)
+from tfperf.serving.protocols.tfserving_messages import message
 
 # TensorFlow's DataType enum values (tensorflow/core/framework/types.proto) and NumPy's names.
 TF_ENUM = {"float32": 1, "float64": 2, "int32": 3, "uint8": 4, "int16": 5, "int8": 6, "string": 7, "int64": 9,
@@ -53,12 +54,10 @@ def from_tensor_proto(proto, where: str) -> np.ndarray:
 
 def to_tensor_proto(array: np.ndarray):
     """An array as a TensorProto (tensor_content; strings as string_val), as TF Serving answers."""
-    from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2
-
     array = np.asarray(array)
     dtype = dtype_name(array)
-    proto = tensor_pb2.TensorProto(dtype=TF_ENUM[dtype], tensor_shape=tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape]))
+    proto = message("tensorflow.TensorProto")(dtype=TF_ENUM[dtype])
+    proto.tensor_shape.dim.extend(message("tensorflow.TensorShapeProto.Dim")(size=d) for d in array.shape)
     if dtype == "string":
         proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
     else:
@@ -97,12 +96,10 @@ def predict_request(request, inputs: Sequence[Tensor], signature: str) -> dict[s
 def predict_response(name: str, version: int, signature: str, outputs: Mapping[str, np.ndarray],
                      output_filter: Sequence[str] = ()):
     """A PredictResponse holding the outputs (those of `output_filter`, when given)."""
-    from tensorflow_serving.apis import predict_pb2
-
     unknown = sorted(set(output_filter) - set(outputs))
     if unknown:
         raise RequestError(400, f"output_filter names {unknown[0]!r}: the model answers {sorted(outputs)}")
-    response = predict_pb2.PredictResponse()
+    response = message("tensorflow.serving.PredictResponse")()
     response.model_spec.name, response.model_spec.signature_name = name, signature
     response.model_spec.version.value = version
     for key in output_filter or outputs:
@@ -112,24 +109,20 @@ def predict_response(name: str, version: int, signature: str, outputs: Mapping[s
 
 def metadata_response(name: str, version: int, signature: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor]):
     """A GetModelMetadataResponse whose `signature_def` holds the served signature, as TF Serving's does."""
-    from tensorflow.core.framework import tensor_shape_pb2
-    from tensorflow.core.protobuf import meta_graph_pb2
-    from tensorflow_serving.apis import get_model_metadata_pb2
-
     def info(t: Tensor):
-        return meta_graph_pb2.TensorInfo(name=t.name, dtype=TF_ENUM.get(t.dtype, 0),
-                                         tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[
-                                             tensor_shape_pb2.TensorShapeProto.Dim(size=-1 if d is None else d)
-                                             for d in t.shape]))
+        tensor = message("tensorflow.TensorInfo")(name=t.name, dtype=TF_ENUM.get(t.dtype, 0))
+        tensor.tensor_shape.dim.extend(message("tensorflow.TensorShapeProto.Dim")(size=-1 if d is None else d)
+                                       for d in t.shape)
+        return tensor
 
-    signatures = get_model_metadata_pb2.SignatureDefMap()
+    signatures = message("tensorflow.serving.SignatureDefMap")()
     sig = signatures.signature_def[signature]
     sig.method_name = "tensorflow/serving/predict"
     for t in inputs:
         sig.inputs[t.name].CopyFrom(info(t))
     for t in outputs:
         sig.outputs[t.name].CopyFrom(info(t))
-    response = get_model_metadata_pb2.GetModelMetadataResponse()
+    response = message("tensorflow.serving.GetModelMetadataResponse")()
     response.model_spec.name = name
     response.model_spec.version.value = version
     response.metadata["signature_def"].Pack(signatures)
@@ -138,15 +131,13 @@ def metadata_response(name: str, version: int, signature: str, inputs: Sequence[
 
 def status_response(versions: Mapping[int, str], errors: Mapping[int, str] | None = None):
     """A GetModelStatusResponse: each version's state, as ModelService answers."""
-    from tensorflow_serving.apis import get_model_status_pb2
-
-    states = get_model_status_pb2.ModelVersionStatus.State
-    response = get_model_status_pb2.GetModelStatusResponse()
+    states = message("tensorflow.serving.ModelVersionStatus").State
+    response = message("tensorflow.serving.GetModelStatusResponse")()
     for version, state in sorted(versions.items(), reverse=True):
         status = response.model_version_status.add(version=version, state=states.Value(state))
-        message = (errors or {}).get(version)
-        status.status.error_code = 2 if message else 0  # UNKNOWN, OK
-        status.status.error_message = message or ""
+        error = (errors or {}).get(version)
+        status.status.error_code = 2 if error else 0  # UNKNOWN, OK
+        status.status.error_message = error or ""
     return response
 
 
@@ -154,9 +145,7 @@ def status_response(versions: Mapping[int, str], errors: Mapping[int, str] | Non
 
 def metadata_request(model: str, version: int | None):
     """A GetModelMetadataRequest for the model's signatures."""
-    from tensorflow_serving.apis import get_model_metadata_pb2
-
-    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    request = message("tensorflow.serving.GetModelMetadataRequest")(metadata_field=["signature_def"])
     request.model_spec.name = model
     if version:
         request.model_spec.version.value = version
@@ -165,9 +154,7 @@ def metadata_request(model: str, version: int | None):
 
 def metadata_tensors(answer) -> tuple[list[Tensor], list[Tensor]]:
     """The inputs and outputs of a GetModelMetadataResponse (serving_default, else its first signature)."""
-    from tensorflow_serving.apis import get_model_metadata_pb2
-
-    signatures = get_model_metadata_pb2.SignatureDefMap()
+    signatures = message("tensorflow.serving.SignatureDefMap")()
     answer.metadata["signature_def"].Unpack(signatures)
     signature = signatures.signature_def.get("serving_default") or next(iter(signatures.signature_def.values()))
     inputs, outputs = ([Tensor(name, metadata_dtype(ENUM_TF, info.dtype, name),
@@ -178,9 +165,7 @@ def metadata_tensors(answer) -> tuple[list[Tensor], list[Tensor]]:
 
 def encode_request(model: str, version: int | None, arrays: Mapping[str, np.ndarray]):
     """A PredictRequest holding the arrays."""
-    from tensorflow_serving.apis import predict_pb2
-
-    request = predict_pb2.PredictRequest()
+    request = message("tensorflow.serving.PredictRequest")()
     request.model_spec.name = model
     if version:
         request.model_spec.version.value = version

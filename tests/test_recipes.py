@@ -30,6 +30,16 @@ def load_recipe(name):
     return recipe_module(name).RECIPE
 
 
+def main_here(name, argv, capsys) -> str:
+    """A recipe's whole command line (parse, measure, save, print) in this process, as its script runs it: what
+    it printed. A process of its own would import TensorFlow again (6 s of CPU) for what the test reads the same."""
+    capsys.readouterr()
+    code = load_recipe(name).main([str(a) for a in argv])
+    said = capsys.readouterr()
+    assert code == 0, f"{name} exited {code}\n--- stdout\n{said.out[-4000:]}\n--- stderr\n{said.err[-4000:]}"
+    return said.out
+
+
 @pytest.fixture(scope="module")
 def hybridize_run(tmp_path_factory):
     """One tiny in-process run of hybridize, its records saved: read by the tests below."""
@@ -95,8 +105,8 @@ def test_compare_finds_no_change_in_a_run_against_itself_and_names_a_slowed_copy
 
 
 @pytest.mark.slow
-def test_saved_model_recipe_times_load_and_latency(tmp_path):
-    out = run([sys.executable, recipe("saved_model"), *TINY, "--batches", "1", "4", "--out", tmp_path]).stdout
+def test_saved_model_recipe_times_load_and_latency(tmp_path, capsys):
+    out = main_here("saved_model", [*TINY, "--batches", "1", "4", "--out", tmp_path], capsys)
     assert "outputs match in-process: True" in out and "retraces over 2 batch sizes: 0" in out
     records = read_records(tmp_path / "saved_model.jsonl")
     startup = [r for r in records if r["table"].startswith("start-up")]
@@ -137,9 +147,9 @@ def test_serving_runtimes_times_every_runtime_and_checks_their_answers(tmp_path)
 
 
 @pytest.mark.slow
-def test_keras_backends_trains_the_same_models_alike_under_each_stack(tmp_path):
-    out = run([sys.executable, recipe("keras_backends"), "--quick", "--rounds", "1", "--epochs", "1", "--calls", "2",
-               "--train-size", "256", "--out", tmp_path]).stdout
+def test_keras_backends_trains_the_same_models_alike_under_each_stack(tmp_path, capsys):
+    out = main_here("keras_backends", ["--quick", "--rounds", "1", "--epochs", "1", "--calls", "2", "--train-size",
+                                       "256", "--out", tmp_path], capsys)
     records = read_records(tmp_path / "keras_backends.jsonl")
     stacks = ["Keras 2 (tf_keras)", "Keras 3, TensorFlow", "Keras 3, JAX"]
     losses = {r["row"]: r["metrics"] for r in records if r["table"].startswith("final loss")}
@@ -242,10 +252,10 @@ def test_mirrored_resnet_runs_on_one_and_two_devices(tmp_path):
 
 
 @pytest.mark.slow
-def test_scaling_model_predicts_and_measures(tmp_path):
-    out = run([sys.executable, recipe("scaling_model"), "--quick", "--reps", "3", "--ranks", "1", "2",
-               "--pairs", "1", "--blocks", "3", "--warmup", "1", "--hosts", "8", "--link", "10gbit,50us",
-               "--out", tmp_path]).stdout
+def test_scaling_model_predicts_and_measures(tmp_path, capsys):
+    out = main_here("scaling_model", ["--quick", "--reps", "3", "--ranks", "1", "2", "--pairs", "1", "--blocks", "3",
+                                      "--warmup", "1", "--hosts", "8", "--link", "10gbit,50us", "--out", tmp_path],
+                    capsys)
     assert "largest error" in out and "ring fit" in out and "np=1 (t1 alone): error" in out
     # The lines and the conclusion judge the goal by the errors' intervals, as the headline does.
     assert re.search(r"(within|outside|not settled against) the \+-15% goal where each rank has a core", out)
@@ -291,11 +301,10 @@ def test_the_scaling_models_headline_is_judged_by_its_interval_not_its_point():
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("hosts")  # as root, on emulated hosts: with test_hosts'
-def test_multi_worker_processes_train_like_one(tmp_path):
+def test_multi_worker_processes_train_like_one(tmp_path, capsys):
     """Each worker on an emulated host of its own where hosts can be made (as root; CI is), else on localhost."""
     across = [] if available() else ["--link", "1gbit"]
-    out = run([sys.executable, recipe("multi_worker"), *TINY, "--sizes", "1024", "1048576", *across,
-               "--out", tmp_path]).stdout
+    out = main_here("multi_worker", [*TINY, "--sizes", "1024", "1048576", *across, "--out", tmp_path], capsys)
     assert "same training as one process: True" in out
     records = read_records(tmp_path / "multi_worker.jsonl")
     if across:
@@ -313,11 +322,11 @@ def test_multi_worker_processes_train_like_one(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("hosts")  # as root, on emulated hosts: with test_hosts'
-def test_parameter_server_cluster_trains_and_times_push_pull(tmp_path):
+def test_parameter_server_cluster_trains_and_times_push_pull(tmp_path, capsys):
     """The ps on an emulated host of its own where hosts can be made (as root; CI is), else on localhost."""
     across = [] if available() else ["--link", "200mbit"]
-    out = run([sys.executable, recipe("parameter_server"), "--quick", "--steps", "10", "--warmup", "0",
-               "--sizes", "1024", "65536", *across, "--out", tmp_path]).stdout
+    out = main_here("parameter_server", ["--quick", "--steps", "10", "--warmup", "0", "--sizes", "1024", "65536",
+                                         *across, "--out", tmp_path], capsys)
     assert "variables live on: /job:ps/replica:0/task:0" in out
     records = read_records(tmp_path / "parameter_server.jsonl")
     if across:

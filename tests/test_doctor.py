@@ -26,7 +26,7 @@ from tfperf.measure.stats import FASTER, NO_DIFFERENCE, SLOWER
 
 VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE)
 
-TINY = dict(batch_sizes=(1, 4), rounds=6, min_time_s=0.01, train_examples=64, threads=False)
+TINY = dict(batch_sizes=(1, 4), rounds=6, min_time_s=0.01, train_examples=64, threads=False, max_extensions=0)
 
 FACTORIES = textwrap.dedent("""
     import keras

@@ -483,9 +483,9 @@ def test_mixed_precision_agrees_with_float32_and_on_a_fake_tf32_gpu_runs_float32
 
 @pytest.mark.whole_machine  # its verdict is a share of the step spent waiting
 @pytest.mark.slow
-def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path):
-    out = run([sys.executable, recipe("input_pipeline"), "--quick", "--steps", "8", "--warmup", "1",
-               "--load-ms", "40", "--out", tmp_path, "--profile", tmp_path / "trace"]).stdout
+def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path, capsys):
+    out = main_here("input_pipeline", ["--quick", "--steps", "8", "--warmup", "1", "--load-ms", "40", "--out", tmp_path,
+                                       "--profile", tmp_path / "trace"], capsys)
     assert "timeline:" in out and (tmp_path / "figures" / "input_pipeline-timeline.png").exists()
     assert_profiled(out, tmp_path / "trace")
     m = {r["row"]: r["metrics"] for r in read_records(tmp_path / "input_pipeline.jsonl")}
@@ -618,10 +618,11 @@ def assert_profiled(out: str, folder) -> None:
 
 
 @pytest.mark.slow
-def test_profile_writes_a_trace_of_the_measured_steps(tmp_path):
-    """async_execution's own test runs in-process; input_pipeline's and multi_device_scratch's run with --profile."""
-    out = run([sys.executable, recipe("async_execution"), "--quick", "--steps", "3", "--size", "200", "--out", tmp_path,
-               "--profile", tmp_path / "trace"]).stdout
+def test_profile_writes_a_trace_of_the_measured_steps(tmp_path, capsys):
+    """--profile: async_execution's trace of its measured steps, read back through XProf (input_pipeline's and
+    multi_device_scratch's tests pass --profile too)."""
+    out = main_here("async_execution", ["--quick", "--steps", "3", "--size", "200", "--out", tmp_path, "--profile",
+                                        tmp_path / "trace"], capsys)
     assert_profiled(out, tmp_path / "trace")
 
 

@@ -494,10 +494,15 @@ def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path, capsys):
     # structural (sleep-bound) facts, not fine-grained timings.
     assert naive["waiting_for_input_ms"] > 25 and naive["input_bound_share"] > 0.5
     assert tuned["waiting_for_input_ms"] < naive["waiting_for_input_ms"]
-    # TensorFlow's profiler, on ten more marked steps of each, agrees (the recipe exits 1 when it does not).
+    # TensorFlow's profiler, on ten more marked steps of each, agrees (the recipe exits 1 when it does not): the
+    # two verdicts match, or one share is within the recipe's AGREE_WITHIN of the bar (two clocks, ten steps each:
+    # seen 28% against 16% with the bar at 20%).
     assert naive["profiler_input_share"] > 0.5
-    assert all((r["input_bound_share"] >= 0.2) == (r["profiler_input_share"] >= 0.2) for r in m.values()
-               if "profiler_input_share" in r)
+    pipeline = recipe_module("input_pipeline")
+    bar, within = pipeline.INPUT_BOUND_SHARE, pipeline.AGREE_WITHIN
+    assert all((r["input_bound_share"] >= bar) == (r["profiler_input_share"] >= bar)
+               or min(abs(r["input_bound_share"] - bar), abs(r["profiler_input_share"] - bar)) < within
+               for r in m.values() if r.get("profiler_input_share") is not None), m
     assert "by the profiler" in out  # its traces went to --profile's folder (assert_profiled above)
     # Issue 32: per example and batched, parallel calls scale work that waits, not Python that holds the GIL
     # (a structural fact of 2x against 1x, not a fine timing).

@@ -67,6 +67,7 @@ class Options:
     step: Any = None  # the user's training step, step(model, optimizer, batch) -> loss (--train-step)
     step_source: str | None = None  # where `step` came from (module:function)
     memory_budget: int | None = None  # bytes: find the largest batch within them (--memory-budget)
+    trace_batches: tuple[int, ...] = TRACE_BATCHES  # the retracing table's calls, a new batch size each
 
 
 def model_flags(subject, options: Options) -> list[str]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, TRACE_BATCHES, Finding, Options
+from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, Finding, Options
 
 
 def count_traces(function, calls: Sequence[tuple]) -> int:
@@ -32,7 +32,7 @@ def retracing(subject: Subject, rec, options: Options) -> tuple[list[Finding], d
 
     from tfperf.measure import Measurement, Timer, versus
 
-    batches = [b for b in TRACE_BATCHES if subject.fixed_batch in (None, b)]
+    batches = [b for b in options.trace_batches if subject.fixed_batch in (None, b)]
     if len(batches) < 2:
         return [], {"retracing": f"the signature takes only batch {subject.fixed_batch}: nothing can retrace"}
     inputs = {b: subject.pack(to_tensors(make_inputs(subject, b, seed=options.seed, sample=options.sample)))

@@ -89,6 +89,11 @@ AGREE_WITHIN = 0.10
 EVENTS: list[tuple[str, float, float]] = []  # (thread, start, end) of every load, written by the loader threads
 
 
+def near_the_bar(own: float, profiler: float) -> bool:
+    """Either share within AGREE_WITHIN of the input-bound bar: there a split verdict is what two clocks differ by."""
+    return min(abs(own - INPUT_BOUND_SHARE), abs(profiler - INPUT_BOUND_SHARE)) < AGREE_WITHIN
+
+
 @dataclasses.dataclass(frozen=True)
 class Found:
     figure: str  # the timeline chart
@@ -278,8 +283,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
             disagree.append(f"{row}: the profiler found no marked step")
             continue
         ours, theirs = own >= INPUT_BOUND_SHARE, prof >= INPUT_BOUND_SHARE
-        # Either within AGREE_WITHIN of the bar: the two sides differ by what the two clocks differ by.
-        near = min(abs(own - INPUT_BOUND_SHARE), abs(prof - INPUT_BOUND_SHARE)) < AGREE_WITHIN
+        near = near_the_bar(own, prof)
         verdicts.append(f"{row}: waiting {own:.0%} by the timeline, {prof:.0%} by the profiler: "
                         f"{'input-bound' if theirs else 'not input-bound'}"
                         + ("" if ours == theirs else f" by the profiler only (within {AGREE_WITHIN:.0%} of the bar)"

@@ -499,9 +499,9 @@ def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path, capsys):
     # seen 28% against 16% with the bar at 20%).
     assert naive["profiler_input_share"] > 0.5
     pipeline = recipe_module("input_pipeline")
-    bar, within = pipeline.INPUT_BOUND_SHARE, pipeline.AGREE_WITHIN
+    bar = pipeline.INPUT_BOUND_SHARE
     assert all((r["input_bound_share"] >= bar) == (r["profiler_input_share"] >= bar)
-               or min(abs(r["input_bound_share"] - bar), abs(r["profiler_input_share"] - bar)) < within
+               or pipeline.near_the_bar(r["input_bound_share"], r["profiler_input_share"])
                for r in m.values() if r.get("profiler_input_share") is not None), m
     assert "by the profiler" in out  # its traces went to --profile's folder (assert_profiled above)
     # Issue 32: per example and batched, parallel calls scale work that waits, not Python that holds the GIL

@@ -100,8 +100,11 @@ def test_load_with_mixed_lengths_pads_or_buckets_checks_each_answer_and_prints_a
     tiny = Sizes(window_s=0.05, max_windows=3, warmup_s=0.02, probe_s=0.3, probes=2, validation_s=0.5,
                  max_concurrency=4, concurrency_factor=4, instances=(1,), batch_sizes=(4,), all_thread_counts=False)
     monkeypatch.setattr(Sizes, "quick", classmethod(lambda cls: tiny))
+    # A budget no configuration misses here: the test is of the path (padding, buckets, each answer checked), and
+    # under the other worker's load ONNX unbatched once missed 10 ms at one request at a time (p99 10.5 ms), which
+    # pruned the batched configurations this test is about.
     code, out, err = tfperf("load", classifier["file"], "--quick", "--runtimes", "onnx", "--lengths", "8:64",
-                            "--length-buckets", "16,32,64", "--out", tmp_path / "run")
+                            "--length-buckets", "16,32,64", "--latency-budget", "1s", "--out", tmp_path / "run")
     assert code == 0, err[-2000:]
     report = (tmp_path / "run" / "report.md").read_text()
     assert "8-64 tokens drawn uniformly" in report and "padding_mask (mask)" in report and "padding holds 0" in report

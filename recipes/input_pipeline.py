@@ -167,6 +167,8 @@ def measure(args, rec) -> Found:
         # The median step's share of waiting, as its time is the median step's: the first steps of a fresh iterator
         # wait while parallel calls ramp up, and over a few steps their sum outweighed the rest (31% waiting by the
         # sum of 8 steps whose median step took the model's own time; the profiler, 10 steps later: 6%).
+        # The profiler's share is read the same way, its median marked step (one slow step of ten put its
+        # average at 35% where the timeline's median step waited 5%).
         share = float(np.median([(t1 - t0) / (t2 - t0) for t0, t1, t2 in steps])) if steps else 0.0
         # The profiler's view of the same loop, in a separate pass: each step marked, read by XProf.
         trace = timer.profile(traces, steps=10, mark_steps=True)
@@ -174,7 +176,7 @@ def measure(args, rec) -> Found:
         rec.add(TABLE, row, {
             "ms_per_step": m.median_s * 1e3, "waiting_for_input_ms": float(np.median(waits)) * 1e3,
             "input_bound_share": share,
-            "profiler_input_share": profiler.input_share if profiler else None, "samples_per_s": m.items_per_s},
+            "profiler_input_share": profiler.median_input_share if profiler else None, "samples_per_s": m.items_per_s},
             primary="ms_per_step", lower_is_better=True, measurement=m,
             comparison=versus(measured["naive: map, no overlap"], m) if row != "naive: map, no overlap" else None)
     rec.add(TABLE, "model alone (data in memory)", {
@@ -308,7 +310,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"the cache's second pass took {m['cache (second pass)']['ms_per_step']:.0f} ms. Loads that wait (I/O) "
         f"overlap freely; loads that compute (decoding, augmentation) compete with the model for the same "
         f"cores, which is when moving them off the training host or caching them pays most. TensorFlow's profiler, "
-        f"reading a trace of ten more steps of each, calls the same variants input-bound (from "
+        f"reading a trace of ten more steps of each (its median step, as above), calls the same variants input-bound "
+        f"(from "
         f"{INPUT_BOUND_SHARE:.0%} of the step waiting, its 'HIGHLY input-bound'): "
         f"{'; '.join(verdicts)}. Per example, batched, with one parallel call per core against one: "
         + "; ".join(f"{kind}: {c.describe()}" for kind, c in found.scaling.items()) +

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 INPUT_BOUND_SHARE = 0.20  # XProf calls a program HIGHLY input-bound from this share of the step waiting for input
 
 
@@ -112,6 +114,12 @@ class InputAnalysis:
     conclusion: str  # XProf's sentence, e.g. "Your program is HIGHLY input-bound because ..."
     slowest_stage: str | None  # the input op with the most self time, and its share of input time
     steps: int
+    step_input_shares: tuple[float, ...] = ()  # each marked step's share spent waiting for input
+
+    @property
+    def median_input_share(self) -> float:
+        """The median step's share waiting for input: a few slow steps move the average, not this."""
+        return float(np.median(self.step_input_shares)) if self.step_input_shares else self.input_share
 
     @property
     def input_share(self) -> float:
@@ -135,9 +143,10 @@ def input_analysis(paths: Sequence[str]) -> InputAnalysis | None:
     if stages and stages["rows"]:
         top = max(_rows(stages), key=lambda r: r["selfTimeInMs"] or 0)
         slowest = f"{top['opName']} ({top['selfTimeInPercent']:.0%} of the input time)"
+    shares = tuple(r["infeedTimeMs"] / r["stepTimeMs"] for r in _rows(summary) if r.get("stepTimeMs"))
     return InputAnalysis(float(p["steptime_ms_average"]), float(p["infeed_time_ms_avg"]),
                          float(p["host_compute_time_ms_avg"]), float(p["other_time_ms_avg"]), p["input_conclusion"],
-                         slowest, len(summary["rows"]))
+                         slowest, len(summary["rows"]), shares)
 
 
 def peak_memory(paths: Sequence[str]) -> dict[str, int]:

@@ -175,8 +175,8 @@ def measure(args, rec) -> Found:
         profiler = input_analysis(trace_files(trace))
         rec.add(TABLE, row, {
             "ms_per_step": m.median_s * 1e3, "waiting_for_input_ms": float(np.median(waits)) * 1e3,
-            "input_bound_share": share,
-            "profiler_input_share": profiler.median_input_share if profiler else None, "samples_per_s": m.items_per_s},
+            "input_bound_share": share, "profiler_input_share": profiler.median_input_share if profiler else None,
+            "samples_per_s": m.items_per_s},
             primary="ms_per_step", lower_is_better=True, measurement=m,
             comparison=versus(measured["naive: map, no overlap"], m) if row != "naive: map, no overlap" else None)
     rec.add(TABLE, "model alone (data in memory)", {
@@ -311,8 +311,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"overlap freely; loads that compute (decoding, augmentation) compete with the model for the same "
         f"cores, which is when moving them off the training host or caching them pays most. TensorFlow's profiler, "
         f"reading a trace of ten more steps of each (its median step, as above), calls the same variants input-bound "
-        f"(from "
-        f"{INPUT_BOUND_SHARE:.0%} of the step waiting, its 'HIGHLY input-bound'): "
+        f"(from {INPUT_BOUND_SHARE:.0%} of the step waiting, its 'HIGHLY input-bound'): "
         f"{'; '.join(verdicts)}. Per example, batched, with one parallel call per core against one: "
         + "; ".join(f"{kind}: {c.describe()}" for kind, c in found.scaling.items()) +
         ". Only work that lets go of Python's GIL scales with num_parallel_calls: a decoder written in Python "

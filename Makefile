@@ -4,8 +4,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# horovodrun starts `python` from PATH: it must be this environment's.
-RUN    := PATH="$(CURDIR)/$(BIN):$$PATH"
+# horovodrun starts `python` from PATH: it must be this environment's. Bytecode is cached even where the caller's
+# environment says not to (container images set PYTHONDONTWRITEBYTECODE): a run starts hundreds of interpreters,
+# and each would compile tfperf's modules (and those of environments uv makes, which holds no bytecode) again.
+RUN    := env -u PYTHONDONTWRITEBYTECODE PATH="$(CURDIR)/$(BIN):$$PATH"
 
 .PHONY: install browser report test docs wheel clean
 

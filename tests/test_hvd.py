@@ -20,8 +20,8 @@ TESTS = REPO / "tests"
 
 
 def horovodrun(np_, *args):
-    # --gloo: horovodrun asks a forked process whether MPI was built (it imports TensorFlow to answer) unless told
-    # which controller to use; Gloo is what scripts/install_horovod.sh builds.
+    # --gloo: horovodrun asks forked processes how Horovod was built (each imports TensorFlow to answer): told the
+    # controller, it asks only whether Gloo was; Gloo is what scripts/install_horovod.sh builds.
     return [BIN / "horovodrun", "-np", str(np_), "--gloo", sys.executable, *args]
 
 

@@ -99,9 +99,9 @@ class Env:
     def user_environment(self) -> dict[str, str]:
         """The variables a user's shell would have with this environment active (PATH: that env only)."""
         # Nothing of the suite's own: no PYTHONPATH or VIRTUAL_ENV, and no PYTHONDONTWRITEBYTECODE (set in some
-        # container images, CI's included): pip compiles a user's packages to bytecode as it installs them and uv
+        # container images, this machine's): pip compiles a user's packages to bytecode as it installs them and uv
         # does not, so without it every interpreter here compiled TensorFlow's sources again (12 s of CPU a start
-        # against 5.5 s; this file's tests 124 CPU-s against 87)
+        # against 5.5 s; this file's tests 124 CPU-s against 81)
         suites_own = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
         env = {k: v for k, v in os.environ.items() if k not in suites_own}
         env.update(PATH=f"{self.folder / 'bin'}{os.pathsep}/usr/bin:/bin", TF_CPP_MIN_LOG_LEVEL="2")

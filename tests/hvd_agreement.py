@@ -1,8 +1,9 @@
 """A few steps of data-parallel SGD through tfperf.hvd; each rank saves its weights to OUT/rank<r>-of-<n>.npz.
 
-Run with one process it is the single-device reference: the same global batches, the same initial
-weights (rank 0's seed), no all-reduce. The ranks start from different random weights on purpose:
-only the broadcast can make them agree.
+Then rank 0 trains the single-device reference, saved as OUT/rank0-of-1.npz: the same global batches from the
+same initial weights (rank 0's, broadcast), with a plain tape and no all-reduce, in the same process (a process
+of its own would start TensorFlow once more). The ranks start from different random weights on purpose: only
+the broadcast can make them agree.
 """
 
 import sys
@@ -28,6 +29,8 @@ optimizer.build(model.trainable_variables)
 thvd.broadcast(model.variables + optimizer.variables, root_rank=0)
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
+initial = [v.numpy() for v in model.weights]  # rank 0's, on every rank
+
 rng = np.random.default_rng(123)
 x = rng.normal(size=(STEPS, GLOBAL_BATCH, FEATURES)).astype(np.float32)
 y = (x[..., 0] > 0).astype(np.int32)
@@ -42,3 +45,14 @@ for step in range(STEPS):
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
 np.savez(out / f"rank{rank}-of-{size}.npz", *[v.numpy() for v in model.weights])
+
+if rank == 0:
+    reference = get_net("mlp", input_shape=(FEATURES,), num_classes=2)
+    reference.set_weights(initial)
+    reference_optimizer = keras.optimizers.SGD(0.5)
+    for step in range(STEPS):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[step], reference(x[step], training=True))
+        grads = tape.gradient(loss, reference.trainable_variables)
+        reference_optimizer.apply_gradients(zip(grads, reference.trainable_variables))
+    np.savez(out / "rank0-of-1.npz", *[v.numpy() for v in reference.weights])

@@ -104,8 +104,9 @@ class Found:
 
 
 def add_flags(p) -> None:
-    p.add_argument("--load-ms", type=flags.positive_float,
-                   help="cost of loading one batch (default: twice the model step)")
+    p.add_argument("--load-steps", type=flags.positive_float, default=2.0,
+                   help="cost of loading one batch, in model steps (default 2: one loader cannot keep up)")
+    p.add_argument("--load-ms", type=flags.positive_float, help="cost of loading one batch in ms, not in steps")
 
 
 def measure(args, rec) -> Found:
@@ -122,7 +123,7 @@ def measure(args, rec) -> Found:
     x0, y0 = tf.constant(images[:args.batch_size]), tf.constant(labels[:args.batch_size])
     step = Timer(lambda: train_step(x0, y0), name="model step", items_per_call=args.batch_size).measure(
         args.steps, warmup=args.warmup)
-    load_s = (args.load_ms / 1e3) if args.load_ms else 2 * step.median_s
+    load_s = (args.load_ms / 1e3) if args.load_ms else args.load_steps * step.median_s
     print(f"model step {step.median_s * 1e3:.1f} ms; loading one batch {load_s * 1e3:.1f} ms", flush=True)
 
     def load(index):  # stands in for reading and decoding one batch: waits, as I/O does
@@ -303,7 +304,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"pipeline took {naive['ms_per_step']:.0f} ms per step, {naive['input_bound_share']:.0%} of it "
         f"waiting for input: load plus step, one after the other. A one-batch prefetch brought it to "
         f"{m['prefetch']['ms_per_step']:.0f} ms: overlap hides the shorter of the two, but one loader at a time "
-        f"still cannot keep up with a load twice the step. Parallel map plus prefetch reached "
+        f"still cannot keep up with a load {load_s * 1e3 / alone['ms_per_step']:.1f} times the step. Parallel map "
+        f"plus prefetch reached "
         f"{tuned['ms_per_step']:.0f} ms ({gain['ratio']:.1f}x the naive pipeline's speed, 95% CI "
         f"{gain['ratio_ci95'][0]:.1f}-{gain['ratio_ci95'][1]:.1f}x: {gain['verdict']}; "
         f"{tuned['input_bound_share']:.0%} waiting), against {alone['ms_per_step']:.0f} ms for the model alone; "

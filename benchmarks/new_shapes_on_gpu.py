@@ -94,8 +94,7 @@ def cases(tiny: bool, new_sizes: int) -> list[Case]:
     images = lambda b, s: rng.random((b, s, s, 3), dtype=np.float32)  # noqa: E731
     # Tokens never 0 (the padding id): the unpadded answer is the model's on real tokens.
     sentences = lambda b, n: rng.integers(1, VOCAB, (b, n)).astype(np.int32)  # noqa: E731
-    image_sizes = [side - 64 + 16 * i for i in range(new_sizes)] if not tiny else [side + 4 * (i + 1) for i in
-                                                                                  range(new_sizes)]
+    image_sizes = [side + 4 * (i + 1) if tiny else side - 64 + 16 * i for i in range(new_sizes)]
     conv = "ResNet50" if not tiny else "small CNN"
     return [
         (conv, lambda: conv_net(tiny), "batch", batch, [batch + 1 + i for i in range(new_sizes)],

@@ -23,6 +23,14 @@ def test_unknown_name_lists_the_valid_ones():
         assert name in str(err.value)
 
 
+def test_width_widens_every_hidden_layer_and_nothing_else():
+    plain, wide = get_net("cnn"), get_net("cnn", width=2)
+    assert [w.shape for w in wide.trainable_weights] == [(3, 3, 1, 64), (64,), (5408 * 2, 128), (128,), (128, 10), (10,)]
+    assert [w.shape for w in plain.trainable_weights][0] == (3, 3, 1, 32) and wide.output_shape == plain.output_shape
+    with pytest.raises(ValueError, match="width"):
+        get_net("mlp", width=0)
+
+
 def test_shape_and_classes_are_checked():
     assert get_net("cnn", input_shape=(8, 8, 1), num_classes=3).output_shape == (None, 3)
     with pytest.raises(ValueError, match="images"):

@@ -18,35 +18,35 @@ def _head(x, num_classes: int, k):
     return k.layers.Dense(num_classes, dtype="float32", name="logits")(x)
 
 
-def _mlp(input_shape: Shape, num_classes: int, k) -> keras.Model:
-    """The seed's hybridize MLP: 512 -> 256 -> 128 -> 2, ReLU."""
+def _mlp(input_shape: Shape, num_classes: int, k, width: int = 1) -> keras.Model:
+    """The seed's hybridize MLP: 512 -> 256 -> 128 -> 2, ReLU (hidden layers `width` times wider)."""
     inputs = k.Input(input_shape)
     x = k.layers.Flatten()(inputs) if len(input_shape) > 1 else inputs
-    x = k.layers.Dense(256, activation="relu")(x)
-    x = k.layers.Dense(128, activation="relu")(x)
+    x = k.layers.Dense(256 * width, activation="relu")(x)
+    x = k.layers.Dense(128 * width, activation="relu")(x)
     return k.Model(inputs, _head(x, num_classes, k), name="mlp")
 
 
-def _cnn(input_shape: Shape, num_classes: int, k) -> keras.Model:
-    """The mixed-precision seed's MNIST network: Conv 32 3x3, MaxPool 2, Dense 64, Dense 10."""
+def _cnn(input_shape: Shape, num_classes: int, k, width: int = 1) -> keras.Model:
+    """The mixed-precision seed's MNIST network: Conv 32 3x3, MaxPool 2, Dense 64, Dense 10 (`width` times wider)."""
     inputs = k.Input(input_shape)
-    x = k.layers.Conv2D(32, 3, activation="relu")(inputs)
+    x = k.layers.Conv2D(32 * width, 3, activation="relu")(inputs)
     x = k.layers.MaxPooling2D(2)(x)
     x = k.layers.Flatten()(x)
-    x = k.layers.Dense(64, activation="relu")(x)
+    x = k.layers.Dense(64 * width, activation="relu")(x)
     return k.Model(inputs, _head(x, num_classes, k), name="cnn")
 
 
-def _lenet(input_shape: Shape, num_classes: int, k) -> keras.Model:
-    """d2l's LeNet-5 (6-16-120-84), with ReLU instead of sigmoid so that it trains in a few steps."""
+def _lenet(input_shape: Shape, num_classes: int, k, width: int = 1) -> keras.Model:
+    """d2l's LeNet-5 (6-16-120-84, `width` times wider), with ReLU instead of sigmoid so that it trains in a few steps."""
     inputs = k.Input(input_shape)
-    x = k.layers.Conv2D(6, 5, padding="same", activation="relu")(inputs)
+    x = k.layers.Conv2D(6 * width, 5, padding="same", activation="relu")(inputs)
     x = k.layers.AveragePooling2D(2)(x)
-    x = k.layers.Conv2D(16, 5, activation="relu")(x)
+    x = k.layers.Conv2D(16 * width, 5, activation="relu")(x)
     x = k.layers.AveragePooling2D(2)(x)
     x = k.layers.Flatten()(x)
-    x = k.layers.Dense(120, activation="relu")(x)
-    x = k.layers.Dense(84, activation="relu")(x)
+    x = k.layers.Dense(120 * width, activation="relu")(x)
+    x = k.layers.Dense(84 * width, activation="relu")(x)
     return k.Model(inputs, _head(x, num_classes, k), name="lenet")
 
 
@@ -62,15 +62,15 @@ def _residual(x, channels: int, strides: int, k):
     return k.layers.ReLU()(k.layers.Add()([y, shortcut]))
 
 
-def _resnet18(input_shape: Shape, num_classes: int, k) -> keras.Model:
-    """d2l's ResNet-18 for 28x28 inputs: 3x3 stem, no max-pool, stages 64-128-256-512 of 2 blocks."""
+def _resnet18(input_shape: Shape, num_classes: int, k, width: int = 1) -> keras.Model:
+    """d2l's ResNet-18 for 28x28 inputs: 3x3 stem, no max-pool, stages 64-128-256-512 (times `width`) of 2 blocks."""
     inputs = k.Input(input_shape)
-    x = k.layers.Conv2D(64, 3, padding="same")(inputs)
+    x = k.layers.Conv2D(64 * width, 3, padding="same")(inputs)
     x = k.layers.BatchNormalization()(x)
     x = k.layers.ReLU()(x)
     for stage, channels in enumerate((64, 128, 256, 512)):
         for block in range(2):
-            x = _residual(x, channels, 2 if stage > 0 and block == 0 else 1, k)
+            x = _residual(x, channels * width, 2 if stage > 0 and block == 0 else 1, k)
     x = k.layers.GlobalAveragePooling2D()(x)
     return k.Model(inputs, _head(x, num_classes, k), name="resnet18")
 
@@ -100,13 +100,14 @@ def _builder(name: str):
 
 def get_net(
     name: str, *, input_shape: Sequence[int] | None = None, num_classes: int | None = None,
-    keras_module: ModuleType | None = None,
+    keras_module: ModuleType | None = None, width: int = 1,
 ) -> keras.Model:
     """Build the named model, uncompiled, with float32 logits whatever the dtype policy.
 
     Args:
       keras_module: the Keras to build it with: `keras` (Keras 3, the default) or `tf_keras` (Keras 2),
         whose layer and model APIs these builders share.
+      width: every hidden layer's units or channels times this (1: the model as its docstring gives it).
     """
     build, default_shape, default_classes = _builder(name)
     shape = tuple(int(d) for d in (input_shape if input_shape is not None else default_shape))
@@ -115,9 +116,11 @@ def get_net(
         raise ValueError(f"input_shape must be positive sizes without the batch axis, got {shape}")
     if classes < 1:
         raise ValueError(f"num_classes must be at least 1, got {classes}")
+    if width < 1:
+        raise ValueError(f"width must be a positive multiplier of the layers' sizes, got {width}")
     if name != "mlp" and len(shape) != 3:
         raise ValueError(f"model {name!r} takes images (height, width, channels), got input_shape {shape}")
-    return build(shape, classes, keras_module or keras)
+    return build(shape, classes, keras_module or keras, width)
 
 
 def einsum_flops(equation: str, shapes: list[tuple[int, ...]]) -> int:

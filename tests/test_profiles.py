@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 from tfperf.measure import Timer
-from tfperf.measure.profiles import (TraceError, by_type, input_analysis, op_times, ops_table, peak_memory, tool,
-                                     trace_files, traces_by_run)
+from tfperf.measure.profiles import (KINDS, OpTime, TraceError, by_type, input_analysis, op_times, ops_table,
+                                     peak_memory, time_by_kind, tool, trace_files, traces_by_run)
 from tfperf.recipe import where_the_time_went
 
 # Alone on the machine (`make test` runs these after its two workers): the profiler's verdicts and its memory view
@@ -49,6 +49,8 @@ def test_a_small_trace_converts_to_xprofs_own_op_stats(matmul_trace):
     top_type, seconds, share = by_type(ops)[0]
     assert "MatMul" in top_type and share > 0.5 and seconds > 0
     assert ops_table(ops, limit=2).count("\n") == 3  # a header, a rule, two rows
+    kinds = time_by_kind(ops)
+    assert list(kinds) == list(KINDS) and np.isclose(sum(kinds.values()), 1.0) and kinds[KINDS[0]] > 0.5
     # TensorFlow's CPU memory profile comes from oneDNN's allocator, which is off by default on CPUs without AVX-512
     # VNNI or AMX (this project's AMD machines): there the trace holds no allocator, and peak_memory says so by an
     # empty answer. The profile itself is read in a process with oneDNN on (the next test).
@@ -75,6 +77,7 @@ def test_the_recipes_profile_flag_prints_the_top_operations_of_its_own_traces(ma
     text = where_the_time_went(root)
     assert "## where the time went: two-matmuls" in text and "| MatMul" in text.replace("_Mkl", "").replace(
         "Fused", "")
+    assert "By kind: matmuls and convolutions" in text
     assert "no trace written" in where_the_time_went(root, since=time.time() + 60)  # older traces are not this run's
 
 
@@ -135,3 +138,15 @@ def test_the_profiler_is_the_one_of_the_framework_the_process_runs(monkeypatch):
     assert profiler_framework() == "jax"
     monkeypatch.delitem(sys.modules, "jax")
     assert profiler_framework() == "tensorflow"  # neither loaded: TensorFlow's, imported when needed
+
+
+def test_op_time_is_split_into_arithmetic_the_optimizer_input_and_the_rest():
+    """What a low MFU is spent on: a training step's ops by kind, as the recipes' --profile prints it."""
+    ops = [OpTime("Host", "MaxPoolGrad", "gradient_tape/cnn/max_pooling2d/MaxPoolGrad", 32, 0.3, 0.3),
+           OpTime("Host", "Conv2DBackpropFilter", "gradient_tape/cnn/conv2d/Conv2DBackpropFilter", 32, 0.2, 0.2),
+           OpTime("Host", "_FusedMatMul", "cnn/dense/Relu", 32, 0.2, 0.2),
+           OpTime("Host", "Sqrt", "while/StatefulPartitionedCall/adam_1/Sqrt_5", 32, 0.1, 0.1),
+           OpTime("Host", "Dataset", "Iterator::Root::Prefetch", 32, 0.1, 0.1),
+           OpTime("Host", "Mul", "cnn/gradam/Mul", 32, 0.1, 0.1)]  # not an optimizer's scope
+    arithmetic, optimizer, data, rest = time_by_kind(ops).values()
+    assert np.allclose([arithmetic, optimizer, data, rest], [0.4, 0.1, 0.1, 0.4])

@@ -47,14 +47,16 @@ def gpu_problem() -> str | None:
 def where_the_time_went(profile_dir: str | Path, *, since: float = 0.0, limit: int = 8) -> str:
     """The top operations of each trace under `profile_dir` written after `since` (a time.time()), as
     Markdown: XProf's framework_op_stats of the trace, the table TensorBoard's Profile tab opens with."""
-    from tfperf.measure.profiles import TraceError, op_times, ops_table, traces_by_run
+    from tfperf.measure.profiles import TraceError, op_times, ops_table, time_by_kind, traces_by_run
 
     parts = []
     for run, files in traces_by_run(profile_dir).items():
         if max(Path(f).stat().st_mtime for f in files) < since:
             continue  # a trace of an earlier run in the same folder
         try:
-            table = ops_table(op_times(files), limit=limit)
+            ops = op_times(files)
+            kinds = ", ".join(f"{name} {share:.0%}" for name, share in time_by_kind(ops).items() if share >= 0.005)
+            table = ops_table(ops, limit=limit) + (f"\n\nBy kind: {kinds}." if kinds else "")
         except (TraceError, ImportError) as exc:
             table = f"(not converted: {exc})"
         parts.append(f"## where the time went: {run} (trace in {Path(files[0]).parent})\n\n{table}")

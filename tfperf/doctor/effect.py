@@ -14,11 +14,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from tfperf.measure.profiles import ARITHMETIC
+
 LOW = ("float16", "bfloat16")
-# The operations where a model's arithmetic is: what lower precision is for.
-HEAVY = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D", "Conv3D", "Conv1D",
-         "DepthwiseConv2dNative", "Conv2DBackpropInput", "_FusedMatMul", "_FusedConv2D", "_MklMatMul",
-         "_MklFusedMatMul", "_MklConv2D", "_MklFusedConv2D", "_FusedDepthwiseConv2dNative", "SparseMatMul"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +124,7 @@ def heavy_ops(graph_def, layers: Sequence[str]) -> tuple[list[HeavyOp], int]:
         if node.op == "Cast":
             casts += 1
         attr = next((a for a in ("T", "Ta") if a in node.attr), None)
-        if node.op in HEAVY and attr is not None:
+        if node.op in ARITHMETIC and attr is not None:
             found.append(HeavyOp(node.op, layer_of(node.name, known), tf.dtypes.as_dtype(node.attr[attr].type).name))
     return found, casts
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,39 @@ class OpTime:
     occurrences: int
     self_s: float
     share: float  # of all ops' self time (idle time left out)
+
+
+# The operations where a model's arithmetic is (matmuls, convolutions and their gradients): what MFU counts.
+ARITHMETIC = frozenset({
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D", "Conv3D", "Conv1D",
+    "DepthwiseConv2dNative", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3DBackpropInputV2",
+    "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
+    "_FusedMatMul", "_FusedConv2D", "_MklMatMul", "_MklFusedMatMul", "_MklConv2D", "_MklFusedConv2D",
+    "_FusedDepthwiseConv2dNative", "SparseMatMul"})
+# Keras names the graph scope of an optimizer's update after the optimizer ("adam", "adam_1", ...).
+_OPTIMIZER_SCOPE = re.compile(r"(^|/)(adam|adamw|adamax|nadam|sgd|rmsprop|adagrad|adadelta|adafactor|ftrl|lamb|lion|"
+                              r"loss_scale_optimizer)(_\d+)?/", re.IGNORECASE)
+KINDS = ("matmuls and convolutions", "optimizer update", "input pipeline",
+         "the rest (element-wise, pooling, reductions, copies: bound by memory, not arithmetic)")
+
+
+def kind(op: OpTime) -> str:
+    """Which of KINDS an operation's time counts as: arithmetic, the optimizer's update, tf.data, or the rest."""
+    if op.type in ARITHMETIC:
+        return KINDS[0]
+    if _OPTIMIZER_SCOPE.search(op.name):
+        return KINDS[1]
+    if op.type in ("Dataset", "IteratorGetNext", "IteratorGetNextSync") or op.name.startswith("Iterator::"):
+        return KINDS[2]
+    return KINDS[3]
+
+
+def time_by_kind(ops: Sequence[OpTime]) -> dict[str, float]:
+    """Each of KINDS' share of the ops' self time (idle time left out): what a low MFU is spent on."""
+    shares = dict.fromkeys(KINDS, 0.0)
+    for op in ops:
+        shares[kind(op)] += op.share
+    return shares
 
 
 def op_times(paths: Sequence[str]) -> list[OpTime]:

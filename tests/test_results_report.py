@@ -33,6 +33,23 @@ def test_environment_names_what_a_figure_depends_on():
     json.dumps(env)
 
 
+def test_records_carry_the_cpu_time_the_hypervisor_took_while_they_were_taken(tmp_path, monkeypatch):
+    """On a shared host a neighbour's burst slows every figure of a run (issue 50: the ladder's speed fell with
+    it, r = -0.9 over 40 epochs): the run's records say how much CPU time was stolen meanwhile."""
+    from tfperf.records import environment as env_module, jsonl
+
+    assert env_module.stolen_share((10, 1000), (25, 1300)) == 0.05
+    assert env_module.stolen_share(None, (25, 1300)) is None and env_module.stolen_share((1, 9), (1, 9)) is None
+    readings = iter([(100, 10_000), (130, 10_400)])
+    monkeypatch.setattr(jsonl, "cpu_times", lambda: next(readings))
+    recorder = Recorder("demo", {})
+    recorder.add("t", "a", {"ms": 1.0}, primary="ms", lower_is_better=True)
+    [record] = read_records(recorder.save(tmp_path))
+    assert record["env"]["cpu_steal"] == 0.075
+    stolen, total = env_module.cpu_times() or (0, 1)  # Linux: the machine's own counters
+    assert 0 <= stolen <= total
+
+
 def test_record_needs_its_primary_metric():
     with pytest.raises(ValueError, match="primary"):
         make_record("r", "t", "row", {"a": 1}, primary="b", lower_is_better=True, env=ENV)

@@ -202,13 +202,15 @@ def print_comparison(result, a: str, b: str) -> None:
     for line in result.metric_mismatches:
         print(f"not compared: {line}")
     if result.headlines:
-        print("\n| recipe | A | B | A's rerun range | B inside it | verdicts |\n|---|---|---|---|---|---|")
+        print("\n| recipe | A | B | A's rerun range | B inside it | verdicts | CPU time stolen, A / B |\n"
+              "|---|---|---|---|---|---|---|")
         for h in result.headlines:
             value = lambda x: x.value_text(x.value) if x.value is not None else x.figure  # noqa: E731
             rerun = h.a.range_text(*h.rerun) if h.rerun else "-"
             inside = {True: "yes", False: "NO", None: "-"}[h.inside]
             verdicts = h.a.verdict if h.verdicts_agree else f"{h.a.verdict} / {h.b.verdict}"
-            print(f"| {h.recipe} | {value(h.a)} | {value(h.b)} | {rerun} | {inside} | {verdicts} |")
+            stolen = " / ".join("-" if s is None else f"{s:.1%}" for s in h.stolen)
+            print(f"| {h.recipe} | {value(h.a)} | {value(h.b)} | {rerun} | {inside} | {verdicts} | {stolen} |")
         judged = [h for h in result.headlines if h.inside is not None]
         agree = sum(h.verdicts_agree for h in result.headlines)
         print(f"headlines: B's figure inside A's rerun range for {sum(h.inside for h in judged)} of {len(judged)}; "

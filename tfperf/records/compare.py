@@ -120,8 +120,14 @@ def headline_changes(a_run: Run, b_run: Run, noise: Noise | None) -> list[Headli
         b = b_run.headlines.get(recipe)
         if b is None:
             continue
-        found.append(HeadlineChange(recipe, a, b, noise.headline_rerun(recipe, a) if noise is not None else None))
+        found.append(HeadlineChange(recipe, a, b, noise.headline_rerun(recipe, a) if noise is not None else None,
+                                    (stolen_while(a_run, recipe), stolen_while(b_run, recipe))))
     return found
+
+
+def stolen_while(run: Run, recipe: str) -> float | None:
+    """The share of the machine's CPU time its hypervisor took while the recipe ran (None where unrecorded)."""
+    return next((r["env"].get("cpu_steal") for r in run.records if r["recipe"] == recipe), None)
 
 
 def _differences(a: Mapping[str, Any], b: Mapping[str, Any], keys: Sequence[str]) -> dict[str, tuple[Any, Any]]:
@@ -210,6 +216,7 @@ class HeadlineChange:
     a: Headline
     b: Headline
     rerun: tuple[float, float] | None
+    stolen: tuple[float | None, float | None] = (None, None)  # CPU time the hypervisor took in A and in B
 
     @property
     def inside(self) -> bool | None:

@@ -61,6 +61,25 @@ def load_average() -> list[float] | None:
         return None
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """(stolen, total) CPU time of the whole machine since boot, in clock ticks, from Linux's /proc/stat; None
+    where it has none. Stolen time is what a hypervisor gave other guests while this one had work to run."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is counted in user already
+    return (fields[7], sum(fields[:8])) if len(fields) >= 8 else None
+
+
+def stolen_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time stolen by its hypervisor between two `cpu_times` readings, or None.
+    On a shared host a neighbour's burst slows every figure taken meanwhile, and no interval within a run sees it."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
+
+
 def cpu_frequency() -> dict[str, Any]:
     """Current and maximum frequency (MHz) and the scaling governor of CPU 0, where Linux exposes them."""
     base = Path("/sys/devices/system/cpu/cpu0/cpufreq")

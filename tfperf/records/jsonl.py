@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfperf import jsonio
-from tfperf.records.environment import environment
+from tfperf.records.environment import cpu_times, environment, stolen_share
 
 if TYPE_CHECKING:  # imported only for annotations: records load without TensorFlow
     from tfperf.measure.measurement import Measurement
@@ -156,6 +156,7 @@ class Recorder:
         self.args = {k: v for k, v in args.items()}
         self.env = environment()
         self.records: list[dict[str, Any]] = []
+        self._cpu_times = cpu_times()
 
     def add(self, table: str, row: str, metrics: Mapping[str, Any], *, primary: str,
             lower_is_better: bool, versus_first: bool = True, measurement: Measurement | None = None,
@@ -172,7 +173,11 @@ class Recorder:
         return [r for r in self.records if r["table"] == table]
 
     def save(self, out: Path | str) -> Path:
-        """Replace out/<recipe>.jsonl with this run's records."""
+        """Replace out/<recipe>.jsonl with this run's records, each with the CPU time stolen while they were taken."""
+        stolen = stolen_share(self._cpu_times, cpu_times())
+        if stolen is not None:
+            for record in self.records:
+                record["env"]["cpu_steal"] = round(stolen, 4)
         return write_records(Path(out) / f"{self.recipe}.jsonl", self.records)
 
 

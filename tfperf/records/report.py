@@ -262,10 +262,12 @@ def timeline_chart(
 def environment_summary(env: Mapping[str, Any]) -> str:
     """One line naming the machine and software a run was measured on."""
     gpus = ", ".join(env.get("gpus") or []) or "no GPU"
+    stolen = env.get("cpu_steal")
     return (
         f"{env.get('cpu')} ({env.get('cores')} cores), {gpus}; Python {env.get('python')}, "
         f"TensorFlow {env.get('tensorflow')}, Keras {env.get('keras')}; "
         f"tfperf {env.get('tfperf')} @ {env.get('git_commit') or 'no git'}"
+        + (f"; the hypervisor took {stolen:.1%} of the machine's CPU time meanwhile" if stolen else "")
     )
 
 

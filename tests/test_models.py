@@ -25,7 +25,8 @@ def test_unknown_name_lists_the_valid_ones():
 
 def test_width_widens_every_hidden_layer_and_nothing_else():
     plain, wide = get_net("cnn"), get_net("cnn", width=2)
-    assert [w.shape for w in wide.trainable_weights] == [(3, 3, 1, 64), (64,), (5408 * 2, 128), (128,), (128, 10), (10,)]
+    shapes = [(3, 3, 1, 64), (64,), (5408 * 2, 128), (128,), (128, 10), (10,)]
+    assert [w.shape for w in wide.trainable_weights] == shapes
     assert [w.shape for w in plain.trainable_weights][0] == (3, 3, 1, 32) and wide.output_shape == plain.output_shape
     with pytest.raises(ValueError, match="width"):
         get_net("mlp", width=0)

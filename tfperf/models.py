@@ -38,7 +38,7 @@ def _cnn(input_shape: Shape, num_classes: int, k, width: int = 1) -> keras.Model
 
 
 def _lenet(input_shape: Shape, num_classes: int, k, width: int = 1) -> keras.Model:
-    """d2l's LeNet-5 (6-16-120-84, `width` times wider), with ReLU instead of sigmoid so that it trains in a few steps."""
+    """d2l's LeNet-5 (6-16-120-84, times `width`), with ReLU instead of sigmoid so that it trains in a few steps."""
     inputs = k.Input(input_shape)
     x = k.layers.Conv2D(6 * width, 5, padding="same", activation="relu")(inputs)
     x = k.layers.AveragePooling2D(2)(x)

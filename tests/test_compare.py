@@ -233,10 +233,13 @@ def test_compare_of_two_folders_sets_headlines_against_the_rerun_range(tmp_path,
         return path
 
     a = folder(tmp_path / "a", [noisy_run(rng, sds) for _ in range(3)], 6.0)
-    b = folder(tmp_path / "b", [noisy_run(rng, sds)], 6.1)
+    run_b = noisy_run(rng, sds)
+    for record in run_b.records:  # B's run saw 2% of the CPU time stolen; A's records predate the field
+        record["env"] = {**record["env"], "cpu_steal": 0.02}
+    b = folder(tmp_path / "b", [run_b], 6.1)
     proc = tfperf_cli("compare", a, b)
     assert proc.returncode == 0 and f"calibration: 3 runs" in proc.stdout and "the change is" in proc.stdout
-    assert "| demo | 6.00x | 6.10x |" in proc.stdout and "| yes | faster |" in proc.stdout
+    assert "| demo | 6.00x | 6.10x |" in proc.stdout and "| yes | faster | - / 2.0% |" in proc.stdout
     assert "B's figure inside A's rerun range for 1 of 1; verdicts agree for 1 of 1" in proc.stdout
     slow = folder(tmp_path / "slow", [noisy_run(rng, sds, slower={"r2": 1.5, "r4": 1.5})], 6.0)
     proc = tfperf_cli("compare", a, slow, check=False)

@@ -113,6 +113,8 @@ def test_the_profilers_input_verdict_both_ways(tmp_path):
     waiting = loop_trace(tmp_path, slow, "slow")
     assert waiting.input_bound and waiting.input_share > 0.5 and "input-bound" in waiting.conclusion
     assert waiting.steps >= 6 and waiting.slowest_stage
+    # Each step's busy time is its time less its wait: a few ms of compute here, far under the 60 ms wait.
+    assert len(waiting.step_busy_ms) == len(waiting.step_input_shares) and 0 < waiting.median_busy_ms < 60
     fed = loop_trace(tmp_path, fast, "fast")
     assert not fed.input_bound and fed.input_share < 0.2
 

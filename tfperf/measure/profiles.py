@@ -149,11 +149,17 @@ class InputAnalysis:
     slowest_stage: str | None  # the input op with the most self time, and its share of input time
     steps: int
     step_input_shares: tuple[float, ...] = ()  # each marked step's share spent waiting for input
+    step_busy_ms: tuple[float, ...] = ()  # each marked step's time not waiting for input (the profiler's own included)
 
     @property
     def median_input_share(self) -> float:
         """The median step's share waiting for input: a few slow steps move the average, not this."""
         return float(np.median(self.step_input_shares)) if self.step_input_shares else self.input_share
+
+    @property
+    def median_busy_ms(self) -> float:
+        """The median step's time not spent waiting for input: the step as the profiler, tracing it, slowed it."""
+        return float(np.median(self.step_busy_ms)) if self.step_busy_ms else self.step_ms - self.input_ms
 
     @property
     def input_share(self) -> float:
@@ -177,10 +183,11 @@ def input_analysis(paths: Sequence[str]) -> InputAnalysis | None:
     if stages and stages["rows"]:
         top = max(_rows(stages), key=lambda r: r["selfTimeInMs"] or 0)
         slowest = f"{top['opName']} ({top['selfTimeInPercent']:.0%} of the input time)"
-    shares = tuple(r["infeedTimeMs"] / r["stepTimeMs"] for r in _rows(summary) if r.get("stepTimeMs"))
+    steps = [r for r in _rows(summary) if r.get("stepTimeMs")]
     return InputAnalysis(float(p["steptime_ms_average"]), float(p["infeed_time_ms_avg"]),
                          float(p["host_compute_time_ms_avg"]), float(p["other_time_ms_avg"]), p["input_conclusion"],
-                         slowest, len(summary["rows"]), shares)
+                         slowest, len(summary["rows"]), tuple(r["infeedTimeMs"] / r["stepTimeMs"] for r in steps),
+                         tuple(r["stepTimeMs"] - r["infeedTimeMs"] for r in steps))
 
 
 def peak_memory(paths: Sequence[str]) -> dict[str, int]:

@@ -78,7 +78,10 @@ def test_hosts_are_taken_down_on_sigterm_and_a_killed_runs_are_cleaned_by_the_ne
     assert stale(PREFIX) == [] and clean(PREFIX) == []
 
 
-@pytest.mark.whole_machine  # each host is pinned to a core
+# Beside the other worker's tests, as the lost-host test: what it asserts is what each job recorded and a link that
+# delivers its rate; at 200 Mbit/s, which the first test here sees delivered beside that load (1 Gbit/s through a
+# Python sender on a shared core is what the other worker would measure). Alone, it was 48 s of the suite's
+# one-at-a-time phase.
 @needs_hosts
 @pytest.mark.slow
 def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
@@ -90,7 +93,7 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
     from across_hosts import ALLREDUCE, ENGINES, HELPS, LINKS, RECIPE, SCALING
 
-    args = RECIPE.parse(["--quick", "--links", "1gbit", "--models", "wide-mlp", "--rounds", "2", "--steps", "1",
+    args = RECIPE.parse(["--quick", "--links", "200mbit", "--models", "wide-mlp", "--rounds", "2", "--steps", "1",
                          "--reps", "2", "--sizes", "65536", "1048576", "--out", str(tmp_path)])
     started = time.perf_counter()
     rec, found = RECIPE.run(args)

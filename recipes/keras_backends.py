@@ -5,6 +5,7 @@ initial weights under each stack, each stack in a process of its own, and compar
 fit throughput, final loss, predict() and model(x).
 
 Run:   python recipes/keras_backends.py --quick        (about two minutes on 2 CPU cores)
+       python recipes/keras_backends.py --quick --models lstm    (one of the two models)
 Needs: TensorFlow 2.21, Keras 3, tf-keras 2.21 and jax[cpu] (all installed by `make install`).
 """
 
@@ -17,6 +18,7 @@ import dataclasses
 import re
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +79,7 @@ class Found:
     baseline: str
     missing: dict[str, str]  # stacks that could not be imported, and why
     device: dict[str, str] = dataclasses.field(default_factory=dict)  # stack -> where its ops ran (cpu, gpu)
+    models: tuple[str, ...] = MODELS  # the models measured, in MODELS' order
 
 
 def sequence_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +89,7 @@ def sequence_data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, x[:, :, :classes].sum(axis=1).argmax(axis=1).astype(np.int32)
 
 
-def serve_stack(stack: str, work: Path, calls: int, seed: int) -> None:
+def serve_stack(stack: str, work: Path, calls: int, seed: int, models: Sequence[str] = MODELS) -> None:
     """A stack's process: builds each model from the shared weights, serves its timers (fit epochs, predict()
     and model(x)), and after `quit` replies with each model's first epoch, jit_compile and final loss."""
     k = keras_module(stack)
@@ -96,8 +99,8 @@ def serve_stack(stack: str, work: Path, calls: int, seed: int) -> None:
 
     k.utils.set_random_seed(seed)
     data = np.load(work / "data.npz")
-    timers, models = [], {}
-    for name in MODELS:
+    timers, built = [], {}
+    for name in models:
         x, y, x_test, y_test = (data[f"{name}_{part}"] for part in ("x", "y", "x_test", "y_test"))
         weights = np.load(work / f"{name}.weights.npz")
 
@@ -128,10 +131,10 @@ def serve_stack(stack: str, work: Path, calls: int, seed: int) -> None:
             timer = Timer(call, name=f"{label}{name}", items_per_call=rows)
             timer.start(warmup=1 if kind == "predict" else 2)
             timers.append(timer)
-        models[name] = (model, x_test, y_test, found)
+        built[name] = (model, x_test, y_test, found)
     serve_timers(timers, warmup=0)
     print(reply({name: {**found, "loss": float(model.evaluate(x_test, y_test, batch_size=256, verbose=0))}
-                 for name, (model, x_test, y_test, found) in models.items()}), flush=True)
+                 for name, (model, x_test, y_test, found) in built.items()}), flush=True)
 
 
 def add_flags(p) -> None:
@@ -139,6 +142,8 @@ def add_flags(p) -> None:
     p.add_argument("--epochs", type=flags.positive_int, help="timed epochs per model and stack in each round")
     p.add_argument("--calls", type=flags.positive_int, help="timed predict() and model(x) calls per round")
     p.add_argument("--train-size", type=flags.positive_int, help="training examples per model")
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS),
+                   help="the models to train under each stack (default: both)")
     # Internal: one stack's process.
     p.add_argument("--role", choices=["stack"], help=argparse.SUPPRESS)
     p.add_argument("--stack", choices=list(STACKS), help=argparse.SUPPRESS)
@@ -147,7 +152,7 @@ def add_flags(p) -> None:
 
 def task(args) -> int:
     """One stack's process: its backend was chosen by the environment before Keras was imported."""
-    serve_stack(args.stack, Path(args.work), args.calls, args.seed)
+    serve_stack(args.stack, Path(args.work), args.calls, args.seed, ordered(args.models))
     return 0
 
 
@@ -157,13 +162,18 @@ def import_failure(error: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+def ordered(models: Sequence[str]) -> tuple[str, ...]:
+    """The chosen models in MODELS' order, each once: the first is the headline's."""
+    return tuple(m for m in MODELS if m in models)
+
+
 def start_stack(stack: str, args, work: Path):
     """One stack's process, with its environment: a TimerServer of its timers."""
     from tfperf.measure import TimerServer
 
     env = stack_env(stack)
     argv = [sys.executable, __file__, "--role", "stack", "--stack", stack, "--work", work, "--calls", args.calls,
-            "--seed", args.seed]
+            "--seed", args.seed, "--models", *ordered(args.models)]
     return TimerServer(argv, env=env, name=f"the {stack} process")
 
 
@@ -182,11 +192,12 @@ def measure(args, rec) -> Found:
               "lstm_x": seq_x[:args.train_size], "lstm_y": seq_y[:args.train_size],
               "lstm_x_test": seq_x[args.train_size:], "lstm_y_test": seq_y[args.train_size:]}
     keras.utils.set_random_seed(args.seed)
-    found, fits_of = Found({}, {}, {}, [], "", {}), {}
+    models = ordered(args.models)
+    found, fits_of = Found({}, {}, {}, [], "", {}, models=models), {}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as running:
         work = Path(tmp)
         np.savez(work / "data.npz", **arrays)
-        for name in MODELS:
+        for name in models:
             np.savez(work / f"{name}.weights.npz", **{f"w{i}": w for i, w in enumerate(build(name, keras).get_weights())})
         # The stacks' processes start side by side; a stack that cannot be imported is said so, with how to
         # install it, and the others go on.
@@ -194,7 +205,7 @@ def measure(args, rec) -> Found:
         remote = {}
         for stack, server in servers.items():
             try:
-                remote[stack] = server.timer(f"fit {MODELS[0]}")  # waits until the process is ready
+                remote[stack] = server.timer(f"fit {models[0]}")  # waits until the process is ready
             except ChildError as exc:
                 why = import_failure(str(exc))
                 if why is None:
@@ -207,7 +218,7 @@ def measure(args, rec) -> Found:
                 f"{s}: {w}" for s, w in found.missing.items()))
         baseline = stacks[0]  # Keras 2 when it is there: the stack users move from
         race = dict(rounds=args.rounds, warmup=0, seed=args.seed)
-        for model in MODELS:
+        for model in models:
             # Fit: every stack's epochs, and the Keras 3 TensorFlow model with jit_compile flipped, in the same rounds.
             timers = [servers[s].timer(f"fit {model}", f"{model}, {s}") for s in stacks]
             flip = "Keras 3, TensorFlow" in stacks
@@ -234,7 +245,7 @@ def measure(args, rec) -> Found:
         for server in servers.values():
             server.quit()  # every process replies with its results once it has finished
     results = {stack: servers[stack].result for stack in stacks}
-    for model in MODELS:
+    for model in models:
         for stack in stacks:
             r = results[stack][model]
             found.loss[model, stack], found.jit[model, stack] = r["loss"], r["jit_compile"]
@@ -261,7 +272,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
     others = [s for s in stacks if s != baseline]
     short = {"Keras 2 (tf_keras)": "Keras 2", "Keras 3, TensorFlow": "Keras 3/TF", "Keras 3, JAX": "JAX"}
     lines, texts, failure = [], [], ""
-    for model in MODELS:
+    for model in found.models:
         spread = max(loss[model, s] for s in stacks) / min(loss[model, s] for s in stacks) - 1
         lines.append(f"{model}: test loss after the same steps {', '.join(f'{s} {loss[model, s]:.4f}' for s in stacks)}"
                      f" (spread {spread:.1%}, tolerance {LOSS_TOLERANCE:.0%}); jit_compile resolved to "
@@ -277,7 +288,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
     def against(table: str, model: str) -> str:
         return ", ".join(f"{short[s]} {compare[table, model, s].describe()}" for s in others)
 
-    for model in MODELS:
+    for model in found.models:
         text = []
         if others:
             fit = ", ".join(f"{s} {compare[FIT, model, s].describe()} (jit_compile resolved to {jit[model, s]})"
@@ -318,8 +329,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
     headline = None
     if others:
         stack = "Keras 3, TensorFlow" if "Keras 3, TensorFlow" in others else others[0]
-        headline = Headline.compared(f"{MODELS[0]} fit throughput, {stack} against {baseline}",
-                                     compare[FIT, MODELS[0], stack])
+        headline = Headline.compared(f"{found.models[0]} fit throughput, {stack} against {baseline}",
+                                     compare[FIT, found.models[0], stack])
     return Conclusion(text, lines, failure, headline)
 
 

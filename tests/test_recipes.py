@@ -147,28 +147,30 @@ def test_serving_runtimes_times_every_runtime_and_checks_their_answers(tmp_path)
 
 
 @pytest.mark.slow
-def test_keras_backends_trains_the_same_models_alike_under_each_stack(tmp_path, capsys):
+def test_keras_backends_trains_the_same_model_alike_under_each_stack(tmp_path, capsys):
+    # The CNN alone (--models): the LSTM doubles the stacks' work (29 of 62 CPU-s, XLA compiling its loop
+    # under JAX and with jit_compile flipped); `make report` trains both.
     out = main_here("keras_backends", ["--quick", "--rounds", "1", "--epochs", "1", "--calls", "2", "--train-size",
-                                       "256", "--out", tmp_path], capsys)
+                                       "256", "--models", "cnn", "--out", tmp_path], capsys)
     records = read_records(tmp_path / "keras_backends.jsonl")
     stacks = ["Keras 2 (tf_keras)", "Keras 3, TensorFlow", "Keras 3, JAX"]
     losses = {r["row"]: r["metrics"] for r in records if r["table"].startswith("final loss")}
-    for model in ("cnn", "lstm"):
-        values = [losses[f"{model}, {s}"]["test_loss"] for s in stacks]
-        assert max(values) / min(values) - 1 < 0.05  # same weights, same batches: the same training
-        assert losses[f"{model}, Keras 3, JAX"]["jit_compile"] is True  # JAX always compiles the step
+    assert set(losses) == {f"cnn, {s}" for s in stacks}  # the LSTM was left out, in every stack's process
+    values = [losses[f"cnn, {s}"]["test_loss"] for s in stacks]
+    assert max(values) / min(values) - 1 < 0.05  # same weights, same batches: the same training
+    assert losses["cnn, Keras 3, JAX"]["jit_compile"] is True  # JAX always compiles the step
     fit = [r for r in records if r["table"] == "fit throughput"]
-    assert [r["row"] for r in fit] == [f"{m}, {s}" for m in ("cnn", "lstm") for s in stacks]
+    assert [r["row"] for r in fit] == [f"cnn, {s}" for s in stacks]
     for r in fit:
-        assert (r.get("versus") == f"{r['row'].split(',')[0]}, Keras 2 (tf_keras)") == ("Keras 2" not in r["row"])
+        assert (r.get("versus") == "cnn, Keras 2 (tf_keras)") == ("Keras 2" not in r["row"])
         assert r["metrics"]["samples_per_s"] > 0 and len(r["samples_s"]) == r["n"] == 1
     first = {r["row"] for r in records if r["table"].startswith("first epoch")}
-    assert first == {f"{m}, {s}" for m in ("cnn", "lstm") for s in stacks}  # one per process, not judged
+    assert first == {f"cnn, {s}" for s in stacks}  # one per process, not judged
     inference = {r["row"] for r in records if r["table"] == "inference calls"}
-    assert "lstm, predict(), batch 256, Keras 3, JAX" in inference and "cnn, model(x), batch 1, Keras 2 (tf_keras)" in inference
+    assert "cnn, predict(), batch 256, Keras 3, JAX" in inference and "cnn, model(x), batch 1, Keras 2 (tf_keras)" in inference
     jit_rows = [r["row"] for r in records if r["table"].startswith("Keras 3 on TensorFlow")]
-    assert len(jit_rows) == 4 and sum("(default)" in row for row in jit_rows) == 2
-    assert "cnn: test loss after the same steps" in out
+    assert len(jit_rows) == 2 and sum("(default)" in row for row in jit_rows) == 1
+    assert "cnn: test loss after the same steps" in out and "lstm" not in out
 
 
 def test_keras_backends_says_which_stack_is_missing_and_measures_the_others(tmp_path, monkeypatch, capsys):

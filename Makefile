@@ -34,11 +34,10 @@ browser:
 
 # Two workers: most tests wait on the processes they start (servers, clusters, recipes), so two keep 2 cores
 # busy; tests that share something expensive or a machine-wide resource share an xdist_group (one worker).
-# Tests that assert on what the cores do (marked whole_machine) run after them, alone: beside another worker's
-# load their verdicts measure that load.
+# Tests that assert on what the cores do (marked whole_machine) run last, alone, in the same run: beside another
+# worker's load their verdicts measure that load (tests/conftest.py holds them back until the others finish).
 test: install browser
-	$(RUN) $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not whole_machine"
-	$(RUN) $(BIN)/python -m pytest -q -m whole_machine
+	$(RUN) $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # The documentation site, built strictly (a broken link or API reference fails it): open site/index.html.
 docs: install

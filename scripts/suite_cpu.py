@@ -1,6 +1,6 @@
 """Where the test suite's CPU goes: pytest run with every Python process it starts logging its own CPU time.
 
-    .venv/bin/python scripts/suite_cpu.py -- -q -n 2 --dist loadgroup -m "not whole_machine"
+    .venv/bin/python scripts/suite_cpu.py -- -q -n 2 --dist loadgroup
 
 Runs pytest with those arguments, a `sitecustomize` on PYTHONPATH that logs, as each Python process exits, its
 argv, CPU seconds, whether it imported TensorFlow, and the test it ran under (pytest's PYTEST_CURRENT_TEST, which

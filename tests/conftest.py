@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,63 @@ def run(args, *, timeout=600, cwd=REPO, check=True, **kwargs):
         raise AssertionError(f"{args} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
                              f"\n--- stderr\n{proc.stderr[-4000:]}")
     return proc
+
+
+# `make test` is one pytest run on two workers, and the tests marked whole_machine (they assert on what the cores do,
+# which another worker's load would change) run in it alone, last: they form one xdist group, which the scheduler
+# hands out after every other unit of work, and their first test waits until the other workers have finished.
+# (A second pytest run for them collected the suite again: 8 s of importing TensorFlow.)
+ALONE = "whole_machine"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns xdist_group marks into scheduling units
+def pytest_collection_modifyitems(config, items):
+    if getattr(config.option, "loadgroup", False):  # set by xdist (controller and workers) for --dist loadgroup
+        for item in items:
+            if item.get_closest_marker(ALONE):
+                item.add_marker(pytest.mark.xdist_group(ALONE))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup, with the whole_machine group handed out last."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class AloneLast(LoadGroupScheduling):
+        def _assign_work_unit(self, node):
+            if ALONE in self.workqueue and len(self.workqueue) > 1:
+                self.workqueue.move_to_end(ALONE)
+            super()._assign_work_unit(node)
+
+    return AloneLast(config, log)
+
+
+def finished_folder(config) -> Path:
+    """Where this run's workers say they have finished: the run's temporary folder, which holds each worker's own
+    (xdist gives each worker basetemp/popen-gwN) and which pytest removes with its older runs'."""
+    return Path(config.option.basetemp).parent
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):
+        (finished_folder(session.config) / f"{session.config.workerinput['workerid']}.finished").touch()
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up: a module's fixtures may measure too
+def pytest_runtest_setup(item):
+    """A whole_machine test on a worker starts once the run's other workers have finished their tests."""
+    config = item.config
+    if not hasattr(config, "workerinput") or item.get_closest_marker(ALONE) is None:
+        return
+    me, count = config.workerinput["workerid"], config.workerinput["workercount"]
+    others = [f"gw{i}" for i in range(count) if f"gw{i}" != me]
+    deadline = time.monotonic() + 3600
+    while not all((finished_folder(config) / f"{other}.finished").exists() for other in others):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the other workers ({', '.join(others)}) did not finish within an hour")
+        time.sleep(0.5)
 
 
 @pytest.fixture(autouse=True, scope="session")

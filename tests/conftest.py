@@ -33,10 +33,15 @@ ALONE = "whole_machine"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns xdist_group marks into scheduling units
 def pytest_collection_modifyitems(config, items):
-    if getattr(config.option, "loadgroup", False):  # set by xdist (controller and workers) for --dist loadgroup
+    if getattr(config.option, "loadgroup", False):  # set by xdist in its workers for --dist loadgroup
         for item in items:
             if item.get_closest_marker(ALONE):
                 item.add_marker(pytest.mark.xdist_group(ALONE))
+        # The tests of no group that are marked slow are handed out before the quick ones (the scheduler keeps the
+        # collection's order, groups first): the run then ends on quick tests, and the worker that runs out of work
+        # first waits less for the other before the whole_machine tests (it waited 29 s for a 20 s test).
+        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None
+                   and item.get_closest_marker("slow") is None)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -153,6 +153,7 @@ def test_the_noise_of_repeated_runs_is_each_figures_spread_pulled_toward_its_rec
         Noise.from_json({"format": "something else"}, "x.json")
 
 
+@pytest.mark.slow
 def test_a_calibrated_compare_of_runs_of_the_same_code_seldom_calls_a_change_where_the_samples_cry_wolf():
     """A/A: each pair of runs judged against a calibration of three other runs (a new one each time: the rate a
     user meets on average). The samples within a run see none of the run-to-run noise and cry wolf."""

@@ -183,6 +183,7 @@ def check_structure(d, out, tables):
     return records
 
 
+@pytest.mark.slow
 def test_token_dict_model_from_a_factory_with_training(factories, tmp_path):
     subject = load_subject(f"{factories}:text_model")
     assert [(i.name, i.dtype, i.shape) for i in subject.inputs] == [("extra", "float32", (3,)),
@@ -206,6 +207,7 @@ def test_token_dict_model_from_a_factory_with_training(factories, tmp_path):
     assert "LiteRT interpreter" in latency or "LiteRT interpreter" in d.skipped
 
 
+@pytest.mark.slow
 def test_list_inputs_and_two_outputs_from_a_keras_file_with_mixed_precision(tmp_path):
     subject = load_subject(str(attention_file(tmp_path)))
     assert subject.structure == ["ids", "side"] and subject.vocabulary == 30 and not subject.mask_zero
@@ -238,6 +240,7 @@ def test_a_saved_model_from_a_tf_module_without_keras_and_with_a_fake_gpus_tf32(
         training(subject, None, doctor.Options(**TINY, train=True, loss="mse"), print)
 
 
+@pytest.mark.slow
 def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command_reproduces(tmp_path, capsys,
                                                                                           browser):
     keras.utils.set_random_seed(0)
@@ -416,6 +419,7 @@ def test_a_saved_model_that_reaches_risky_ops_is_refused_unless_trusted(tmp_path
     assert load_subject(str(tmp_path / "writer"), trust=True).kind == "savedmodel"
 
 
+@pytest.mark.slow
 def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, capsys, tfperf_cli):
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)], name="small")
     model.save(tmp_path / "small.keras")
@@ -543,6 +547,7 @@ print(json.dumps([dataclasses.asdict(fit) for fit in fits]))
 """
 
 
+@pytest.mark.slow
 def test_the_memory_budget_finds_the_largest_batch_by_trying(tmp_path):
     from tfperf.doctor.memory import memory_budget
     from tfperf.doctor.profile import BatchFit, host_allocator_visible

@@ -119,6 +119,7 @@ def test_saved_model_recipe_times_load_and_latency(tmp_path, capsys):
     assert set(headline.rests_on) == {"in-process, batch 1", "reloaded, batch 1"} and headline.verdict
 
 
+@pytest.mark.slow
 def test_serving_runtimes_times_every_runtime_and_checks_their_answers(tmp_path):
     # In this process (its timing and cold-start processes are its own children): one TensorFlow start fewer.
     runtimes = load_recipe("serving_runtimes")

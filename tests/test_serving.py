@@ -404,6 +404,7 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
     assert code == 0 and "without a change that counts" in out
 
 
+@pytest.mark.slow
 def test_the_recipe_measures_its_curves_and_the_cost_of_a_timeout(tmp_path):
     from test_recipes import load_recipe
 
@@ -548,6 +549,7 @@ def test_an_interrupted_load_still_reports_marked_partial(tmp_path, monkeypatch)
     assert (tmp_path / "run" / "load.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_the_doctor_answers_the_serving_question_with_the_command_that_reproduces_it(tmp_path, monkeypatch):
     tiny_sizes(monkeypatch)
     code, out, err = tfperf("doctor", "mlp", "--quick", "--budget", "0.01", "--no-threads", "--no-profile", "--serve",

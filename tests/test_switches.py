@@ -312,6 +312,7 @@ def small_cnn(path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_two_devices_train_the_users_model_under_mirroredstrategy_with_the_step_split(tmp_path):
     from tfperf.deploy.loader import load_subject
     from tfperf.doctor.devices import FIT, TIMED, devices

@@ -66,6 +66,7 @@ def finished_folder(config) -> Path:
     return Path(config.option.basetemp).parent
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which tears down the session's fixtures (Chromium, servers)
 def pytest_sessionfinish(session):
     if hasattr(session.config, "workerinput"):
         (finished_folder(session.config) / f"{session.config.workerinput['workerid']}.finished").touch()

@@ -9,6 +9,7 @@ the report read stored samples with it and answer at once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,10 +66,14 @@ class Measurement:
         """Number of samples."""
         return len(self.samples_s)
 
-    @property
+    # The statistics below are computed once per Measurement (it is frozen): a record asks for eight of them, and
+    # `tfperf compare` over many runs asked for each again, sorting the same samples every time.
+    @functools.cached_property
     def per_call_s(self) -> np.ndarray:
-        """Each sample as seconds per call."""
-        return np.asarray(self.samples_s, dtype=np.float64) / self.block_size
+        """Each sample as seconds per call (read-only: it is shared by every statistic)."""
+        per_call = np.asarray(self.samples_s, dtype=np.float64) / self.block_size
+        per_call.flags.writeable = False
+        return per_call
 
     @property
     def per_item_s(self) -> np.ndarray:
@@ -77,7 +82,15 @@ class Measurement:
 
     def percentile_s(self, q: float) -> float:
         """A true percentile of the per-call times (np.percentile, nothing trimmed)."""
-        return float(np.percentile(self.per_call_s, q))
+        return self._percentiles(q)[0]
+
+    def _percentiles(self, *qs: float) -> list[float]:
+        """Several percentiles, those not yet known computed in one pass and kept."""
+        known = self.__dict__.setdefault("_percentiles_s", {})  # frozen: the cache lives beside the fields
+        missing = [q for q in qs if q not in known]
+        if missing:
+            known.update(zip(missing, map(float, np.percentile(self.per_call_s, missing))))
+        return [known[q] for q in qs]
 
     @property
     def median_s(self) -> float:
@@ -106,10 +119,9 @@ class Measurement:
     @property
     def iqr_s(self) -> float:
         """Interquartile range of the per-call times."""
-        q1, q3 = np.percentile(self.per_call_s, [25, 75])
-        return float(q3 - q1)
+        return self.percentile_s(75) - self.percentile_s(25)
 
-    @property
+    @functools.cached_property
     def ci95_s(self) -> tuple[float, float]:
         """95% confidence interval of the median time per call (order statistics, distribution-free)."""
         return stats.median_ci(self.per_call_s)
@@ -145,6 +157,7 @@ class Measurement:
 
     def summary(self) -> dict[str, Any]:
         """The figures a record keeps beside the raw samples."""
+        self._percentiles(25, 50, 75, 90, 99)
         return {"n": self.n, "block_size": self.block_size, "rounds": self.rounds, "mode": self.mode,
                 "first_call_s": self.first_call_s, "overhead_s": self.overhead_s,
                 "median_s": self.median_s, "iqr_s": self.iqr_s, "p90_s": self.p90_s, "p99_s": self.p99_s,

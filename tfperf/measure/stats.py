@@ -8,6 +8,7 @@ and ranks, never on means and standard deviations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 
@@ -18,10 +19,13 @@ FASTER, SLOWER, NO_DIFFERENCE = "faster", "slower", "no measurable difference"
 UNSTABLE_IQR = 0.10
 
 
+@functools.lru_cache(maxsize=256)  # a few sample counts recur (every row of a run has the same n): kept, read-only
 def _log_binom_half_cdf(n: int) -> np.ndarray:
     """log P(X <= k) for k = 0..n, X ~ Binomial(n, 1/2), in log space so that large n does not underflow."""
     log_pmf = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in range(n + 1)])
-    return np.logaddexp.accumulate(log_pmf - n * math.log(2))
+    cdf = np.logaddexp.accumulate(log_pmf - n * math.log(2))
+    cdf.flags.writeable = False
+    return cdf
 
 
 def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:

@@ -14,9 +14,9 @@ from tfperf.measure.profiles import (KINDS, OpTime, TraceError, by_type, input_a
                                      peak_memory, time_by_kind, tool, trace_files, traces_by_run)
 from tfperf.recipe import where_the_time_went
 
-# Alone on the machine (`make test` runs these after its two workers): the profiler's verdicts and its memory view
-# are of a trace taken here, which another test's load changes.
-pytestmark = pytest.mark.whole_machine
+# Alone on the machine (`make test` runs these after its two workers): the profiler's verdicts and shares are of a
+# trace taken here, which another test's load changes. The tests of what a trace holds, not of its times, run beside.
+alone = pytest.mark.whole_machine
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +31,7 @@ def matmul_trace(tmp_path_factory):
     return root, timer.profile(root, steps=5)
 
 
+@alone
 def test_a_small_trace_converts_to_xprofs_own_op_stats(matmul_trace):
     root, where = matmul_trace
     assert where.parent == root and where.name == "two-matmuls"
@@ -72,6 +73,7 @@ def test_the_peak_memory_of_a_trace_with_onednns_allocator_is_read(tmp_path):
     assert "mklcpu" in peaks and peaks["mklcpu"] >= 256 * 256 * 4  # one 256x256 float32 result at least
 
 
+@alone
 def test_the_recipes_profile_flag_prints_the_top_operations_of_its_own_traces(matmul_trace):
     root, where = matmul_trace
     text = where_the_time_went(root)
@@ -99,6 +101,7 @@ def loop_trace(root, dataset, name):
     return input_analysis(trace_files(timer.profile(root, steps=8, mark_steps=True)))
 
 
+@alone
 def test_the_profilers_input_verdict_both_ways(tmp_path):
     def load(x):  # stands in for a read that waits: 60 ms a batch, several steps' time (a step took 10 ms here)
         time.sleep(0.06)

@@ -226,13 +226,28 @@ def kinds_of_work(args, rec) -> dict:
             return np.float32(total % 10)
         return work
 
-    # Calibrate the Python loop and the TensorFlow ops to about per_example_s each, on this machine.
+    def seconds_per_example(decode) -> float:
+        """What `decode` costs an example where this table runs it: in `per_example`, one call at a time."""
+        it = iter(per_example(decode, 1, batch, 6 * batch))
+        next(it)  # the iterator's start
+        t0 = time.perf_counter()
+        for _ in range(5):
+            next(it)
+        return (time.perf_counter() - t0) / (5 * batch)
+
+    # Calibrate the Python loop and the TensorFlow ops to about per_example_s each, on this machine. The loop is
+    # sized from a call of its own, then corrected where it runs: in tf.data's thread the same loop took 5-10x the
+    # CPU of a call from the main thread here (13 ms against 1.3 ms), so a table sized by the call alone ran for 15-32 ms
+    # an example where it meant 3.
     loops, took = 2000, []
     for _ in range(5):  # the fastest of a few: a first call is slow
         t0 = time.perf_counter()
         python_work(loops)(0)
         took.append(time.perf_counter() - t0)
     loops = max(int(loops * per_example_s / min(took)), 1)
+    for _ in range(2):
+        in_pipeline = seconds_per_example(lambda i: tf.numpy_function(python_work(loops), [i], tf.float32))
+        loops = max(int(loops * per_example_s / in_pipeline), 1)
     weights = tf.random.normal([96, 96], seed=args.seed)
 
     def tf_work(reps):

@@ -237,8 +237,8 @@ def kinds_of_work(args, rec) -> dict:
 
     # Calibrate the Python loop and the TensorFlow ops to about per_example_s each, on this machine. The loop is
     # sized from a call of its own, then corrected where it runs: in tf.data's thread the same loop took 5-10x the
-    # CPU of a call from the main thread here (13 ms against 1.3 ms), so a table sized by the call alone ran for 15-32 ms
-    # an example where it meant 3.
+    # CPU of a call from the main thread here (13 ms against 1.3 ms), so a table sized by the call alone ran for
+    # 15-32 ms an example where it meant 3.
     loops, took = 2000, []
     for _ in range(5):  # the fastest of a few: a first call is slow
         t0 = time.perf_counter()

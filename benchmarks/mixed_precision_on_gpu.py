@@ -3,6 +3,7 @@
 Run:   KERAS_BACKEND=jax python benchmarks/mixed_precision_on_gpu.py            (a few minutes on one GPU)
        KERAS_BACKEND=jax python benchmarks/mixed_precision_on_gpu.py --tiny     (the same code at toy sizes, CPU)
        ... --kernels DIR: each policy also traced against float32 in turns, kernel by kernel (traces in DIR)
+       ... --memory: the device memory each policy's step is compiled to use (XLA's buffer assignment)
 Needs: Keras 3 and JAX (a CUDA build for the GPU); no TensorFlow: tfperf.measure times JAX arrays by
        `block_until_ready`, so this runs where TensorFlow's CUDA build cannot be installed.
 
@@ -105,6 +106,34 @@ def variant(build, policy: str, batch: int, shape: tuple) -> tuple[Timer, str, k
     return timer, f"{reduced_precision_layers(model)}, first call {time.perf_counter() - started:.1f} s", model
 
 
+def step_memory(model: keras.Model, batch: int, shape: tuple) -> dict[str, int]:
+    """Bytes XLA assigns to one training step's gradient (forward, loss, backward) of `model`: its arguments
+    (weights, batch) and its temporaries (the activations kept for the backward pass, workspaces), read from the
+    compiled program (`memory_analysis`), so that "mixed precision saves memory but no time" is answered in bytes."""
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=False)
+    trainable = [v.value for v in model.trainable_variables]
+    frozen = [v.value for v in model.non_trainable_variables]
+    x = jax.numpy.zeros((batch, *shape), "float32")
+    y = jax.numpy.zeros((batch,), "int32")
+
+    def loss_of(tv, ntv, x, y):
+        return jax.numpy.mean(loss_fn(y, model.stateless_call(tv, ntv, x, training=True)[0]))
+
+    stats = jax.jit(jax.grad(loss_of)).lower(trainable, frozen, x, y).compile().memory_analysis()
+    return {"arguments": stats.argument_size_in_bytes, "temporaries": stats.temp_size_in_bytes,
+            "outputs": stats.output_size_in_bytes}
+
+
+def memory_lines(built: dict[str, keras.Model], batch: int, shape: tuple) -> list[str]:
+    """Each policy's step memory, beside float32's (the first)."""
+    found = {policy: step_memory(model, batch, shape) for policy, model in built.items()}
+    base = next(iter(found.values()))
+    mib = 2 ** 20
+    return [f"{policy}: temporaries {m['temporaries'] / mib:,.0f} MiB ({m['temporaries'] / base['temporaries']:.2f}x "
+            f"float32's), arguments {m['arguments'] / mib:,.0f} MiB, gradients out {m['outputs'] / mib:,.0f} MiB"
+            for policy, m in found.items()]
+
+
 def kernels(timers: list[Timer], built: dict[str, keras.Model], folder: str) -> list[str]:
     """Each policy against float32 (the first timer), traced in turns: the kernels that got slower or were added."""
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
@@ -126,6 +155,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=None, help="models whose label starts with one of these")
     parser.add_argument("--tf32", action="store_true", help=f"add a row '{FULL_FLOAT32}' (full float32 matmuls)")
     parser.add_argument("--kernels", metavar="DIR", help="trace each policy against float32, kernel by kernel")
+    parser.add_argument("--memory", action="store_true", help="the device memory each policy's step is compiled to")
     args = parser.parse_args()
     if keras.backend.backend() != "jax":
         print("This benchmark runs Keras 3 on JAX: set KERAS_BACKEND=jax.", file=sys.stderr)
@@ -149,6 +179,10 @@ def main() -> int:
             judged = against[m.name].describe() if m.name in against else "the baseline"
             print(f"- {m.name}: {m.median_s * 1e3:.2f} ms a step, {m.items_per_s:,.0f} images/s; {judged} "
                   f"({facts[m.name]})")
+        if args.memory:
+            print("  device memory of one step's gradient, as XLA assigned it:")
+            for line in memory_lines(built, batch, shape):
+                print(f"  - {line}")
         if args.kernels:
             folder = os.path.join(args.kernels, re.sub(r"[^A-Za-z0-9]+", "-", label))
             for line in kernels(timers, built, folder):

@@ -5,6 +5,8 @@ with an all-reduce after every step, so all ranks apply the same update and stay
 
 Run:   horovodrun -np 4 python recipes/mnist_hvd.py          (4 ranks on this host)
        python recipes/mnist_hvd.py --quick                  (one rank, no launcher needed)
+       horovodrun -np 2 --timeline-filename t.json python recipes/mnist_hvd.py --quick   (and where the
+       collectives' time went: negotiation, all-reduce, waits, read from Horovod's timeline)
 Needs: Horovod 0.28.1 built with TensorFlow and Gloo (`make install` builds it); mnist-5k works offline,
        `--dataset mnist` downloads full MNIST once.
 """
@@ -27,6 +29,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf import hvd as thvd
 from tfperf.measure import Measurement, Timer, profiled
+from tfperf.measure.horovod_timeline import TimelineError, TimelineSplit, read_split
 from tfperf.data import load_arrays, to_dataset
 from tfperf.devices import usable_cores
 from tfperf.models import get_net
@@ -141,6 +144,7 @@ def resume(checkpoint: tf.train.Checkpoint, args) -> Path:
 
 TARGET_ACCURACY = {"mnist-5k": 0.95, "mnist": 0.98}  # after a full-size run (10 epochs)
 THROUGHPUT, RESULT = "throughput per rank and in total", "training result"
+TIMELINE = "Horovod's timeline: where the collectives' time went"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +170,7 @@ class Found:
     checkpoint: str | None
     drift: float  # the largest weight difference from rank 0 after training (must be 0)
     epochs: int
+    timeline: TimelineSplit | None = None  # read from Horovod's timeline, when the launcher wrote one
 
 
 def add_flags(p) -> None:
@@ -208,11 +213,48 @@ class Stopwatch:
         return counted
 
 
+def timeline_path() -> str | None:
+    """Where horovodrun's --timeline-filename (HOROVOD_TIMELINE) has rank 0 write Horovod's timeline, checked
+    before training: Horovod writes nothing, and says nothing, where the folder does not exist."""
+    path = os.environ.get("HOROVOD_TIMELINE")
+    if not path or path == "DYNAMIC":
+        return None
+    if not Path(path).parent.is_dir():
+        raise RecipeError(f"--timeline-filename {path}: its folder does not exist, so Horovod would write no "
+                          f"timeline: create the folder first")
+    return path
+
+
+def timeline_split(path: str | None, steps: int) -> TimelineSplit | None:
+    """This run's Horovod timeline read into negotiation, all-reduce and waits; None without one."""
+    if path is None:
+        return None
+    # Horovod: stop the timeline, which writes out its queued events and closes the file.
+    hvd.stop_timeline()
+    try:
+        return read_split(path, steps)
+    except TimelineError as exc:
+        raise RecipeError(str(exc)) from None
+
+
+def record_timeline(rec, found: TimelineSplit) -> None:
+    """The split as rows: seconds over the run, milliseconds a step and the share of the run."""
+    rows = {"collectives under way": found.collectives_s, "negotiation": found.negotiation_s,
+            "negotiation: waiting for the last rank": found.waiting_for_last_rank_s, "operations": found.operation_s,
+            **{f"operations: {name}": s for name, s in found.activities.items()},
+            "waiting for the framework's data": found.waits_s}
+    for row, seconds in rows.items():
+        rec.add(TIMELINE, row, {"ms_per_step": found.per_step_ms(seconds), "s": seconds,
+                                "share_of_run": seconds / found.span_s if found.span_s else None},
+                primary="ms_per_step", lower_is_better=True, versus_first=False)
+
+
 def measure(args, rec) -> Found:
     hvd.init()  # train() starts Horovod too (a second call does nothing): here for rank and size
     rank, size = hvd.rank(), hvd.size()
     stopwatch = Stopwatch(args)
     rec.args["np"] = size
+    timeline = timeline_path()
     try:
         run = train(args, stopwatch)
     except (tf.errors.OpError, HorovodInternalError) as exc:
@@ -234,6 +276,7 @@ def measure(args, rec) -> Found:
     counts = thvd.total({"correct": correct, "seen": len(test_y)})
     test_accuracy = counts["correct"] / counts["seen"]
     drift = thvd.max_weight_difference(run.model.variables)  # must be exactly 0 on every rank
+    timeline = timeline_split(timeline, stopwatch.steps) if rank == 0 else None  # after the last collective
     if rank != 0:
         raise SystemExit(0 if drift == 0.0 else 1)  # the other ranks neither record nor print
     for r, rate in enumerate(per_rank):
@@ -249,7 +292,10 @@ def measure(args, rec) -> Found:
         "test_accuracy": test_accuracy, "final_loss": run.final_loss, "weight_drift": drift, "epochs": run.epochs,
         "global_batch": args.batch_size * size, "updates": run.updates, "wall_s": run.wall_s},
         primary="test_accuracy", lower_is_better=False)
-    return Found(size, per_rank.tolist(), test_accuracy, int(counts["seen"]), run.checkpoint, drift, run.epochs)
+    if timeline:
+        record_timeline(rec, timeline)
+    return Found(size, per_rank.tolist(), test_accuracy, int(counts["seen"]), run.checkpoint, drift, run.epochs,
+                 timeline)
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -258,6 +304,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
     lines = [f"samples/s per rank: {per_rank.mean():.0f} (median step), total on {size} rank(s): {per_rank.sum():.0f}",
              f"test accuracy {test_accuracy:.4f} on {found.seen:.0f} images; checkpoint {found.checkpoint}",
              f"weights identical on all ranks: {drift == 0.0} (largest difference from rank 0: {drift:g})"]
+    timeline = found.timeline.describe() if found.timeline else []
+    lines += [f"Horovod's timeline: {line}" for line in timeline]
 
     target = TARGET_ACCURACY.get(args.dataset)
     full_run = args.epochs >= 10 and not args.max_steps
@@ -265,6 +313,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
                f"the full-size target is {target:.2f}: {'reached' if test_accuracy >= target else 'NOT reached'}"
                if full_run else f"a short run; the target of {target:.2f} applies to 10 full epochs")
     cores = usable_cores()
+    told = f" Horovod's timeline of the run: {timeline[0]}. {timeline[-1]}" if timeline else ""
     return Conclusion((
         f"{size} rank(s) trained {args.model} on {args.dataset} for {found.epochs} epoch(s) to test "
         f"accuracy {test_accuracy:.3f} ({reached}). Each rank ran {per_rank.mean():.0f} samples/s, "
@@ -272,7 +321,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"so the total cannot grow past one process using all of them; Horovod's gain is on machines with a "
         f"GPU (or a whole host) per rank, where each rank adds its own compute and only the all-reduce is "
         f"shared (see scaling_model). The weights were identical on all ranks after training "
-        f"(largest difference {drift:g})."), lines, "" if drift == 0.0 else "ranks ended with different weights",
+        f"(largest difference {drift:g}).{told}"), lines,
+        "" if drift == 0.0 else "ranks ended with different weights",
         Headline(f"Horovod data parallelism on {size} rank(s) of this host",
                  f"{per_rank.sum():.0f} samples/s in total, test accuracy {test_accuracy:.3f}",
                  "weights identical on all ranks" if drift == 0.0 else "ranks DIFFER",

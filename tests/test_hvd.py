@@ -1,6 +1,7 @@
 """Horovod on Keras 3 through tfperf.hvd, with real ranks: identical weights, agreement with one device,
 and a job that ends (naming the rank) when one of its ranks dies."""
 
+import json
 import os
 import re
 import signal
@@ -19,10 +20,10 @@ from tfperf.records.jsonl import read_records
 TESTS = REPO / "tests"
 
 
-def horovodrun(np_, *args):
+def horovodrun(np_, *args, launcher=()):
     # --gloo: horovodrun asks forked processes how Horovod was built (each imports TensorFlow to answer): told the
     # controller, it asks only whether Gloo was; Gloo is what scripts/install_horovod.sh builds.
-    return [BIN / "horovodrun", "-np", str(np_), "--gloo", sys.executable, *args]
+    return [BIN / "horovodrun", "-np", str(np_), "--gloo", *launcher, sys.executable, *args]
 
 
 def test_adapter_in_one_process():
@@ -81,9 +82,9 @@ def test_two_ranks_agree_with_single_device_training(tmp_path):
 
 @pytest.mark.slow
 def test_mnist_hvd_two_ranks(tmp_path):
-    ckpt = tmp_path / "ckpt"
+    ckpt, timeline = tmp_path / "ckpt", tmp_path / "timeline.json"
     proc = run(horovodrun(2, recipe("mnist_hvd"), "--quick", "--max-steps", "8", "--warmup", "2",
-                          "--out", tmp_path, "--checkpoint-dir", ckpt))
+                          "--out", tmp_path, "--checkpoint-dir", ckpt, launcher=("--timeline-filename", timeline)))
     assert "total on 2 rank(s)" in proc.stdout and "weights identical on all ranks: True" in proc.stdout
     assert "[1]<stdout>" not in proc.stdout  # rank 0 alone talks
     records = read_records(tmp_path / "mnist_hvd.jsonl")
@@ -94,6 +95,16 @@ def test_mnist_hvd_two_ranks(tmp_path):
     result = rows["np=2"]
     assert result["weight_drift"] == 0.0 and result["epochs"] == 2 and result["global_batch"] == 128
     assert result["updates"] == 16 and result["test_accuracy"] > 0.5  # 16 updates from 10% (chance)
+    # Horovod's own timeline of the job, read into its phases: 16 steps of gradients all-reduced over Gloo.
+    split = {r["row"]: r["metrics"] for r in records if r["table"].startswith("Horovod's timeline")}
+    assert split["negotiation"]["s"] > 0 and split["operations"]["s"] > 0
+    assert split["operations: GLOO_ALLREDUCE"]["s"] > 0
+    assert split["collectives under way"]["s"] >= max(split["negotiation"]["s"], split["operations"]["s"])
+    assert all(0 <= m["share_of_run"] <= 1 for m in split.values())
+    assert "Horovod's timeline: " in proc.stdout and "waiting for the last rank" in proc.stdout
+    from tfperf.measure.horovod_timeline import read_split
+
+    assert read_split(timeline).steps == 16  # each gradient all-reduced once a step, 8 steps in 2 epochs
     runs = list(ckpt.iterdir())
     assert len(runs) == 1 and sorted(f.name for f in runs[0].iterdir()) == [
         "checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]  # one writer, one checkpoint kept
@@ -173,3 +184,57 @@ def test_rank_that_exits_mid_training_ends_the_job_and_is_named(tmp_path):
     assert failure, output[-3000:]
     assert failure.group(0).startswith("rank 0 of 2 lost its peers at epoch 2, step 41")
     assert time.monotonic() - started < 90
+
+
+def timeline_file(path, steps=2, cut=0):
+    """A timeline as Horovod's writer lays it out: two gradients a step, fused into one all-reduce, rank 1 late."""
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1}}]
+    for pid, name in ((1, "grad_a"), (2, "grad_b")):
+        events += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}},
+                   {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}]
+    for step in range(steps):
+        t = step * 10_000
+        for pid, asked, late, activity in ((1, 0, 400, "MEMCPY_IN_FUSION_BUFFER"), (2, 50, 405, "WAIT_FOR_DATA")):
+            events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": t + asked, "pid": pid},
+                       {"ph": "X", "name": "0", "ts": t + asked, "pid": pid, "dur": 0},
+                       {"ph": "X", "name": "1", "ts": t + late, "pid": pid, "dur": 0},
+                       {"ph": "E", "ts": t + 410, "pid": pid},
+                       {"ph": "B", "name": "ALLREDUCE", "ts": t + 420, "pid": pid},
+                       {"ph": "B", "name": activity, "ts": t + 420, "pid": pid},
+                       {"ph": "E", "ts": t + (440 if pid == 1 else 430), "pid": pid},
+                       {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": t + 440, "pid": pid},
+                       {"ph": "E", "ts": t + 640, "pid": pid},
+                       {"ph": "E", "ts": t + 650, "pid": pid, "args": {"dtype": "float32", "shape": "[3]"}}]
+    text = "[\n" + ",".join(json.dumps(e) for e in events) + "]"
+    path.write_text(text[:len(text) - cut])
+    return path
+
+
+def test_a_horovod_timeline_is_read_into_negotiation_the_last_ranks_wait_and_the_all_reduce(tmp_path, capsys):
+    from tfperf.cli import main
+    from tfperf.measure.horovod_timeline import read_split, union_us
+
+    assert union_us([(0, 10), (5, 20), (30, 40)]) == 30
+    found = read_split(timeline_file(tmp_path / "t.json"))
+    # Per step: negotiating 0-410 us, rank 0 waiting for rank 1 0-405 us, the fused all-reduce 420-650 us;
+    # the two tensors overlap, so each phase is their union, never their sum.
+    assert found.steps == 2 and found.tensors == 2 and found.operations == {"ALLREDUCE": 4}
+    assert found.negotiation_s == pytest.approx(2 * 410e-6)
+    assert found.waiting_for_last_rank_s == pytest.approx(2 * 405e-6)
+    assert found.last_rank == {1: 4} and found.operation_s == pytest.approx(2 * 230e-6)
+    assert found.activities == pytest.approx({"GLOO_ALLREDUCE": 2 * 200e-6, "MEMCPY_IN_FUSION_BUFFER": 2 * 20e-6,
+                                              "WAIT_FOR_DATA": 2 * 10e-6})
+    assert found.waits_s == pytest.approx(2 * 10e-6)
+    assert found.collectives_s == pytest.approx(2 * 640e-6)  # 0-410 and 420-650 us: the 10 us between is no one's
+    assert found.span_s == pytest.approx(10_650e-6) and found.per_step_ms(found.negotiation_s) == pytest.approx(0.41)
+    assert "slowest one" in found.advice()  # waiting for rank 1 is the largest part
+    # A job killed mid-write leaves its last event cut: read up to the last whole one.
+    cut = read_split(timeline_file(tmp_path / "cut.json", cut=20))
+    assert cut.operations == {"ALLREDUCE": 3} and cut.steps == 2
+    assert main(["horovod-timeline", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "rank 1 reported last in 4 of the 4 negotiations of 4" in out and "GLOO_ALLREDUCE 0.00 s" in out
+    (tmp_path / "notes.txt").write_text("not a timeline")
+    assert main(["horovod-timeline", str(tmp_path / "notes.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a Horovod timeline" in err[0] and "--timeline-filename" in err[0]

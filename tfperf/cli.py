@@ -241,6 +241,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_horovod_timeline(args: argparse.Namespace) -> int:
+    """Read a Horovod timeline into negotiation (and the wait for the last rank), operations and waits."""
+    from tfperf.measure.horovod_timeline import TimelineError, read_split
+
+    try:
+        found = read_split(args.file, args.steps)
+    except TimelineError as exc:
+        raise UserError(str(exc)) from None
+    print("\n".join(found.describe()))
+    return 0
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment that records carry, as a process that runs models sees it."""
     import keras  # noqa: F401  (loaded, so that its runtime settings are read too)
@@ -397,6 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_command.add_command(sub)
     load_command.add_command(sub)
     serve_command.add_command(sub)
+
+    timeline = sub.add_parser("horovod-timeline", help="where a Horovod job's collective time went: negotiation, "
+                                                       "waiting for the last rank, all-reduce, waits")
+    timeline.add_argument("file", help="the timeline rank 0 wrote: horovodrun --timeline-filename FILE ...")
+    timeline.add_argument("--steps", type=flags.positive_int,
+                          help="training steps the job took (default: how many times most tensors were reduced)")
+    timeline.set_defaults(func=cmd_horovod_timeline)
 
     env = sub.add_parser("env", help="print the environment recorded with each measurement")
     env.set_defaults(func=cmd_env)

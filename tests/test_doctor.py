@@ -28,7 +28,7 @@ VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE)
 # Three calls in the retracing table, not seven: each is a trace of the model (1.2 s for MobileNetV2), and these
 # tests check counts, not the verdicts seven calls give.
 TINY = dict(batch_sizes=(1, 4), rounds=6, min_time_s=0.01, train_examples=64, threads=False, max_extensions=0,
-            trace_batches=(1, 2, 3))
+            trace_batches=(1, 2, 3), long_run_s=0.0)
 
 FACTORIES = textwrap.dedent("""
     import keras
@@ -83,6 +83,23 @@ PIPELINES = textwrap.dedent("""
 
     def fast():
         return _examples().batch(16).map(_load).cache().prefetch(tf.data.AUTOTUNE)
+
+    def crawling():  # each batch waits longer than the one before: a pipeline that slows down as it goes
+        began = []
+
+        def _later(x):
+            began.append(began[0] if began else time.perf_counter())
+            time.sleep(min(0.001 + 0.01 * (time.perf_counter() - began[0]), 0.03))  # up to 30 ms a batch
+            return x
+
+        return _examples().batch(16).map(lambda x, y: (
+            tf.ensure_shape(tf.py_function(_later, [x], tf.float32), [None, 8]), y))
+
+    def generated():  # the examples from a Python generator, one at a time
+        rng = np.random.default_rng(0)
+        x, y = rng.random((64, 8), dtype=np.float32), np.arange(64) % 4
+        spec = (tf.TensorSpec((8,), tf.float32), tf.TensorSpec((), tf.int64))
+        return tf.data.Dataset.from_generator(lambda: zip(x, y), output_signature=spec).batch(16)
 
     def unbatched():
         return _examples()
@@ -497,6 +514,41 @@ def test_on_your_pipeline_the_doctor_says_whether_training_waits_for_data(pipeli
     assert not [a for a, _ in fast.advice if a.section == VARIANTS_TABLE] and "input pipeline variants" in fast.skipped
     records = check_structure(fast, tmp_path / "out", ["input pipeline: is training waiting for data?", "training"])
     assert {"plain fit (batch 16)", "steps_per_execution=16"} <= {r["row"] for r in records if r["table"] == "training"}
+
+
+def test_a_pipeline_that_slows_down_is_seen_over_a_long_run_and_other_sources_of_its_examples_are_raced(
+        pipelines, tmp_path):
+    from tfperf.doctor.input_sources import (LONG_RUN_TABLE, SOURCES_TABLE, YOURS, LongRun, input_sources,
+                                             long_run)
+    from tfperf.doctor.pipeline import load_data
+    from tfperf.doctor.training import training_loss
+    from tfperf.measure.stats import compare_times
+    from tfperf.records.jsonl import Recorder
+
+    subject = load_subject(f"{pipelines}:model")
+    loss = training_loss("sparse_categorical_crossentropy", True)
+    rec = Recorder(doctor.RECIPE, {})
+    # A batch waits 1 ms more for every 0.1 s of the run: its last third is far slower than its first.
+    crawl = long_run(f"{pipelines}:crawling", 2.0, rec)
+    assert crawl.declined and crawl.comparison.ratio < 0.6 and "declines as it goes" in crawl.describe()
+    windows = [r["metrics"]["batches_per_s"] for r in rec.records if r["table"] == LONG_RUN_TABLE]
+    assert len(windows) == 10 and windows[-1] < windows[1] and crawl.batches == sum(
+        round(rate * crawl.seconds / 10) for rate in windows)
+    steady = LongRun("m:f", 30.0, 900, ((3.0, 30.0),) * 10, compare_times([0.03] * 9, [0.031] * 9, threshold=0.1))
+    assert not steady.declined and "No decline seen over a 30 s run" in steady.describe()
+    # The same 64 examples from tensors, a Python generator and TFRecord files, against the user's generator.
+    data = load_data(f"{pipelines}:generated", subject, loss, 64)
+    findings, skipped, found = input_sources(data, rec, doctor.Options(**TINY), tmp_path / "sources")
+    assert found is None and "--long-run 0" in skipped[LONG_RUN_TABLE]
+    rows = {r["row"]: r for r in rec.records if r["table"] == SOURCES_TABLE}
+    assert list(rows) == [YOURS, "from_tensor_slices (arrays in memory)", "from_generator (a Python generator)",
+                          "TFRecord files, written once"]
+    assert all(r["metrics"]["samples_per_s"] > 0 and r["n"] == 6 for r in rows.values())
+    assert len(list((tmp_path / "sources").glob("*.tfrecord"))) == 4
+    tensors = next(f for f in findings if f.row.startswith("from_tensor_slices"))
+    # No Python per example: several times faster (the median of six rounds; one stalled round would move the
+    # interval, not the median).
+    assert tensors.comparison.ratio > 1.5 and "from_tensor_slices" in tensors.code, tensors.comparison.describe()
 
 
 def test_bad_data_is_one_line_with_exit_2(pipelines, capsys):

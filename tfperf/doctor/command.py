@@ -67,6 +67,10 @@ def add_command(sub) -> None:
     p.add_argument("--data", metavar="MODULE:FUNCTION",
                    help="train on your own input pipeline: a function returning a tf.data.Dataset of (inputs, "
                         "targets) batches; doctor then says whether training waits for data and measures fixes")
+    p.add_argument("--long-run", type=flags.non_negative_int, metavar="SECONDS",
+                   help="with --data: read your pipeline alone this long to see whether it slows down as it goes "
+                        "(default 30; --quick 10; 0 skips it); the same examples are also raced from tensors, a "
+                        "Python generator and TFRecord files")
     p.add_argument("--train-step", metavar="MODULE:FUNCTION",
                    help="your own training loop's step: a function step(model, optimizer, batch) that trains one "
                         "batch (inputs, targets) and returns the loss (needs --loss for the targets, or --data); timed "
@@ -271,7 +275,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             sample_path=args.sample, trust=args.trust, input_shapes=shapes, profile=not args.no_profile,
             memory_budget=args.memory_budget, shapes=args.shapes or bool(args.shape_axes),
             shape_axes=args.shape_axes or "all", load_time=args.load_time,
-            keras_stacks=args.keras_stacks, devices=args.devices)
+            keras_stacks=args.keras_stacks, devices=args.devices,
+            long_run_s=args.long_run if args.long_run is not None else 10 if args.quick else 30)
         # What can be refused is refused before anything is measured or written.
         if args.loss:
             loss = training_loss(args.loss, args.from_logits)

@@ -64,6 +64,7 @@ class Options:
     devices: int | None = None  # train under MirroredStrategy on 1 and this many devices (needs `loss`)
     keras_stacks: bool = False  # the model under Keras 2, Keras 3 on TensorFlow and on JAX (needs `loss`)
     data: Any = None  # pipeline.UserData: the user's tf.data pipeline to train on (--data)
+    long_run_s: float = 30.0  # --data: the pipeline alone read this long, to see whether it declines (0: not run)
     step: Any = None  # the user's training step, step(model, optimizer, batch) -> loss (--train-step)
     step_source: str | None = None  # where `step` came from (module:function)
     memory_budget: int | None = None  # bytes: find the largest batch within them (--memory-budget)

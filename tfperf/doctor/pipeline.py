@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tfperf.deploy.errors import first_line
@@ -128,6 +129,7 @@ class InputCheck:
     share_ci95: tuple[float, float]
     ms_per_batch: dict[str, float]  # YOURS, STEP_ALONE, PIPELINE_ALONE
     profiler: InputAnalysis | None
+    long_run: Any = None  # input_sources.LongRun: the pipeline alone over a long run
 
     @property
     def timing_verdict(self) -> str:
@@ -155,6 +157,8 @@ class InputCheck:
                          + (f" Slowest stage: {a.slowest_stage}." if a.slowest_stage else ""))
             agree = (a.input_bound == (self.timing_verdict == "input-bound")) or self.timing_verdict == "undecided"
             lines.append("The two agree." if agree else "The two disagree: read the trace to see where the wait is.")
+        if self.long_run is not None:
+            lines.append(self.long_run.describe())
         return " ".join(lines)
 
 
@@ -179,10 +183,13 @@ def _variants(dataset) -> dict[str, tuple[Any, str, str]]:
     }
 
 
-def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, facts) -> tuple[list[Finding], dict,
-                                                                                             InputCheck]:
-    """Is training on the user's pipeline waiting for data? If so, prefetch, parallel map and cache, measured."""
+def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, facts,
+                   workdir: Path) -> tuple[list[Finding], dict, InputCheck]:
+    """Is training on the user's pipeline waiting for data? Does it decline over a long run, and would another
+    source of the same examples be faster? If it waits, prefetch, parallel map and cache, measured."""
     import keras
+
+    from tfperf.doctor.input_sources import input_sources
 
     from tfperf.doctor.inference import mfu
     from tfperf.doctor.training import training_loss
@@ -215,13 +222,16 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
                             if facts.get("flops_per_example") else None) if profiler else None
     c = raced.comparisons[STEP_ALONE]  # how many times faster the step is without the pipeline
     waiting = [max(0.0, 1 - 1 / r) for r in (c.ratio, *c.ci95)]  # below 0: the step alone was no faster
+    progress("input over a long run")
+    sources, skipped, long_run = input_sources(data, rec, options, workdir / "input-sources")
     check = InputCheck(data.source, waiting[0], (waiting[1], waiting[2]),
                        {row: m.median_s / data.steps * 1e3 for row, m in raced.measurements.items()},
-                       traced.input if traced else None)
-    skipped = {"input pipeline: interleave": "not measurable from outside your pipeline: it reads several files "
-                                             "at once, Dataset.interleave(read, num_parallel_calls=tf.data.AUTOTUNE)"}
+                       traced.input if traced else None, long_run)
+    skipped["input pipeline: interleave"] = ("not measurable from outside your pipeline: it reads several files at "
+                                             "once, Dataset.interleave(read, num_parallel_calls=tf.data.AUTOTUNE)")
     if not check.input_bound:
         skipped["input pipeline variants"] = "not input-bound: the pipeline keeps up with the model"
+        # A faster source is advice only where training waits for its data.
         return [], skipped, check
     variants = _variants(data.dataset)
     trainers = [(YOURS, yours, losses)]
@@ -234,7 +244,7 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
         "samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s, **mfu(m.items_per_s, facts, passes=3)},
         primary="samples_per_s", lower_is_better=False, **race)
     final = {row: row_losses[-1] if row_losses else float("nan") for row, _, row_losses in trainers}
-    findings = []
+    findings = list(sources)
     for row, (_, code, cost) in variants.items():
         loss = final[row]
         agrees = math.isfinite(loss)

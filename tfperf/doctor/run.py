@@ -112,7 +112,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
         sections.append(("threads", lambda: threads(subject, rec, options, progress)))
     if options.data is not None:  # first: while training waits for data, a faster step gains nothing
         sections.append(("input pipeline", lambda: keep("input pipeline", input_pipeline(
-            subject, rec, options, progress, profiler, facts))))
+            subject, rec, options, progress, profiler, facts, workdir))))
     if options.train:
         sections.append(("training", lambda: keep("training", training(subject, rec, options, progress, facts,
                                                                         profiler))

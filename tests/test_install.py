@@ -173,7 +173,7 @@ def test_the_console_script_on_a_users_model_in_a_fresh_environment(name, envs, 
     version = env.run(tfperf, "--version", cwd=user).stdout
     tf_version = pins[0].split("==")[1].rstrip("*").rstrip(".")
     assert version.startswith("tfperf ") and f"TensorFlow {tf_version}" in version and "Python 3." in version
-    commands = re.search(r"\{([\w,]+)\}", env.run(tfperf, "--help", cwd=user).stdout)[1].split(",")
+    commands = re.search(r"\{([\w,-]+)\}", env.run(tfperf, "--help", cwd=user).stdout)[1].split(",")
     assert {"doctor", "export", "predict", "inspect", "load", "serve"} <= set(commands)
     helps = in_one_interpreter(env, [[command, "--help"] for command in commands], user)
     assert len(helps) == len(commands) and all(h.startswith("usage: tfperf ") for h in helps), helps

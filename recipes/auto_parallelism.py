@@ -16,6 +16,7 @@ import sys
 
 import tensorflow as tf
 
+from tfperf import flags
 from tfperf.devices import compute_devices, usable_cores
 from tfperf.measure import Timer, one_after_another
 from tfperf.measure.stats import FASTER, Comparison
@@ -71,7 +72,7 @@ class Found:
 
 def measure(args, rec) -> Found:
     d0, d1 = compute_devices(2)  # devices first, before any op fixes them
-    race = dict(rounds=10, samples=args.steps, warmup=args.warmup, seed=args.seed, profile_dir=args.profile)
+    race = dict(rounds=args.rounds, samples=args.steps, warmup=args.warmup, seed=args.seed, profile_dir=args.profile)
     ms = lambda m, _: {"ms": m.median_s * 1e3, "p90_ms": m.p90_s * 1e3}  # noqa: E731
     found_together, vs_sum = {}, {}
     for kind, (n, ops) in KINDS.items():
@@ -141,8 +142,13 @@ def conclude(args, rec, found: Found) -> Conclusion:
                                                  same_small))
 
 
+def add_flags(p) -> None:
+    p.add_argument("--rounds", type=flags.positive_int, help="interleaved rounds: every row takes its turn in each")
+
+
 RECIPE = Recipe(name="auto_parallelism", doc=__doc__, order=60, measure=measure, conclude=conclude,
-                uses=("steps", "warmup"), sizes={"steps": (30, 10), "warmup": (3, 2)})
+                add_flags=add_flags, uses=("steps", "warmup"),
+                sizes={"steps": (30, 10), "warmup": (3, 2), "rounds": (10, 10)})
 
 if __name__ == "__main__":
     sys.exit(RECIPE.main())

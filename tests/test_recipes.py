@@ -577,7 +577,7 @@ def test_async_execution_shows_the_queue_and_the_timing_trap_and_on_a_fake_gpu_r
 @pytest.mark.slow
 def test_auto_parallelism_compares_together_with_the_sum(tmp_path):
     # In a process of its own: it makes logical CPU devices, which TensorFlow allows only before its first op.
-    run([sys.executable, recipe("auto_parallelism"), *TINY, "--out", tmp_path])
+    run([sys.executable, recipe("auto_parallelism"), *TINY, "--rounds", "3", "--out", tmp_path])
     records = read_records(tmp_path / "auto_parallelism.jsonl")
     together = {r["row"]: r["metrics"] for r in records if r["table"].startswith("two independent")}
     assert len(together) == 8

@@ -235,6 +235,8 @@ def test_a_horovod_timeline_is_read_into_negotiation_the_last_ranks_wait_and_the
     out = capsys.readouterr().out
     assert "rank 1 reported last in 4 of the 4 negotiations of 4" in out and "GLOO_ALLREDUCE 0.00 s" in out
     (tmp_path / "notes.txt").write_text("not a timeline")
-    assert main(["horovod-timeline", str(tmp_path / "notes.txt")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is not a Horovod timeline" in err[0] and "--timeline-filename" in err[0]
+    (tmp_path / "odd.json").write_text('[{"ph": "B", "name": "ALLREDUCE", "pid": 1, "ts": "soon"}]')
+    for bad, said in (("notes.txt", "is not a Horovod timeline"), ("odd.json", "holds trace events Horovod does not")):
+        assert main(["horovod-timeline", str(tmp_path / bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0] and "--timeline-filename" in err[0], err

@@ -194,5 +194,10 @@ def split(events: Sequence[dict], steps: int | None = None) -> TimelineSplit:
 
 
 def read_split(path: str | Path, steps: int | None = None) -> TimelineSplit:
-    """`split` of the timeline file at `path`."""
-    return split(read_events(path), steps)
+    """`split` of the timeline file at `path`; TimelineError for events that are not Horovod's."""
+    events = read_events(path)
+    try:
+        return split(events, steps)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TimelineError(f"{path} holds trace events Horovod does not write ({type(exc).__name__}: {exc}): "
+                            f"give the file `horovodrun --timeline-filename` wrote") from None

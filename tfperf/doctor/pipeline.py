@@ -14,6 +14,7 @@ from typing import Any
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject, import_callable
+from tfperf.doctor.input_sources import input_sources
 from tfperf.doctor.options import MIN_GAIN, DoctorError, Finding, Options
 from tfperf.measure.profiles import INPUT_BOUND_SHARE, InputAnalysis
 
@@ -188,8 +189,6 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
     """Is training on the user's pipeline waiting for data? Does it decline over a long run, and would another
     source of the same examples be faster? If it waits, prefetch, parallel map and cache, measured."""
     import keras
-
-    from tfperf.doctor.input_sources import input_sources
 
     from tfperf.doctor.inference import mfu
     from tfperf.doctor.training import training_loss

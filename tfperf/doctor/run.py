@@ -49,7 +49,7 @@ def plan(subject: Subject, options: Options) -> list[str]:
     if options.threads:
         steps += [f"threads at batch {b}" for b in thread_batches(subject, options)]
     if options.data is not None:
-        steps.append("input pipeline")
+        steps += ["input pipeline", "input over a long run"]
     if options.train:
         steps.append("training")
     if options.step is not None:

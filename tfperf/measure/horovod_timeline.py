@@ -198,6 +198,8 @@ def read_split(path: str | Path, steps: int | None = None) -> TimelineSplit:
     events = read_events(path)
     try:
         return split(events, steps)
+    except TimelineError:
+        raise
     except (KeyError, TypeError, ValueError) as exc:
         raise TimelineError(f"{path} holds trace events Horovod does not write ({type(exc).__name__}: {exc}): "
                             f"give the file `horovodrun --timeline-filename` wrote") from None

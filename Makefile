@@ -13,7 +13,8 @@ RUN    := env -u PYTHONDONTWRITEBYTECODE PATH="$(CURDIR)/$(BIN):$$PATH"
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh scripts/install_hosts.sh
+$(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh scripts/install_hosts.sh \
+          scripts/install_load_clients.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt
@@ -23,6 +24,7 @@ $(STAMP): requirements.txt pyproject.toml scripts/install_horovod.sh scripts/ins
 	$(BIN)/python -m pip install -q --no-deps -e .
 	bash scripts/install_horovod.sh $(BIN)/python
 	bash scripts/install_hosts.sh
+	bash scripts/install_load_clients.sh
 	touch $@
 
 report: install

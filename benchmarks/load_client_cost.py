@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 from tfperf.measure.load import closed_loop  # noqa: E402
 from tfperf.measure.stats import compare_times  # noqa: E402
 from tfperf.serving.echo import EchoProcess, Recorded  # noqa: E402
+from tfperf.serving import h2load  # noqa: E402
 from tfperf.serving.endpoint import RemoteServer, parse_url  # noqa: E402
 from tfperf.serving.protocols import tfserving_rest  # noqa: E402
 from tfperf.serving.protocols.tensors import Tensor, dump_json  # noqa: E402
@@ -92,6 +93,15 @@ def wrk(url: str, body: bytes, concurrency: int, seconds: float, folder: Path) -
     return requests, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
+def h2load_engine(remote: RemoteServer, request: dict, concurrency: int, seconds: float) -> tuple[int, float]:
+    """h2load (C, one thread) as `tfperf load` drives it where it is installed (`tfperf.serving.h2load`)."""
+    level = h2load.closed_loop(remote.endpoint, remote.encoded(request), concurrency, window_s=seconds,
+                               max_windows=1, warmup_s=0.05)
+    if level.errors:
+        raise RuntimeError(level.errors[0])
+    return len(level.latencies_s), level.client_cpu_s
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
@@ -107,6 +117,8 @@ def main() -> int:
         print("uvloop is not installed: its row is skipped (pip install uvloop)")
     if shutil.which("wrk") is None:
         print("wrk is not installed: its row is skipped (apt-get install wrk)")
+    if not h2load.available():
+        print("h2load is not installed: its row is skipped (apt-get install nghttp2-client)")
     samples: dict[str, list[float]] = {}
     rates: dict[str, list[float]] = {}
     with EchoProcess(echo_of_rest()) as echo, tempfile.TemporaryDirectory() as tmp:
@@ -118,6 +130,10 @@ def main() -> int:
         if uvloop is not None:
             uv = RemoteServer(parse_url(url), connections=args.concurrency, loop_factory=uvloop.new_event_loop)
             engines["coroutines on uvloop"] = lambda: coroutines(uv, request, args.concurrency, args.seconds)
+        if h2load.available():
+            engines["h2load (C, 1 thread: tfperf load's client)"] = lambda: h2load_engine(remote, request,
+                                                                                          args.concurrency,
+                                                                                          args.seconds)
         if shutil.which("wrk"):
             engines["wrk (C, 1 thread)"] = lambda: wrk(url + ":predict", body, args.concurrency, args.seconds,
                                                              Path(tmp))

@@ -16,6 +16,8 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
 
 import keras
 import tensorflow as tf
@@ -612,7 +614,7 @@ def test_load_url_reports_p99_with_its_interval_and_a_verdict_and_agrees_with_an
     """answer_endpoint (what `tfperf load --url` runs) on the running server over REST and gRPC: p99 with its
     interval, LoadGen's verdict, the server's own split of the time read from its metrics, the client's ceiling.
     Then LoadGen at one rate through tfperf's client and through plain http.client: the same verdict and p50."""
-    from tfperf.serving import loadgen
+    from tfperf.serving import h2load, loadgen
     from tfperf.serving.endpoint import RemoteServer, parse_url
     from tfperf.serving.measure import Sizes
     from tfperf.serving.search import Budget
@@ -624,13 +626,15 @@ def test_load_url_reports_p99_with_its_interval_and_a_verdict_and_agrees_with_an
     x = inputs(rows=16, seed=5)
     requests = [{k: v[i:i + 1] for k, v in x.items()} for i in range(16)]
     metrics = f"http://127.0.0.1:{served['rest']}/monitoring/prometheus/metrics"
+    # One protocol through tfperf's Python client, the other through h2load (C) where it is installed.
+    clients = {"rest": "python", "grpc": "h2load" if h2load.available() else "python"}
     for url in (f"http://127.0.0.1:{served['rest']}/v1/models/tiny", f"grpc://127.0.0.1:{served['grpc']}/tiny"):
         endpoint = parse_url(url)
         assert metrics_url_of(endpoint, None) == (metrics if endpoint.protocol == "rest" else None)
         out = tmp_path / endpoint.protocol
         out.mkdir()
         found = answer_endpoint(endpoint, requests, out, budget=Budget(0.05), quick=False, sizes=tiny,
-                                metrics_url=metrics)
+                                metrics_url=metrics, client=clients[endpoint.protocol])
         report = (out / "report.md").read_text()
         assert found.validations and re.search(r"LoadGen Server validation of .* \*\*(VALID|INVALID)", report), report
         assert re.search(r"\| 1 \| \d+ \| [\d.]+ \([\d.]+-[\d.]+\) \|", report)  # p50 with its interval
@@ -638,6 +642,10 @@ def test_load_url_reports_p99_with_its_interval_and_a_verdict_and_agrees_with_an
         records = [json.loads(line) for line in (out / "load.jsonl").read_text().splitlines()]
         levels = [r for r in records if r["table"] == f"closed loop: {endpoint.name}"]
         assert levels and all(r["metrics"]["p99_ci95_ms"] and r["metrics"]["server_latency_ms"] > 0 for r in levels)
+        # Who sent the requests, and what each cost them, beside every level (the echo's too).
+        sent = [r["metrics"] for r in records if r["table"].startswith("closed loop")]
+        assert all(m["client"] == clients[endpoint.protocol] and m["client_cpu_us_per_request"] > 0 for m in sent)
+        assert f"({clients[endpoint.protocol]}, " in report and " left) |" in report
         assert SPLIT_HEADER in report  # the server's split, returned with its sweep, is in the level table too
     rate, budget = 150.0, Budget(0.05, 90.0)
     with RemoteServer(parse_url(f"http://127.0.0.1:{served['rest']}/v1/models/tiny"), connections=16) as remote:
@@ -651,3 +659,29 @@ def test_load_url_reports_p99_with_its_interval_and_a_verdict_and_agrees_with_an
     # turns, not rounds, beside the other worker's load, and a ratio of medians moved with it (7.3 ms against 3.6 ms
     # once, a fresh clone's run, where both verdicts agreed).
     assert abs(ours.percentiles_ms["50.00"] - p50_ms) <= budget.latency_s * 1e3 / 5, (ours.percentiles_ms, p50_ms)
+
+
+def test_h2loads_level_names_why_requests_failed_and_a_server_that_is_gone_is_a_result_not_a_crash():
+    from tfperf.serving import h2load
+    from tfperf.serving.endpoint import parse_url
+    from tfperf.serving.measure import Bench, Sizes
+    from tfperf.serving.search import Budget
+
+    said = ("requests: 40 total, 40 started, 40 done, 37 succeeded, 3 failed, 0 errored, 0 timeout\n"
+            "status codes: 37 2xx, 0 3xx, 0 4xx, 3 5xx\n")
+    assert h2load.failures(said, [200] * 37 + [503] * 3) == "h2load: 3 failed, 0 errored, 0 timed out; 3 answered 503"
+    assert h2load.failures(said.replace("37 succeeded, 3 failed", "40 succeeded, 0 failed"), [200] * 40) is None
+    # gRPC goes framed (no compression, big-endian length) to the service's path, over HTTP/2.
+    endpoint = parse_url("grpc://127.0.0.1:9/tiny")
+    url, headers, body, http1 = h2load.wire_request(endpoint, SimpleNamespace(SerializeToString=lambda: b"abc"))
+    assert url.endswith("/tensorflow.serving.PredictionService/Predict") and not http1
+    assert body == b"\x00\x00\x00\x00\x03abc" and headers["content-type"] == "application/grpc"
+    # Requests of several shapes keep the Python client, which cycles through them; h2load sends one body.
+    one = {"x": np.zeros((1, 4), np.float32)}
+    bench = Bench({}, [one, {"x": np.zeros((1, 6), np.float32)}], Budget(0.05), Sizes(), None, Path("."))
+    assert not bench.one_shape and Bench({}, [one, one], Budget(0.05), Sizes(), None, Path(".")).one_shape
+    if not h2load.available():
+        pytest.skip("h2load is not installed (apt-get install nghttp2-client): its run is not tried")
+    gone = parse_url("http://127.0.0.1:9/v1/models/tiny")
+    level = h2load.closed_loop(gone, (b"{}", {}), 2, window_s=0.05, max_windows=2, warmup_s=0.02, timeout_s=5)
+    assert level.errors and "h2load" in level.errors[0] and level.count == 0 and level.client == "h2load"

@@ -371,7 +371,7 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
     report = (tmp_path / "run" / "report.md").read_text()
     assert "The servers ran in a process of their own (--server-process)" in report
     assert "## Answer" in report and "Best through a socket, what a deployment gets" in report
-    assert "LoadGen Server validation through the socket" in report and "In process, no socket (the ceiling)" in report
+    assert "LoadGen Server validation through the socket" in report and "In process, no socket" in report
     assert "an echo of its answers: the client's ceiling" in report
     assert "the SavedModel signature, one request at a time" in report and "BatchFunction" in report
     assert (tmp_path / "run" / "throughput_vs_latency.png").stat().st_size > 1000

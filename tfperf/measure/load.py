@@ -71,6 +71,7 @@ class LoadLevel:
     process_cpu_s: float = 0.0  # CPU time of the process (and of a server process, if any) over the same time
     errors: tuple[str, ...] = ()  # why requests failed (the first few), if any did
     server_seen: bool = True  # the server's CPU is in process_cpu_s (in this process, or a process of this machine)
+    client: str = "python"  # who sent the requests: "python" (threads or coroutines here) or a C engine ("h2load")
 
     @property
     def count(self) -> int:
@@ -103,11 +104,19 @@ class LoadLevel:
         most 1: the threads' clocks and the process's are read at slightly different moments)."""
         return min(self.client_cpu_s / self.process_cpu_s, 1.0) if self.process_cpu_s > 0 else 0.0
 
+    @property
+    def client_cpu_per_request_s(self) -> float | None:
+        """The clients' CPU seconds per answered request, over every measured window."""
+        answered = sum(len(w.latencies_s) for w in self.windows) or self.count
+        return self.client_cpu_s / answered if answered and self.client_cpu_s else None
+
     def metrics(self) -> dict[str, Any]:
         """Figures for a record: throughput, percentiles in ms with their intervals, stability, client CPU."""
+        per_request = self.client_cpu_per_request_s
         found: dict[str, Any] = {"requests_per_s": self.throughput, "requests": self.count,
                                  "stable": self.stable, "client_cpu_share": self.client_share,
-                                 "server_cores_used": self.server_cores}
+                                 "server_cores_used": self.server_cores, "client": self.client,
+                                 "client_cpu_us_per_request": per_request * 1e6 if per_request else None}
         for p in PERCENTILES:
             low, high = self.percentile_ci_s(p)
             found[f"p{p}_ms"] = self.percentile_s(p) * 1e3

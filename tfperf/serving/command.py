@@ -81,6 +81,10 @@ def add_command(sub) -> None:
                                                         f"in under {QUICK_GOAL_S // 60} minutes on 2 cores")
     p.add_argument("--out", help="folder for report.md, load.jsonl and the chart (default load/<model name>/)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client", choices=("auto", "h2load", "python"), default="auto",
+                   help="who sends the closed loop's requests through a socket: h2load (C, nghttp2-client: a tenth of "
+                        "the CPU a request, left to the server), or tfperf's Python client; auto: h2load where "
+                        "installed. LoadGen's open loop is Python's either way")
     p.add_argument("--in-process", action="store_true",
                    help="answer in process only: the best are not then served by tfperf serve and measured through "
                         "sockets (faster; the figure is then the ceiling, not what a deployment gets)")
@@ -139,6 +143,17 @@ def _requests(args, out: Path, say):
     return exports, requests, commands, failed, how
 
 
+def socket_client(asked: str) -> str:
+    """The closed loop's client through a socket: --client, with auto resolved (h2load where it is on PATH)."""
+    from tfperf.serving import h2load
+
+    if asked == "h2load" and not h2load.available():
+        raise UserError("--client h2load: h2load is not on PATH (Debian: apt-get install nghttp2-client)")
+    if asked == "auto":
+        return "h2load" if h2load.available() else "python"
+    return asked
+
+
 def cmd_load(args: argparse.Namespace) -> int:
     """Serve the model under load, search the configurations, write the report."""
     from tfperf.deploy.errors import ExportError, InputError, ModelError
@@ -185,7 +200,7 @@ def cmd_load(args: argparse.Namespace) -> int:
                    concurrency=args.concurrency, rates=args.rate or (), record_args=vars(args), say=say,
                    server_process=args.server_process, target_rate=args.target_rate,
                    length_buckets=args.length_buckets, requests_note=how, through_socket=not args.in_process,
-                   trust=args.trust)
+                   trust=args.trust, client=socket_client(args.client))
     report = out / "report.md"
     _print_summary(found, report, out)
     return 130 if found.partial else 0

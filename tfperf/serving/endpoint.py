@@ -187,6 +187,10 @@ class RemoteServer:
                                 f"its metadata for model {self.endpoint.model!r} ({type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0][:150] if str(exc) else ''})") from None
 
+    def encoded(self, arrays: Mapping[str, np.ndarray]) -> Any:
+        """One request as this endpoint's protocol sends it (`encode`), encoded once per arrays object."""
+        return self._encode(arrays)
+
     def _encode(self, arrays: Mapping[str, np.ndarray]) -> Any:
         key = id(arrays)
         if key not in self._encoded:

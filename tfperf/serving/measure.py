@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tfperf.measure.load import LoadLevel, closed_loop
 from tfperf.serving import loadgen
 from tfperf.serving.batcher import Arrays, BatchingOptions
@@ -74,6 +76,8 @@ class Bench:
     endpoint_runtime: str | None = None  # the runtime the endpoint serves, when known: its answers are checked
     endpoint_cpu: Callable[[], float] | None = None  # the endpoint's CPU seconds so far, when it runs on this machine
     metrics_url: str | None = None  # the endpoint's Prometheus metrics (tfperf.serving.scrape): latency split
+    client: str = "python"  # who sends a closed loop's requests through a socket: "python" (the endpoint's own
+    # RemoteServer, on its event loop) or "h2load" (tfperf.serving.h2load: C, a tenth of the CPU a request)
     # Caches, shared by the copies through_socket makes: what they hold is loaded or started once.
     references: dict[str, Callable[[Arrays], Arrays]] = dataclasses.field(default_factory=dict)
     tf_processes: dict[int, Any] = dataclasses.field(default_factory=dict)  # SavedModel children by intra-op threads
@@ -87,6 +91,12 @@ class Bench:
         if source not in self.references:
             self.references[source] = load(self.exports[source])
         return self.references[source]
+
+    @property
+    def one_shape(self) -> bool:
+        """Whether every request has the same shapes: h2load sends one of them again and again, which then
+        measures the same work (requests of many lengths keep the Python client, which cycles through them)."""
+        return len({tuple((k, np.shape(v)) for k, v in r.items()) for r in self.requests}) == 1
 
     def server(self, config: ServingConfig):
         """The configuration's server (close it when done), in the server process when there is one."""
@@ -128,6 +138,16 @@ class Bench:
         counters = [itertools.count(i * 7) for i in range(concurrency)]
         n = len(self.requests)
         before = scrape.snapshot(self.metrics_url) if self.metrics_url else None
+        if self.client == "h2load" and getattr(server, "endpoint", None) is not None and self.one_shape:
+            from tfperf.serving import h2load
+
+            level = h2load.closed_loop(server.endpoint, server.encoded(self.requests[0]), concurrency,
+                                       window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
+                                       warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None),
+                                       server_seen=self.endpoint_cpu is not None, timeout_s=server.timeout_s)
+            if before is not None and splits is not None:
+                splits[level.label] = scrape.split(before, scrape.snapshot(self.metrics_url))
+            return level
         # A client with an event loop of its own (RemoteServer) is driven by coroutines on it: no thread hand-over.
         send = getattr(server, "send", None)
         send = send if inspect.iscoroutinefunction(send) and getattr(server, "loop", None) is not None else None

@@ -74,13 +74,14 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
            commands: dict | None = None, failed: dict | None = None, concurrency: list[int] | None = None,
            rates=(), record_args: dict | None = None, say=lambda what: None, server_process: bool = False,
            target_rate: float | None = None, length_buckets=None, requests_note: str = "",
-           through_socket: bool = False, trust: bool = False):
+           through_socket: bool = False, trust: bool = False, client: str = "python"):
     """The whole serving question on exported runtimes: the anchors, the search, the best re-searched in open loop,
     the winner validated, LoadGen's ceiling and overhead; report.md, load.jsonl and the chart in `out`. Ctrl-C or
     SIGTERM stops the measuring and still writes them, marked partial. `server_process`: the servers run in a
     process of their own, the clients (closed loop and LoadGen) in this one. `through_socket`: the best are then
     served by `tfperf serve` and measured through sockets (`tfperf.serving.through_socket`), and the best of those
-    is the answer, validated through its socket. Returns the `Found`."""
+    is the answer, validated through its socket; `client` sends their closed loops ("python" or "h2load"). Returns
+    the `Found`."""
     from tfperf.records.jsonl import Recorder
     from tfperf.serving.measure import ANCHOR, Bench, Sizes, batch_function_config
     from tfperf.serving.report import Found, write_report
@@ -91,7 +92,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
     sizes = Sizes.quick() if quick else Sizes()
     rec = Recorder(RECIPE, {k: v for k, v in (record_args or {"model": model}).items() if k != "func"})
     process = ServerProcess() if server_process else None
-    bench = Bench(exports, requests, budget, sizes, rec, out / "loadgen", server_process=process)
+    bench = Bench(exports, requests, budget, sizes, rec, out / "loadgen", server_process=process, client=client)
     found = Found(model, budget, export_commands=commands or {}, not_exported=failed or {},
                   server_process=server_process, requests_note=requests_note)
     cores = os.cpu_count() or 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shlex
 from pathlib import Path
 
@@ -157,13 +158,14 @@ def write_report(found: Found, out: Path) -> Path:
             continue
         split = any(s.splits.get(lv.label) for lv in s.levels)
         lines += [f"**{s.config.name}**", "", "| clients | requests/s | p50 ms (95% CI) | p90 ms (95% CI) | "
-                  "p99 ms (95% CI) | stable | clients' CPU share | server's cores busy |"
+                  "p99 ms (95% CI) | stable | clients' CPU share (who, CPU a request, cores left) | "
+                  "server's cores busy |"
                   + (f" {SPLIT_HEADER} |" if split else ""),
                   "|---|---|---|---|---|---|---|---|" + ("---|" if split else "")]
         for lv in s.levels:
             cores = "-" if lv.server_cores is None else f"{lv.server_cores:.2f}"
             lines.append(f"| {lv.label.split()[-1]} | {lv.throughput:.0f} | {_ci(lv, 50)} | {_ci(lv, 90)} | "
-                         f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {lv.client_share:.0%} | {cores} |"
+                         f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {client_cell(lv)} | {cores} |"
                          + (f" {_split(s.splits.get(lv.label), lv)} |" if split else ""))
         lines.append("")
     lines += _generator(found)
@@ -173,6 +175,18 @@ def write_report(found: Found, out: Path) -> Path:
     path = out / "report.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
+
+
+def client_cell(level: LoadLevel) -> str:
+    """The clients' share of the CPU, who they were, their CPU a request and the cores they left the server (the
+    machine's cores less theirs: client and server share this machine when the endpoint is local)."""
+    per_request = level.client_cpu_per_request_s
+    wall = sum(w.seconds for w in level.windows) or level.seconds
+    if per_request is None or wall <= 0:
+        return f"{level.client_share:.0%}"
+    cores = os.cpu_count() or 1
+    left = max(cores - level.client_cpu_s / wall, 0.0)
+    return f"{level.client_share:.0%} ({level.client}, {per_request * 1e6:.0f} us; {left:.1f} of {cores} left)"
 
 
 SPLIT_HEADER = "the server's own means (tfperf.serving.scrape): queue / model per batch / rows per batch / server"
@@ -241,11 +255,17 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
     ceiling = winner(found, usable) if usable else None
     if ceiling is not None:
         inside = ceiling.rate_within(budget)
-        lines += ["", f"In process, no socket (the ceiling): **{ceiling.config.name}**, {inside:.0f} requests/s in "
-                      f"closed loop. Through the socket the best served {best.rate_within(budget) / inside:.2f}x of "
-                      f"it: the rest is what the protocol, the socket and the client cost here."]
+        share = best.rate_within(budget) / inside
+        client = best.swept.levels[-1].client if best.swept.levels else "python"
+        lines += ["", f"In process, no socket{' (the ceiling)' if share <= 1 else ''}: **{ceiling.config.name}**, "
+                      f"{inside:.0f} requests/s in closed loop. Through the socket the best served {share:.2f}x of it: "
+                  + ("the rest is what the protocol, the socket and the client cost here." if share <= 1 else
+                     f"more, because in process the clients are Python threads in the server's process (its GIL, "
+                     f"its cores), where through the socket they were {client}'s and the server had processes of "
+                     f"its own.")]
     lines += ["", "| served by tfperf serve, called over | requests/s within budget | "
-              f"p50 ms (95% CI) | p{p:g} ms (95% CI) | vs in process | clients' CPU share (both processes) | "
+              f"p50 ms (95% CI) | p{p:g} ms (95% CI) | vs in process | clients' CPU share (both processes; who, "
+              f"CPU a request, cores left) | "
               f"dropped because |", "|---|---|---|---|---|---|---|"]
     for t in found.sockets:
         level = t.swept.best_level(budget)
@@ -254,7 +274,7 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
         why = t.swept.dropped or ("" if level else "misses the budget even one request at a time")
         lines.append(f"| {t.swept.config.name} | {rate:.0f} | {_ci(level, 50) if level else '-'} | "
                      f"{_ci(level, p) if level else '-'} | {ratio} | "
-                     f"{f'{level.client_share:.0%}' if level else '-'} | {why} |")
+                     f"{client_cell(level) if level else '-'} | {why} |")
     lines += ["", "The server's own split of each level's time is under \"Closed loop, level by level\"."]
     lines += [""] + _client_ceiling(found, best.swept)
     lines += ["Serve it:", "", "```", serve_line(found, "serve.json"), "```", "",
@@ -271,19 +291,23 @@ def _client_ceiling(found: Found, endpoint: Swept) -> list[str]:
     budget = found.budget
     rows = [("the endpoint", endpoint), ("an echo of its answers: the client's ceiling", echo)]
     lines = ["| measured | requests/s within budget, closed loop | offered within budget, LoadGen (bracket) | "
-             "clients' CPU share at the top level |", "|---|---|---|---|"]
+             "clients' CPU share at the top level (who, CPU a request, cores left) |", "|---|---|---|---|"]
     for label, s in rows:
         bracket = found.open_loop.get(s.config.name)
         offered = (f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if math.isfinite(bracket[1]) else
                    f"{bracket[0]:.0f}") if bracket else "-"
-        lines.append(f"| {label} | {s.rate_within(budget):.0f} | {offered} | {s.levels[-1].client_share:.0%} |")
+        lines.append(f"| {label} | {s.rate_within(budget):.0f} | {offered} | {client_cell(s.levels[-1])} |")
     mine, ceiling = endpoint.rate_within(budget), echo.rate_within(budget)
     share = mine / ceiling if ceiling > 0 else math.inf
     lines += ["", f"The endpoint reached {share:.0%} of what this client answers itself at most within the budget "
                   "(an echo that does no work, in a process of its own, the same requests and rules). "
-              + ("Near the ceiling: the client, not the server, may be the limit here; a client in C (wrk, "
-                 "perf_analyzer) or on another machine would see more." if share > 0.7 else
-                 "Well below it: the server, not the client, is the limit."), ""]
+              + ("Near the ceiling: the client, not the server, may be the limit here; "
+                 + ("a client on another machine would see more." if echo.levels[-1].client != "python" else
+                    "h2load (`--client h2load`, Debian's nghttp2-client: a tenth of the CPU a request) or a client "
+                    "on another machine would see more.") if share > 0.7 else
+                 "Well below it: the server, not the client, is the limit."),
+              "LoadGen's open loop sends through tfperf's Python client whichever client ran the closed loop: "
+              "its offered rates are bounded by that client's ceiling.", ""]
     return lines
 
 

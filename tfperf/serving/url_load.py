@@ -49,6 +49,7 @@ def load_url(args: argparse.Namespace, started: float, recipe: str) -> tuple[Any
     found, and the folder it is in."""
     from tfperf.deploy.errors import InputError
     from tfperf.serving.endpoint import EndpointError, RemoteServer, parse_url
+    from tfperf.serving.command import socket_client
     from tfperf.serving.search import Budget
 
     try:
@@ -69,7 +70,7 @@ def load_url(args: argparse.Namespace, started: float, recipe: str) -> tuple[Any
 
     found = answer_endpoint(endpoint, requests, out, budget=Budget(args.latency_budget, args.percentile),
                             quick=args.quick, concurrency=args.concurrency, record_args=vars(args), say=say,
-                            recipe=recipe, metrics_url=metrics_url)
+                            recipe=recipe, metrics_url=metrics_url, client=socket_client(args.client))
     return found, out
 
 
@@ -90,11 +91,12 @@ def metrics_url_of(endpoint, given: str | None) -> str | None:
 
 def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool, concurrency=None,
                     record_args: dict | None = None, say=lambda what: None, recipe: str = "load",
-                    metrics_url: str | None = None, sizes=None):
+                    metrics_url: str | None = None, sizes=None, client: str = "python"):
     """The serving question asked of a running endpoint (closed loop, LoadGen's rate search, validation) and of an
     echo of its answers (the client's ceiling on this machine); report.md and load.jsonl in `out`. With
     `metrics_url`, each level's time is split by the server's own metrics (queue, model). `sizes`: how long
-    each measurement runs (default: --quick's or the full ones)."""
+    each measurement runs (default: --quick's or the full ones); `client` sends the closed loops ("python" or
+    "h2load")."""
     from tfperf.records.jsonl import Recorder
     from tfperf.serving.configs import ServingConfig
     from tfperf.serving.measure import Bench, Sizes
@@ -105,7 +107,8 @@ def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool,
     sizes = sizes or (Sizes.quick() if quick else Sizes())
     rec = Recorder(recipe, {k: v for k, v in (record_args or {}).items() if k != "func"})
     found = Found(f"{endpoint.name} at {endpoint.host}:{endpoint.port}, model {endpoint.model}", budget)
-    bench = Bench({}, requests, budget, sizes, rec, out / "loadgen", endpoint=endpoint, metrics_url=metrics_url)
+    bench = Bench({}, requests, budget, sizes, rec, out / "loadgen", endpoint=endpoint, metrics_url=metrics_url,
+                  client=client)
     try:
         config = ServingConfig("endpoint", label=endpoint.name)
         say(f"closed loop: {config.name}")

@@ -143,19 +143,9 @@ def _requests(args, out: Path, say):
     return exports, requests, commands, failed, how
 
 
-def socket_client(asked: str) -> str:
-    """The closed loop's client through a socket: --client, with auto resolved (h2load where it is on PATH)."""
-    from tfperf.serving import h2load
-
-    if asked == "h2load" and not h2load.available():
-        raise UserError("--client h2load: h2load is not on PATH (Debian: apt-get install nghttp2-client)")
-    if asked == "auto":
-        return "h2load" if h2load.available() else "python"
-    return asked
-
-
 def cmd_load(args: argparse.Namespace) -> int:
     """Serve the model under load, search the configurations, write the report."""
+    from tfperf.serving import h2load
     from tfperf.deploy.errors import ExportError, InputError, ModelError
 
     started = time.perf_counter()
@@ -200,7 +190,7 @@ def cmd_load(args: argparse.Namespace) -> int:
                    concurrency=args.concurrency, rates=args.rate or (), record_args=vars(args), say=say,
                    server_process=args.server_process, target_rate=args.target_rate,
                    length_buckets=args.length_buckets, requests_note=how, through_socket=not args.in_process,
-                   trust=args.trust, client=socket_client(args.client))
+                   trust=args.trust, client=h2load.client_for(args.client))
     report = out / "report.md"
     _print_summary(found, report, out)
     return 130 if found.partial else 0

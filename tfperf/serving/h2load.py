@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tfperf.flags import UserError
 from tfperf.measure.load import STABLE_WINDOWS, LoadLevel, Window, stable
 
 H2LOAD = "h2load"
@@ -43,6 +44,15 @@ GRPC_PATHS = {"grpc": "/tensorflow.serving.PredictionService/Predict",
 def available() -> bool:
     """Whether h2load is on PATH (Debian: apt-get install nghttp2-client)."""
     return shutil.which(H2LOAD) is not None
+
+
+def client_for(asked: str) -> str:
+    """The closed loop's client through a socket for `tfperf load --client`: auto is h2load where it is on PATH."""
+    if asked == "h2load" and not available():
+        raise UserError("--client h2load: h2load is not on PATH (Debian: apt-get install nghttp2-client)")
+    if asked == "auto":
+        return H2LOAD if available() else "python"
+    return asked
 
 
 def wire_request(endpoint: Any, encoded: Any) -> tuple[str, dict[str, str], bytes, bool]:

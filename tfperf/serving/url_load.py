@@ -49,7 +49,7 @@ def load_url(args: argparse.Namespace, started: float, recipe: str) -> tuple[Any
     found, and the folder it is in."""
     from tfperf.deploy.errors import InputError
     from tfperf.serving.endpoint import EndpointError, RemoteServer, parse_url
-    from tfperf.serving.command import socket_client
+    from tfperf.serving import h2load
     from tfperf.serving.search import Budget
 
     try:
@@ -70,7 +70,7 @@ def load_url(args: argparse.Namespace, started: float, recipe: str) -> tuple[Any
 
     found = answer_endpoint(endpoint, requests, out, budget=Budget(args.latency_budget, args.percentile),
                             quick=args.quick, concurrency=args.concurrency, record_args=vars(args), say=say,
-                            recipe=recipe, metrics_url=metrics_url, client=socket_client(args.client))
+                            recipe=recipe, metrics_url=metrics_url, client=h2load.client_for(args.client))
     return found, out
 
 

@@ -166,9 +166,10 @@ def main() -> int:
         reference = next(k for k in found if k.startswith(protocol) and "by hand" in k)
         for label in sorted(k for k in found if k.startswith(protocol)):
             rates = found[label]
-            line = f"- {label}: {np.median(rates):,.0f} requests/s, client CPU {np.nanmedian(cpu[label]) * 1e6:.0f} us " \
-                   f"a request"
-            if label in left:
+            line = f"- {label}: {np.median(rates):,.0f} requests/s"
+            if not np.isnan(cpu[label]).all():
+                line += f", client CPU {np.nanmedian(cpu[label]) * 1e6:.0f} us a request"
+            if label in left and not np.isnan(left[label]).all():
                 line += f", {np.nanmedian(left[label]):.1f} cores left to the server"
             if label != reference and all(found[reference]) and all(rates):
                 # ratio_ci's candidate/baseline speedup is baseline/candidate for times: pass rates the other way.

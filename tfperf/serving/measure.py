@@ -145,18 +145,17 @@ class Bench:
                                        window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
                                        warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None),
                                        server_seen=self.endpoint_cpu is not None, timeout_s=server.timeout_s)
-            if before is not None and splits is not None:
-                splits[level.label] = scrape.split(before, scrape.snapshot(self.metrics_url))
-            return level
-        # A client with an event loop of its own (RemoteServer) is driven by coroutines on it: no thread hand-over.
-        send = getattr(server, "send", None)
-        send = send if inspect.iscoroutinefunction(send) and getattr(server, "loop", None) is not None else None
-        level = closed_loop(lambda client: (send or server)(self.requests[next(counters[client]) % n]), concurrency,
-                            window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
-                            warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None),
-                            sender_cpu=getattr(server, "sender_cpu_s", None),
-                            server_seen=self.endpoint is None or self.endpoint_cpu is not None,
-                            loop=server.loop if send is not None else None)
+        else:
+            # A client with an event loop of its own (RemoteServer) is driven by coroutines on it: no thread
+            # hand-over.
+            send = getattr(server, "send", None)
+            send = send if inspect.iscoroutinefunction(send) and getattr(server, "loop", None) is not None else None
+            level = closed_loop(lambda client: (send or server)(self.requests[next(counters[client]) % n]),
+                                concurrency, window_s=self.sizes.window_s, max_windows=self.sizes.max_windows,
+                                warmup_s=self.sizes.warmup_s, server_cpu=getattr(server, "cpu_s", None),
+                                sender_cpu=getattr(server, "sender_cpu_s", None),
+                                server_seen=self.endpoint is None or self.endpoint_cpu is not None,
+                                loop=server.loop if send is not None else None)
         if before is not None and splits is not None:
             splits[level.label] = scrape.split(before, scrape.snapshot(self.metrics_url))
         return level

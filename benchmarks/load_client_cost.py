@@ -25,11 +25,7 @@ import argparse
 import os
 import random
 import resource
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,7 +34,7 @@ import numpy as np  # noqa: E402
 from tfperf.measure.load import closed_loop  # noqa: E402
 from tfperf.measure.stats import compare_times  # noqa: E402
 from tfperf.serving.echo import EchoProcess, Recorded  # noqa: E402
-from tfperf.serving import h2load  # noqa: E402
+from tfperf.serving import h2load, wrk  # noqa: E402
 from tfperf.serving.endpoint import RemoteServer, parse_url  # noqa: E402
 from tfperf.serving.protocols import tfserving_rest  # noqa: E402
 from tfperf.serving.protocols.tensors import Tensor, dump_json  # noqa: E402
@@ -75,22 +71,10 @@ def coroutines(remote: RemoteServer, request: dict, concurrency: int, seconds: f
     return len(level.latencies_s), cpu_s() - before
 
 
-def wrk(url: str, body: bytes, concurrency: int, seconds: float, folder: Path) -> tuple[int, float]:
-    """wrk's answered requests and CPU seconds, from the children's rusage before and after."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    script = folder / "post.lua"
-    # A Lua long string of level 3: the JSON body holds "]]" (nested lists), which would end a plain one.
-    script.write_text(f'wrk.method = "POST"\nwrk.body = [===[{body.decode()}]===]\n'
-                      'wrk.headers["Content-Type"] = "application/json"\n'
-                      'done = function(summary, latency, requests)\n'
-                      '  io.write("REQUESTS ", summary.requests, "\\n")\nend\n')
-    out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "-s", str(script), url],
-                         capture_output=True, text=True, check=True).stdout
-    if "Non-2xx" in out:
-        raise RuntimeError(f"wrk's requests were refused: {out[-300:]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    requests = int(next(line.split()[1] for line in out.splitlines() if line.startswith("REQUESTS ")))
-    return requests, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+def wrk_engine(url: str, body: bytes, concurrency: int, seconds: float) -> tuple[int, float]:
+    """wrk's answered requests and CPU seconds (`tfperf.serving.wrk`, its CPU from its own rusage)."""
+    done = wrk.post(url, body, {"Content-Type": "application/json"}, connections=concurrency, seconds=seconds)
+    return done.requests, done.cpu_s
 
 
 def h2load_engine(remote: RemoteServer, request: dict, concurrency: int, seconds: float) -> tuple[int, float]:
@@ -115,13 +99,13 @@ def main() -> int:
     except ImportError:
         uvloop = None
         print("uvloop is not installed: its row is skipped (pip install uvloop)")
-    if shutil.which("wrk") is None:
+    if not wrk.available():
         print("wrk is not installed: its row is skipped (apt-get install wrk)")
     if not h2load.available():
         print("h2load is not installed: its row is skipped (apt-get install nghttp2-client)")
     samples: dict[str, list[float]] = {}
     rates: dict[str, list[float]] = {}
-    with EchoProcess(echo_of_rest()) as echo, tempfile.TemporaryDirectory() as tmp:
+    with EchoProcess(echo_of_rest()) as echo:
         url = f"http://127.0.0.1:{echo.port}/v1/models/m"
         remote = RemoteServer(parse_url(url), connections=args.concurrency)
         engines = {TODAY: lambda: threads_to_loop(remote, request, args.concurrency, args.seconds),
@@ -134,9 +118,9 @@ def main() -> int:
             engines["h2load (C, 1 thread: tfperf load's client)"] = lambda: h2load_engine(remote, request,
                                                                                           args.concurrency,
                                                                                           args.seconds)
-        if shutil.which("wrk"):
-            engines["wrk (C, 1 thread)"] = lambda: wrk(url + ":predict", body, args.concurrency, args.seconds,
-                                                             Path(tmp))
+        if wrk.available():
+            engines["wrk (C, 1 thread)"] = lambda: wrk_engine(url + ":predict", body, args.concurrency,
+                                                             args.seconds)
         order = list(engines)
         try:
             for _ in range(args.rounds):

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +32,7 @@ import numpy as np  # noqa: E402
 
 from tfperf.measure.stats import ratio_ci  # noqa: E402
 from tfperf.records.jsonl import Recorder  # noqa: E402
-from tfperf.serving import h2load  # noqa: E402
+from tfperf.serving import h2load, wrk  # noqa: E402
 from tfperf.serving.batcher import BatchingOptions  # noqa: E402
 from tfperf.serving.configs import ServingConfig, one_row_requests  # noqa: E402
 from tfperf.serving.endpoint import encode, parse_url  # noqa: E402
@@ -49,27 +47,6 @@ PROTOCOLS = {"KServe v2 (binary tensors)": "http://127.0.0.1:{rest}/v2/models/cn
              "TF Serving gRPC": "grpc://127.0.0.1:{grpc}/cnn"}
 
 
-def wrk(url: str, body: bytes, headers: dict[str, str], connections: int, seconds: int, folder: Path
-        ) -> tuple[float, float, float]:
-    """wrk's requests/s, p99 (ms, corrected for coordinated omission as wrk corrects it) and CPU seconds a
-    request, posting `body` from one thread over `connections` kept-alive connections."""
-    (folder / "body").write_bytes(body)
-    lines = [f'local f = io.open("{folder}/body", "rb")', 'wrk.body = f:read("*a")', "f:close()",
-             'wrk.method = "POST"', *(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())]
-    (folder / "post.lua").write_text("\n".join(lines) + "\n")
-    process = subprocess.Popen(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s",
-                                str(folder / "post.lua"), url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out = process.stdout.read().decode()
-    _, _, usage = os.wait4(process.pid, 0)
-    process.returncode = 0
-    rate, p99 = re.search(r"Requests/sec:\s+([0-9.]+)", out), re.search(r"99%\s+([0-9.]+)(us|ms|s)", out)
-    requests = re.search(r"(\d+) requests in", out)
-    if not (rate and p99 and requests) or "Non-2xx" in out:
-        raise RuntimeError(f"wrk failed: {out[-300:]}")
-    cpu = (usage.ru_utime + usage.ru_stime) / max(int(requests[1]), 1)
-    return float(rate[1]), float(p99[1]) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p99[2]], cpu
-
-
 def h2load_by_hand(endpoint, encoded, connections: int, seconds: float) -> tuple[float, float, float]:
     """h2load itself at `connections` streams for `seconds`: requests/s, p99 (ms) and CPU seconds a request."""
     level = h2load.closed_loop(endpoint, encoded, connections, window_s=seconds, max_windows=1, warmup_s=0.2)
@@ -78,21 +55,11 @@ def h2load_by_hand(endpoint, encoded, connections: int, seconds: float) -> tuple
     return level.throughput, level.percentile_s(99) * 1e3, level.client_cpu_per_request_s
 
 
-def doubling(measure, budget_ms: float) -> tuple[float, int, float]:
-    """The most requests/s a C client saw with p99 within the budget, its connections doubled from 1 until p99
-    passes the budget or the rate grows less than 5%: (requests/s, connections, CPU seconds a request)."""
-    best = (0.0, 0, 0.0)
-    connections = 1
-    while connections <= 128:
-        rate, p99, cpu = measure(connections)
-        if p99 > budget_ms:
-            break
-        grew = rate >= best[0] * 1.05
-        best = max(best, (rate, connections, cpu))
-        if not grew:
-            break
-        connections *= 2
-    return best
+def best_within(measure, budget_ms: float) -> tuple[float, float]:
+    """A C client's most requests/s with p99 within the budget (`wrk.most_within`'s doubling search), and its CPU
+    seconds a request there; (0, nan) when one connection is already over."""
+    found = wrk.most_within(measure, budget_ms, rate=lambda r: r[0], p99_ms=lambda r: r[1])
+    return (found[1][0], found[1][2]) if found else (0.0, float("nan"))
 
 
 def main() -> int:
@@ -102,9 +69,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=2, help="each C-client level (whole seconds: wrk's unit)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    for tool in ("wrk", "h2load"):
-        if subprocess.run(["which", tool], capture_output=True).returncode:
-            sys.exit(f"{tool} is not installed: apt-get install wrk nghttp2-client")
+    if not (wrk.available() and h2load.available()):
+        sys.exit("wrk and h2load are needed: apt-get install wrk nghttp2-client")
     from tfperf.deploy.layout import export_subject
     from tfperf.deploy.inputs import make_inputs
     from tfperf.deploy.loader import cookbook_subject
@@ -149,13 +115,18 @@ def main() -> int:
                     else:
                         encoded = encode(endpoint, requests[0])
                         if endpoint.protocol == "grpc":
-                            rate, _, per_request = doubling(
+                            rate, per_request = best_within(
                                 lambda c: h2load_by_hand(endpoint, encoded, c, args.seconds), args.budget_ms)
                         else:
                             body, headers = encoded
                             headers = {"Content-Type": "application/json", **headers}
-                            rate, _, per_request = doubling(
-                                lambda c: wrk(endpoint.infer_url, body, headers, c, args.seconds, tmp), args.budget_ms)
+
+                            def by_wrk(connections: int) -> tuple[float, float, float]:
+                                done = wrk.post(endpoint.infer_url, body, headers, connections=connections,
+                                                seconds=args.seconds)
+                                return done.per_s, done.p99_ms, done.cpu_per_request_s
+
+                            rate, per_request = best_within(by_wrk, args.budget_ms)
                     found.setdefault(label, []).append(rate)
                     cpu.setdefault(label, []).append(per_request or float("nan"))
                     print(f"round {r + 1}: {label}: {rate:,.0f} requests/s within p99 {args.budget_ms:g} ms",

@@ -35,6 +35,8 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from tfperf.serving import wrk  # noqa: E402
+
 NAIVE = '''
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -84,47 +86,28 @@ def wait_for(proc: subprocess.Popen, word: str) -> str:
     return line
 
 
-def wrk(url: str, body: bytes, headers: dict[str, str], seconds: int = 5, connections: int = 8
-        ) -> tuple[float, float] | str:
-    """wrk's requests/s and p99 (ms) posting `body` to `url` from one thread over `connections` kept-alive
-    connections, or why it was not run."""
-    if shutil.which("wrk") is None:
-        return "not run: wrk is not installed (apt-get install wrk)"
-    with tempfile.TemporaryDirectory() as folder:
-        (Path(folder) / "body").write_bytes(body)
-        lines = [f'local f = io.open("{folder}/body", "rb")', "wrk.body = f:read(\"*a\")", "f:close()",
-                 'wrk.method = "POST"', *(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())]
-        (Path(folder) / "post.lua").write_text("\n".join(lines) + "\n")
-        done = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s",
-                               f"{folder}/post.lua", url], capture_output=True, text=True)
-    rate = re.search(r"Requests/sec:\s+([0-9.]+)", done.stdout)
-    p99 = re.search(r"99%\s+([0-9.]+)(us|ms|s)", done.stdout)
-    if not rate or not p99 or "Non-2xx" in done.stdout:
-        return f"wrk failed: {done.stderr[-300:] or done.stdout[-300:]}"
-    return float(rate[1]), float(p99[1]) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[p99[2]]
-
-
 def wrk_within(url: str, body: bytes, headers: dict[str, str], budget_ms: float) -> str:
-    """The most requests/s wrk saw with p99 within the budget, doubling its connections from 1 until p99 passes the
-    budget or the rate stops growing 5%, in words."""
-    wrk(url, body, headers, seconds=2, connections=1)  # warm-up: a backlog a LoadGen probe left is answered first
-    best, connections, first = None, 1, None
-    while connections <= 128:
-        found = wrk(url, body, headers, connections=connections)
-        if isinstance(found, str):
-            return found
-        rate, p99 = found
-        first = first or found
-        if p99 > budget_ms:
-            break
-        if best is not None and rate < best[0] * 1.05:
-            best = max(best, (rate, p99, connections))
-            break
-        best = (rate, p99, connections)
-        connections *= 2
-    if best is None:
-        return f"p99 {first[1]:.2f} ms already at 1 connection ({first[0]:,.0f} requests/s): over the budget"
-    return f"{best[0]:,.0f} requests/s at {best[2]} connections, p99 {best[1]:.2f} ms"
+    """The most requests/s wrk saw with p99 within the budget (`wrk.most_within`: connections doubled from 1 until
+    p99 passes the budget or the rate stops growing 5%), in words."""
+    if not wrk.available():
+        return "not run: wrk is not installed (apt-get install wrk)"
+
+    seen: list[wrk.WrkRun] = []
+
+    def run(connections: int, seconds: int = 5) -> wrk.WrkRun:
+        seen.append(wrk.post(url, body, headers, connections=connections, seconds=seconds))
+        return seen[-1]
+
+    try:
+        run(1, seconds=2)  # warm-up: a backlog a LoadGen probe left is answered first
+        found = wrk.most_within(run, budget_ms, rate=lambda r: r.per_s, p99_ms=lambda r: r.p99_ms)
+        if found is None:
+            first = seen[1]
+            return f"p99 {first.p99_ms:.2f} ms already at 1 connection ({first.per_s:,.0f} requests/s): over the budget"
+    except RuntimeError as e:
+        return f"wrk failed: {e}"
+    connections, best = found
+    return f"{best.per_s:,.0f} requests/s at {connections} connections, p99 {best.p99_ms:.2f} ms"
 
 
 def main() -> int:

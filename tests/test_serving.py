@@ -608,3 +608,49 @@ def test_a_serve_json_that_asks_for_a_horde_of_workers_is_refused_before_anythin
     config.write_text(json.dumps({"runtime": "onnx", "workers": 5000}))
     line = refused("serve", "mlp", "--config", config, "--root", tmp_path / "root", "--port", "0", "--grpc-port", "0")
     assert "5000 workers is more than 4 per core" in line and not (tmp_path / "root").exists()
+
+
+WRK_SUMMARY = """Running 2s test @ http://127.0.0.1:8501/v1/models/cnn:predict
+  1 threads and 8 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     1.21ms  310.44us   9.87ms   91.20%
+    Req/Sec     6.58k   201.33     6.90k    75.00%
+  Latency Distribution
+     50%    1.15ms
+     75%    1.27ms
+     90%    1.48ms
+     99%    2.91ms
+  13104 requests in 2.00s, 2.41MB read
+Requests/sec:   6551.70
+Transfer/sec:      1.20MB
+"""
+
+
+def test_wrks_summary_is_read_and_the_doubling_search_stops_where_p99_or_the_rate_stops_it():
+    from tfperf.serving import wrk
+
+    run = wrk.parse(WRK_SUMMARY, cpu_s=0.26)
+    assert (run.requests, run.per_s, run.p99_ms) == (13104, 6551.70, 2.91)
+    assert run.cpu_per_request_s == pytest.approx(0.26 / 13104)
+    assert wrk.parse(WRK_SUMMARY.replace("2.91ms", "450.00us"), 0).p99_ms == pytest.approx(0.45)
+    with pytest.raises(RuntimeError, match="refused"):
+        wrk.parse(WRK_SUMMARY + "  Non-2xx or 3xx responses: 13104\n", 0)
+    with pytest.raises(RuntimeError, match="no summary"):
+        wrk.parse("unable to connect to 127.0.0.1:8501 Connection refused", 0)
+    # (requests/s, p99 ms) by connections: the search doubles from 1 and keeps the most requests/s within 10 ms.
+    seen = []
+
+    def server(rates, p99s):
+        def measure(connections):
+            seen.append(connections)
+            i = connections.bit_length() - 1
+            return rates[i], p99s[i]
+        return measure
+
+    search = dict(rate=lambda r: r[0], p99_ms=lambda r: r[1])
+    assert wrk.most_within(server([100, 200, 400, 800, 900], [1, 2, 4, 8, 16]), 10.0, **search) == (8, (800, 8))
+    assert seen == [1, 2, 4, 8, 16]  # 16 connections passed the budget
+    seen.clear()
+    assert wrk.most_within(server([100, 200, 205, 990], [1, 1, 1, 1]), 10.0, **search) == (4, (205, 1))
+    assert seen == [1, 2, 4]  # 205 is under 5% more than 200: the rate stopped growing
+    assert wrk.most_within(server([100], [11]), 10.0, **search) is None  # over the budget at one connection

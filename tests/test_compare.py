@@ -219,6 +219,19 @@ def test_a_rerun_lands_inside_the_rerun_range_about_95_percent_of_the_time():
     assert 0.90 <= inside / total <= 0.995
 
 
+def test_a_report_resting_on_few_runs_says_how_much_wider_its_rerun_ranges_are(tmp_path):
+    from tfperf.records.noise import measure_noise
+    from tfperf.records.report import intervals_note
+
+    rng = np.random.default_rng(5)
+    noise = measure_noise([noisy_run(rng, [QUIET] * 6) for _ in range(3)], str(tmp_path))
+    note = intervals_note(noise, tmp_path)
+    # Student's t at 2 degrees of freedom against the normal: 4.30 / 1.96.
+    assert "this folder's own 3 runs" in note and "2 degrees of freedom" in note and "up to 2.2x as wide" in note
+    many = measure_noise([noisy_run(rng, [QUIET] * 6) for _ in range(5)], str(tmp_path))
+    assert "degrees of freedom" not in intervals_note(many, tmp_path)
+
+
 def test_compare_of_two_folders_sets_headlines_against_the_rerun_range(tmp_path, tfperf_cli):
     from tfperf.records.findings import Headline
 

@@ -18,6 +18,8 @@ Record = Mapping[str, Any]
 # The report's first section: one line per recipe (its headline).
 FINDINGS = "What this run found"
 # What a reader can do about a verdict that rests on an unstable row.
+# Below this many runs, a report says how much Student's t widens the rerun ranges their spread gives.
+FEW_RUNS = 5
 STEADIER = "rerun with `tfperf run --repeat 3`, or on a quieter machine"
 
 
@@ -305,7 +307,19 @@ def intervals_note(noise: Noise | None, results_dir: Path) -> str:
     own = Path(noise.where) == results_dir
     source = f"this folder's own {noise.runs} runs" if own else f"the calibration {noise.describe()}"
     return (f"{within} \"rerun\" is where the same figure lands in another run on this machine (95%), from "
-            f"the spread between runs of the same code in fresh processes ({source}).")
+            f"the spread between runs of the same code in fresh processes ({source}).{few_runs_note(noise.runs)}")
+
+
+def few_runs_note(runs: int) -> str:
+    """What resting on few runs does to the rerun ranges (Student's t on a spread learnt from them), in words;
+    nothing from FEW_RUNS runs on."""
+    if runs >= FEW_RUNS:
+        return ""
+    wider = stats.t_quantile(0.975, runs - 1) / stats.t_quantile(0.975, math.inf)
+    return (f" Learnt from {runs} runs, a figure's own spread has {runs - 1} degree{'s' if runs > 2 else ''} of "
+            f"freedom, and Student's t makes its range up to {wider:.1f}x as wide (on a log scale) as the same spread measured over "
+            f"many runs (its recipe's other figures, pooled in, narrow that): `tfperf run --repeat {FEW_RUNS}` or "
+            f"more gives ranges to lean on.")
 
 
 def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: str = "tfperf report",

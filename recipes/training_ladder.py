@@ -211,7 +211,7 @@ def measure(args, rec) -> Found:
     # slow phase (239 GFLOP/s against 438-451 in four other runs) nearly doubled every MFU of its run. A
     # configuration's MFU is against the peak of the precision it computes in: under mixed_bfloat16 the matmuls run
     # in bfloat16, whose peak here was 1.7x float32's (753-767 GFLOP/s against 399-444), and a float32 roof put the
-    # mixed rows at 62% MFU where they ran at 36% of their own.
+    # mixed rows of a --width 4 run at 62% MFU where they ran at 36% of their own.
     peaks: dict[str, list[float]] = {"float32": [peak_matmul_flops_per_s()]}
 
     def measure_peaks(*configs: Config) -> None:
@@ -233,8 +233,8 @@ def measure(args, rec) -> Found:
     wider = f" ({args.width}x wider)" if args.width > 1 else ""
     print(f"{args.model}{wider} on {args.dataset}: {examples} training examples, {args.rounds} timed epochs per "
           f"configuration and comparison; {train_flops / 1e6:.1f} MFLOP per training example; matmul peak "
-          f"{peaks['float32'][0] / 1e9:.0f} GFLOP/s (float32) so far; {hardware_summary()}; Keras' jit_compile='auto' (plain fit's) "
-          f"resolves to {auto_xla} here", flush=True)
+          f"{peaks['float32'][0] / 1e9:.0f} GFLOP/s (float32) so far; {hardware_summary()}; Keras' "
+          f"jit_compile='auto' (plain fit's) resolves to {auto_xla} here", flush=True)
 
     def race(a: tuple[str, Config], b: tuple[str, Config], repeat: int = 1, bar: float = MIN_GAIN):
         """Train both from the same initial weights, an epoch of each in turn: their Measurements, the
@@ -279,7 +279,7 @@ def measure(args, rec) -> Found:
     # mixed_bfloat16 1.18x (95% CI 1.05-1.41x): raised first, the sweep stopped at 128 in 4 runs of 5, and the
     # headline moved with that decision. The input pipeline comes after the batch: what it saves is a cost per
     # example, which weighs more as the step's own cost per example falls. At batch 32 it measured 1.06-1.11x,
-    # near the bar (unsettled after 30 rounds in one run of six); at batch 256 under mixed_bfloat16 about 1.25x.
+    # near the bar (unsettled after 30 rounds in one run of six); at batch 256 under mixed_bfloat16 1.11-1.19x.
     rungs = [(xla_row, lambda c: dataclasses.replace(c, jit=xla_setting), MIN_GAIN),  # XLA: fuse the step's ops
              ("steps_per_execution=16", lambda c: dataclasses.replace(c, steps_per_execution=16), MIN_GAIN),
              (mixed, lambda c: dataclasses.replace(c, policy=mixed), MIN_GAIN),

@@ -239,6 +239,43 @@ def test_metrics_count_requests_by_code_and_batches_at_tf_servings_path(served):
     assert "tfperf_batch_size_count" in text and "tfperf_queue_depth" in text and "tfperf_compute_latency" in text
 
 
+def test_answers_finished_together_wake_the_event_loop_once_and_a_cancelled_wait_cancels_the_request():
+    """Issue 49: the batcher's answers reach the event loop a group at a time (asyncio.wrap_future wrote to the
+    loop's self-pipe once per request); results, errors and cancellation still reach each side."""
+    import asyncio
+    from concurrent.futures import Future
+
+    from tfperf.serving.server import Handback
+
+    loop = asyncio.new_event_loop()
+    wakes = []
+    real = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *args: (wakes.append(args), real(*args))[1]
+    handback = Handback(loop)
+    batch = [Future() for _ in range(16)]
+    waiters = [handback.wrap(f) for f in batch]
+    failed, dropped = Future(), Future()
+    failed_waiter, dropped_waiter = handback.wrap(failed), handback.wrap(dropped)
+
+    def one_batch():  # as the batch thread ends a batch: every request's answer, one after another
+        for i, future in enumerate(batch):
+            future.set_result(i)
+        failed.set_exception(ValueError("the model failed"))
+
+    thread = threading.Thread(target=one_batch)
+    thread.start()
+    thread.join()
+    try:
+        assert loop.run_until_complete(asyncio.gather(*waiters)) == list(range(16)) and len(wakes) == 1
+        with pytest.raises(ValueError, match="the model failed"):
+            loop.run_until_complete(failed_waiter)
+        dropped_waiter.cancel()  # a deadline passed: the batcher must drop the request, not run it
+        loop.run_until_complete(asyncio.sleep(0))  # the waiter's callbacks run on the loop
+        assert dropped.cancelled() and not dropped.set_running_or_notify_cancel()
+    finally:
+        loop.close()
+
+
 def test_a_full_queue_answers_503_at_once_and_a_passed_deadline_drops_the_request():
     """A model that takes 0.2 s a call, one request at a time, two allowed to wait: the next is refused at
     once; a gRPC-like deadline shorter than the wait is a 504 and the request never runs."""

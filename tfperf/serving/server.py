@@ -12,8 +12,11 @@ before it is read whole, and on `stop()` the server stops accepting, answers wha
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import dataclasses
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +75,48 @@ class ServerOptions:
     # multiprocess mode, set up before it was imported): a scrape of any worker then counts every worker
 
 
+class Handback:
+    """The batcher's answers, handed back to the event loop a group at a time: one wake-up of the loop for every
+    future that finishes before the loop runs, where `asyncio.wrap_future` wakes it once per future (a write to its
+    self-pipe from the batch thread: 14% of the event loop's samples at 5,500 requests/s). Cancelling what `wrap`
+    returned cancels the batcher's future, so that a request whose deadline passed is dropped before it runs."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._finished: collections.deque[tuple[concurrent.futures.Future, asyncio.Future]] = collections.deque()
+        self._lock = threading.Lock()
+        self._woken = False  # a delivery is scheduled on the loop and has not yet taken the deque
+
+    def wrap(self, future: concurrent.futures.Future) -> asyncio.Future:
+        """An asyncio future, on this loop, that ends as `future` (from another thread) ends."""
+        waiter = self.loop.create_future()
+        waiter.add_done_callback(lambda w: future.cancel() if w.cancelled() else None)
+        future.add_done_callback(lambda done: self._finish(done, waiter))
+        return waiter
+
+    def _finish(self, future: concurrent.futures.Future, waiter: asyncio.Future) -> None:
+        with self._lock:
+            self._finished.append((future, waiter))
+            if self._woken:
+                return
+            self._woken = True
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            finished, self._finished = self._finished, collections.deque()
+            self._woken = False
+        for future, waiter in finished:
+            if waiter.done():  # cancelled: its deadline passed
+                continue
+            if future.cancelled():
+                waiter.cancel()
+            elif (error := future.exception()) is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(future.result())
+
+
 class Server:
     """One repository served over HTTP and gRPC on the running event loop: `await start()`, `await stop()`."""
 
@@ -84,6 +129,7 @@ class Server:
         self.ports: tuple[int, int] | None = None
         self._runner = None
         self._grpc = None
+        self._handback: Handback | None = None  # made on the loop that serves, at its first request
 
     def record_batch(self, rows: int, waits: list[float], compute_s: float) -> None:
         """The batcher's report of one batch (called on its thread): rows, each request's wait, the call's time."""
@@ -144,8 +190,10 @@ class Server:
         except RuntimeError:  # the version closed under us: the server is stopping
             raise RequestError(503, "the server is shutting down") from None
         self._count_waiting()
+        if self._handback is None:
+            self._handback = Handback(asyncio.get_running_loop())
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), deadline_s)
+            return await asyncio.wait_for(self._handback.wrap(future), deadline_s)
         except asyncio.TimeoutError:
             raise RequestError(504, "the deadline passed before the model answered") from None
         except Exception as exc:  # noqa: BLE001  (the model's own errors: said in one line)

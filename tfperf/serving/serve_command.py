@@ -182,7 +182,7 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
     from tfperf.deploy.errors import ModelError
     from tfperf.serving.configs import ServingConfig
     from tfperf.serving.repository import Repository
-    from tfperf.serving.server import ServerOptions
+    from tfperf.serving.server import ServerOptions, new_event_loop
     from tfperf.serving.ready import ready_line
 
     config = ServingConfig.from_json(config_json.encode(), "the configuration")
@@ -217,7 +217,8 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
               flush=True)
 
     try:
-        asyncio.run(serve(repository, options, say, ready))
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            runner.run(serve(repository, options, say, ready))
     except OSError as exc:
         raise UserError(f"cannot listen on {args.host}: {exc.strerror or exc} (is another server on port "
                         f"{args.port} or {args.grpc_port}? --port 0 takes any free one)") from None

@@ -360,8 +360,6 @@ class ServerThread:
 
     def __init__(self, repository: Repository, options: ServerOptions | None = None,
                  log: Callable[[str], None] = lambda line: None):
-        import threading
-
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="server", daemon=True)
         self._thread.start()

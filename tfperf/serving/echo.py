@@ -31,13 +31,11 @@ async def record(remote) -> Recorded:
     """The answers of a `RemoteServer`'s endpoint to its metadata and to its first encoded request."""
     endpoint, encoded = remote.endpoint, next(iter(remote._encoded.values()))
     if endpoint.protocol in ("rest", "v2"):
-        async with remote.session.get(endpoint.metadata_url) as got:
-            metadata = await got.read()
+        metadata = (await remote.http("GET", endpoint.metadata_verb)).body
         body, headers = encoded
-        async with remote.session.post(endpoint.infer_url, data=body, headers=headers) as got:
-            answer = await got.read()
-            kept = tuple((k, v) for k, v in got.headers.items() if k.lower() == "inference-header-content-length")
-        return Recorded(endpoint.protocol, metadata, answer, kept)
+        got = await remote.http("POST", endpoint.infer_verb, body, headers)
+        kept = tuple((k, v) for k, v in got.headers.items() if k == "inference-header-content-length")
+        return Recorded(endpoint.protocol, metadata, got.body, kept)
     from tfperf.serving.endpoint import CODECS
 
     service, _, meta_method = GRPC_METHODS[endpoint.protocol]

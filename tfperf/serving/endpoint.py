@@ -1,9 +1,10 @@
 """Any running endpoint as a server to measure (`tfperf load --url`): its URL read as one of the protocols
 `tfperf serve`, TF Serving, Triton and KServe speak, its inputs read from its own metadata, and a client that
-sends requests from an asyncio event loop of its own thread (HTTP/1.1 keep-alive through aiohttp, gRPC's own
-asyncio stubs), each request's body encoded once, so that the sending side costs as little as Python allows.
-`RemoteServer.submit(arrays)` returns a Future, as the in-process servers' does, so the closed loop and LoadGen
-measure it unchanged. What goes over the wire is each protocol's module's (`tfperf.serving.protocols`); the
+sends requests from an asyncio event loop of its own thread (HTTP/1.1 keep-alive through `tfperf.serving.http1`,
+each request written once as the bytes that go on the wire; gRPC's own asyncio stubs), so that the sending side
+costs as little as Python allows. `RemoteServer.submit(arrays)` returns a Future, as the in-process servers' does,
+so the closed loop and LoadGen measure it unchanged; requests submitted from another thread (LoadGen's) reach the
+loop a group at a time, one wake-up for all that arrived meanwhile. What goes over the wire is each protocol's module's (`tfperf.serving.protocols`); the
 connections, the event loop and the metadata calls are here.
 
   http://HOST:PORT/v1/models/NAME[/versions/N]   TF Serving REST (row format; columnar with `columnar=True`)
@@ -15,6 +16,7 @@ connections, the event loop and the metadata calls are here.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import re
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tfperf.serving import http1
 from tfperf.serving.protocols import kserve_v2, kserve_v2_grpc, tfserving_grpc, tfserving_rest
 from tfperf.serving.protocols.tfserving_messages import GET_MODEL_METADATA, PREDICT, client_method
 from tfperf.serving.protocols.tensors import EndpointError, Tensor
@@ -55,21 +58,35 @@ class Endpoint:
             " (binary tensors)" if self.protocol == "v2" else " (row format)" if self.protocol == "rest" else ""
         return f"{PROTOCOLS[self.protocol]}{style}"
 
-    def url(self, verb: str = "") -> str:
-        """The HTTP URL of a v1 or v2 call on this model (`verb`: ':predict', '/metadata', '/infer', ...)."""
+    def path(self, verb: str = "") -> str:
+        """The HTTP path of a v1 or v2 call on this model (`verb`: ':predict', '/metadata', '/infer', ...)."""
         version = f"/versions/{self.version}" if self.version else ""
         api = "v1" if self.protocol == "rest" else "v2"
-        return f"http://{self.host}:{self.port}/{api}/models/{self.model}{version}{verb}"
+        return f"/{api}/models/{self.model}{version}{verb}"
+
+    def url(self, verb: str = "") -> str:
+        """The HTTP URL of a v1 or v2 call on this model."""
+        return f"http://{self.host}:{self.port}{self.path(verb)}"
+
+    @property
+    def metadata_verb(self) -> str:
+        """The verb of an HTTP protocol's metadata call."""
+        return "/metadata" if self.protocol == "rest" else ""
+
+    @property
+    def infer_verb(self) -> str:
+        """The verb of an HTTP protocol's inference call."""
+        return ":predict" if self.protocol == "rest" else "/infer"
 
     @property
     def metadata_url(self) -> str:
         """Where an HTTP protocol answers the model's metadata."""
-        return self.url("/metadata" if self.protocol == "rest" else "")
+        return self.url(self.metadata_verb)
 
     @property
     def infer_url(self) -> str:
         """Where an HTTP protocol answers inference requests."""
-        return self.url(":predict" if self.protocol == "rest" else "/infer")
+        return self.url(self.infer_verb)
 
 
 def parse_url(url: str, *, columnar: bool = False, json: bool = False) -> Endpoint:
@@ -98,15 +115,20 @@ def parse_url(url: str, *, columnar: bool = False, json: bool = False) -> Endpoi
                     columnar, json)
 
 
-async def read_metadata(endpoint: Endpoint, session=None, channel=None) -> tuple[list[Tensor], list[Tensor]]:
-    """The model's inputs and outputs, as its own metadata API gives them."""
+async def read_metadata(endpoint: Endpoint, pool: http1.Pool | None = None,
+                        channel=None) -> tuple[list[Tensor], list[Tensor]]:
+    """The model's inputs and outputs, as its own metadata API gives them (over HTTP through `pool`)."""
     codec = CODECS[endpoint.protocol]
-    if session is not None:
+    if pool is not None:
         url = endpoint.metadata_url
-        async with session.get(url) as answer:
-            found = json.loads(await answer.read())
-            if answer.status != 200:
-                raise EndpointError(f"{url} answered {answer.status}: {found.get('error', found)}")
+        answer = await pool.request(http1.wire("GET", endpoint.host, endpoint.port, endpoint.path(endpoint.metadata_verb)))
+        try:
+            found = json.loads(answer.body)
+        except ValueError:
+            raise EndpointError(f"{url} answered {answer.status}, not JSON: {answer.body[:120]!r}") from None
+        if answer.status != 200:
+            said = found.get("error", found) if isinstance(found, dict) else found
+            raise EndpointError(f"{url} answered {answer.status}: {said}")
         return codec.metadata_tensors(found)
     request = codec.metadata_request(endpoint.model, endpoint.version)
     if endpoint.protocol == "grpc":
@@ -131,14 +153,17 @@ class RemoteServer:
     returns a Future that completes when the answer has been read (its body is not decoded: a load test
     measures the server, `check` reads answers). Close it when done."""
 
-    def __init__(self, endpoint: Endpoint, connections: int = 64, timeout_s: float = 60.0,
+    def __init__(self, endpoint: Endpoint, connections: int = http1.MOST_CONNECTIONS, timeout_s: float = 60.0,
                  loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop):
         self.endpoint, self.timeout_s = endpoint, timeout_s
         self.loop = loop_factory()
         self._thread = threading.Thread(target=self.loop.run_forever, name="client", daemon=True)
         self._thread.start()
         self._encoded: dict[int, Any] = {}  # id(request arrays) -> encoded request (requests are reused)
+        self._wire: dict[int, bytes] = {}  # id(request arrays) -> the HTTP request's bytes
         self._keep: list[Any] = []  # the arrays whose ids key _encoded, kept alive
+        self._arrived: collections.deque = collections.deque()  # submitted from other threads, not yet sent
+        self._woken = False  # a wake-up of the loop for _arrived is pending
         self.inputs: list[Tensor] = []
         self.outputs: list[Tensor] = []
         try:
@@ -156,16 +181,14 @@ class RemoteServer:
     def _call(self, coroutine, timeout_s: float | None = None):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s or self.timeout_s + 30)
 
-    session = channel = _send = None
+    pool: http1.Pool | None = None
+    channel = _send = None
     cpu_s = None  # a callable: the endpoint's CPU seconds so far, when it is a process of this machine (set by its owner)
 
     async def _open(self, connections: int) -> None:
-        import aiohttp
-
         if self.endpoint.protocol in ("rest", "v2"):
-            self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections, ttl_dns_cache=None),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            self.pool = http1.Pool(self.loop, self.endpoint.host, self.endpoint.port, most=connections,
+                                   timeout_s=self.timeout_s)
         else:
             import grpc
 
@@ -179,7 +202,7 @@ class RemoteServer:
 
                 self._send = service_pb2_grpc.GRPCInferenceServiceStub(self.channel).ModelInfer
         try:
-            self.inputs, self.outputs = await read_metadata(self.endpoint, self.session, self.channel)
+            self.inputs, self.outputs = await read_metadata(self.endpoint, self.pool, self.channel)
         except EndpointError:
             raise
         except Exception as exc:  # noqa: BLE001  (no server, or not this protocol: said in one line)
@@ -194,36 +217,72 @@ class RemoteServer:
     def _encode(self, arrays: Mapping[str, np.ndarray]) -> Any:
         key = id(arrays)
         if key not in self._encoded:
-            self._encoded[key] = encode(self.endpoint, arrays)
+            self._encoded[key] = encoded = encode(self.endpoint, arrays)
+            if self.pool is not None:
+                body, headers = encoded
+                self._wire[key] = http1.wire("POST", self.endpoint.host, self.endpoint.port,
+                                             self.endpoint.path(self.endpoint.infer_verb), body, headers)
             self._keep.append(arrays)
         return self._encoded[key]
 
-    async def _request(self, encoded: Any, decode: bool = False) -> Any:
-        if self.session is not None:
-            body, headers = encoded
-            async with self.session.post(self.endpoint.infer_url, data=body, headers=headers) as answer:
-                data = await answer.read()
-                if answer.status != 200:
-                    raise EndpointError(f"HTTP {answer.status}: {data[:200].decode(errors='replace')}")
-                return (data, answer.headers) if decode else None
-        answer = await self._send(encoded, timeout=self.timeout_s)
+    def _wire_of(self, arrays: Mapping[str, np.ndarray]) -> bytes:
+        key = id(arrays)
+        if key not in self._wire:
+            self._encode(arrays)
+        return self._wire[key]
+
+    async def http(self, method: str, verb: str, body: bytes = b"",
+                   headers: Mapping[str, str] | None = None) -> http1.Answer:
+        """One HTTP call on this model (`verb` as `Endpoint.path` takes it), its answer whatever the status."""
+        return await self.pool.request(http1.wire(method, self.endpoint.host, self.endpoint.port,
+                                                  self.endpoint.path(verb), body, headers))
+
+    async def _request(self, arrays: Mapping[str, np.ndarray], decode: bool = False) -> Any:
+        if self.pool is not None:
+            answer = await self.pool.request(self._wire_of(arrays))
+            if answer.status != 200:
+                raise EndpointError(f"HTTP {answer.status}: {answer.body[:200].decode(errors='replace')}")
+            return (answer.body, answer.headers) if decode else None
+        answer = await self._call_grpc(self._encode(arrays))
         return answer if decode else None
 
     def submit(self, arrays: Mapping[str, np.ndarray]) -> Future:
         """Send one request (arrays by input name); the Future completes with None when it is answered."""
-        encoded = self._encode(arrays)
-        return asyncio.run_coroutine_threadsafe(self._request(encoded), self.loop)
+        future: Future = Future()
+        # Encoded in the caller's thread; handed to the loop with whatever else arrived before it woke.
+        self._arrived.append((self._wire_of(arrays) if self.pool is not None else self._encode(arrays), future))
+        if not self._woken:
+            self._woken = True
+            self.loop.call_soon_threadsafe(self._send_arrived)
+        return future
+
+    def _send_arrived(self) -> None:
+        self._woken = False
+        while self._arrived:
+            sending, future = self._arrived.popleft()
+            try:
+                if self.pool is not None:
+                    self.pool.send(sending, lambda answer, f=future: _settle(f, answer))
+                else:
+                    task = self.loop.create_task(self._call_grpc(sending))
+                    task.add_done_callback(lambda t, f=future: _settle(
+                        f, asyncio.CancelledError() if t.cancelled() else t.exception() or OK))
+            except Exception as exc:  # noqa: BLE001  (whoever waits on the Future learns why)
+                future.set_exception(exc)
+
+    async def _call_grpc(self, message: Any) -> Any:
+        return await self._send(message, timeout=self.timeout_s)
 
     def __call__(self, arrays: Mapping[str, np.ndarray]) -> None:
         return self.submit(arrays).result()
 
     async def send(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Send one request from a coroutine on this client's own loop (`self.loop`); returns once answered."""
-        await self._request(self._encode(arrays))
+        await self._request(arrays)
 
     def answer(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request's outputs, decoded (to check what the endpoint answers)."""
-        return self._decode(self._call(self._request(self._encode(arrays), decode=True)))
+        return self._decode(self._call(self._request(arrays, decode=True)))
 
     def decoding(self) -> _Decoding:
         """This endpoint as a server whose Futures complete with the decoded outputs (to check its answers as
@@ -239,8 +298,8 @@ class RemoteServer:
 
     def close(self) -> None:
         async def shut() -> None:
-            if self.session is not None:
-                await self.session.close()
+            if self.pool is not None:
+                self.pool.close()
             if self.channel is not None:
                 await self.channel.close()
 
@@ -257,6 +316,19 @@ class RemoteServer:
         self.close()
 
 
+OK = http1.Answer(200, {}, b"")  # what a gRPC call that returned is settled with
+
+
+def _settle(future: Future, answer: http1.Answer | BaseException) -> None:
+    """A submitted request's Future, settled by its answer: None when it is 200, else why not."""
+    if isinstance(answer, BaseException):
+        future.set_exception(answer)
+    elif answer.status != 200:
+        future.set_exception(EndpointError(f"HTTP {answer.status}: {answer.body[:200].decode(errors='replace')}"))
+    else:
+        future.set_result(None)
+
+
 class _Decoding:
     """A RemoteServer whose `submit` Futures complete with the decoded outputs."""
 
@@ -265,8 +337,7 @@ class _Decoding:
 
     def submit(self, arrays: Mapping[str, np.ndarray]) -> Future:
         decoded: Future = Future()
-        sent = asyncio.run_coroutine_threadsafe(self.remote._request(self.remote._encode(arrays), decode=True),
-                                                self.remote.loop)
+        sent = asyncio.run_coroutine_threadsafe(self.remote._request(arrays, decode=True), self.remote.loop)
 
         def done(answered: Future) -> None:
             try:

@@ -215,7 +215,8 @@ def encode_request(arrays: Mapping[str, np.ndarray], binary: bool) -> tuple[byte
 
 def decode_response(body: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:
     """An /infer answer as arrays by output name: JSON tensors, or binary ones after the JSON header."""
-    length = int(headers.get("Inference-Header-Content-Length", len(body)))
+    given = next((v for k, v in headers.items() if k.lower() == "inference-header-content-length"), None)
+    length = int(given) if given is not None else len(body)
     header, at, outputs = json.loads(body[:length]), length, {}
     for t in header["outputs"]:
         if "data" in t:

@@ -7,7 +7,8 @@ a JSON header followed by the tensor's raw bytes; gRPC sends a protobuf. The sam
 process of its own) answers all four; the figure is the most requests/s within the latency budget.
 
 Run:   python recipes/serving_protocols.py --quick        (about a minute on 2 CPU cores)
-Needs: TensorFlow 2.21, tensorflow-serving-api (TF Serving's gRPC stubs), mlcommons-loadgen; a CPU is enough.
+Needs: TensorFlow 2.21, tensorflow-serving-api (TF Serving's gRPC stubs), mlcommons-loadgen; a CPU is enough;
+       h2load (Debian's nghttp2-client) sends the load where installed, else tfperf's Python client.
 """
 
 import os
@@ -27,6 +28,7 @@ import tensorflow as tf
 from tfperf import flags
 from tfperf.measure.measurement import Measurement, versus
 from tfperf.recipe import Conclusion, Headline, Recipe
+from tfperf.serving import h2load
 
 
 # The technique: the same request in each protocol, as a client writes it. TF Serving's REST API, row format:
@@ -94,6 +96,7 @@ def add_flags(p) -> None:
     p.add_argument("--window", type=flags.positive_float, help="seconds per closed-loop window")
     p.add_argument("--latency-ms", type=flags.positive_float, help="the p99 budget")
     p.add_argument("--max-batch-size", type=flags.positive_int, help="the server's batches")
+    h2load.add_client_flag(p)
 
 
 def measure(args, rec) -> Found:
@@ -114,7 +117,9 @@ def measure(args, rec) -> Found:
     config = ServingConfig("onnx", os.cpu_count(), 2, BatchingOptions(max_batch_size=args.max_batch_size,
                                                                       batch_timeout_micros=1000))
     sizes = dataclasses.replace(Sizes(), window_s=args.window, max_windows=6, warmup_s=args.window / 2)
-    bench = Bench({"onnx": exported.path}, requests, Budget(args.latency_ms / 1e3), sizes, rec, work / "loadgen")
+    # The clients through a socket: h2load (C) where installed, so that they take little of the server's cores.
+    bench = Bench({"onnx": exported.path}, requests, Budget(args.latency_ms / 1e3), sizes, rec, work / "loadgen",
+                  client=h2load.client_for(args.client))
     with ServeProcess(exported.path, config, args.model, work / "serve.log") as server:
         # Each protocol's answer, sent as above, is the model's own.
         x, want = requests[0][name], model(requests[0])
@@ -143,6 +148,12 @@ def measure(args, rec) -> Found:
     return Found(swept, shown, disagreement, float(np.ptp(answers, axis=0).max()))
 
 
+def sent_by(level) -> str:
+    """Who sent a level's requests through the socket, and the CPU a request cost it, in words."""
+    cost = level.client_cpu_per_request_s
+    return f"; sent by {level.client}" + (f", {cost * 1e6:.0f} us of CPU a request" if cost else "")
+
+
 def conclude(args, rec, found: Found) -> Conclusion:
     from tfperf.serving.search import Budget
 
@@ -159,7 +170,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
         lines.append(f"{shown}: {s.rate_within(budget):,.0f} requests/s within {budget} ({level.label}: p50 "
                      f"{level.percentile_s(50) * 1e3:.2f} ms, 95% CI {p50[0] * 1e3:.2f}-{p50[1] * 1e3:.2f}; p99 "
                      f"{level.percentile_s(99) * 1e3:.2f} ms, {p99[0] * 1e3:.2f}-{p99[1] * 1e3:.2f}), "
-                     f"{s.rate_within(budget) / max(inside.rate_within(budget), 1e-9):.2f}x of in process")
+                     f"{s.rate_within(budget) / max(inside.rate_within(budget), 1e-9):.2f}x of in process"
+                     + (sent_by(level) if what != "in process" else ""))
     # One request at a time, each protocol's latency against in process: what the hop alone costs.
     # A first level whose window closed before any answer came (a stalled request outlasts a short --window) has
     # nothing to compare: it is named, not timed.

@@ -13,6 +13,7 @@ from conftest import recipe, run
 from tfperf.records.findings import headline_path, read_headline
 from tfperf.records.jsonl import read_records
 from tfperf.cluster.hosts import available
+from tfperf.serving.h2load import client_for
 
 TINY = ["--quick", "--steps", "2", "--warmup", "0"]
 
@@ -744,7 +745,8 @@ def test_serving_protocols_sends_each_encoding_as_written_and_measures_them_at_t
                             "--latency-ms", "500", "--out", str(tmp_path)])
     rec, found = protocols.run(args)
     assert found.disagreement <= 1e-4 and found.spread > 1e-3  # the answers vary: their agreement means something
-    assert list(found.swept) == ["rest", "rest-columnar", "v2", "grpc", "in process"]
+    socket_rows = ["rest", "rest-columnar", "v2", "grpc"]
+    assert list(found.swept) == [*socket_rows, "in process"]
     assert all(not s.dropped and [lv.label for lv in s.levels] == ["concurrency 1", "concurrency 2"]
                for s in found.swept.values())
     shown = [r["row"] for r in rec.table("the same load, by protocol (closed loop)")]
@@ -752,6 +754,10 @@ def test_serving_protocols_sends_each_encoding_as_written_and_measures_them_at_t
                      "TF Serving gRPC", "in process"]
     conclusion = protocols.conclude(args, rec, found)
     assert not conclusion.failure and len(conclusion.lines) == 5 and "of in process" in conclusion.lines[0]
+    # Through a socket, the clients are h2load (C) where it is installed, and each line says who sent.
+    sender = client_for("auto")
+    assert all(lv.client == sender for p in socket_rows for lv in found.swept[p].levels)
+    assert all(f"sent by {sender}" in line for line in conclusion.lines[:4]) and "sent by" not in conclusion.lines[4]
     assert conclusion.headline.rests_on == ("TF Serving REST (row format)", "KServe v2 over HTTP (binary tensors)")
     # A first window that closed before any answer came (a stalled request outlasts a 50 ms window; seen once in
     # CI) leaves that protocol untimed one request at a time: named in the conclusion, never a crash.

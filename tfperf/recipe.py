@@ -154,7 +154,7 @@ class Recipe:
             rec, measured = self.run(args)
             rec.save(args.out)
             conclusion = self.conclude(args, rec, measured)
-        except (RecipeError, DatasetUnavailable) as exc:
+        except (RecipeError, DatasetUnavailable, flags.UserError) as exc:  # bad input, said in one line
             print(f"{self.name}: error: {flags.one_line(exc)}", file=sys.stderr)
             return 2
         except ChildError as exc:  # a failed run, not bad input: the message names what failed

@@ -39,6 +39,8 @@ def runtime_list(text: str) -> list[str]:
 
 def add_command(sub) -> None:
     """Add `load` to the `tfperf` subcommands."""
+    from tfperf.serving import h2load
+
     p = sub.add_parser("load", help="serving under load: requests/s within a latency budget, and the configuration "
                                     "(runtime, threads, instances, batching) that gives the most",
                        description=__doc__.split("\n\n")[0])
@@ -81,10 +83,7 @@ def add_command(sub) -> None:
                                                         f"in under {QUICK_GOAL_S // 60} minutes on 2 cores")
     p.add_argument("--out", help="folder for report.md, load.jsonl and the chart (default load/<model name>/)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--client", choices=("auto", "h2load", "python"), default="auto",
-                   help="who sends the closed loop's requests through a socket: h2load (C, nghttp2-client: a tenth of "
-                        "the CPU a request, left to the server), or tfperf's Python client; auto: h2load where "
-                        "installed. LoadGen's open loop is Python's either way")
+    h2load.add_client_flag(p)
     p.add_argument("--in-process", action="store_true",
                    help="answer in process only: the best are not then served by tfperf serve and measured through "
                         "sockets (faster; the figure is then the ceiling, not what a deployment gets)")

@@ -46,6 +46,14 @@ def available() -> bool:
     return shutil.which(H2LOAD) is not None
 
 
+def add_client_flag(parser: Any) -> None:
+    """`--client` on an argparse parser: who sends a closed loop's requests through a socket (see `client_for`)."""
+    parser.add_argument("--client", choices=("auto", H2LOAD, "python"), default="auto",
+                        help="who sends the closed loop's requests through a socket: h2load (C, nghttp2-client: a "
+                             "tenth of the CPU a request, left to the server), or tfperf's Python client; auto: "
+                             "h2load where installed. LoadGen's open loop is Python's either way")
+
+
 def client_for(asked: str) -> str:
     """The closed loop's client through a socket for `tfperf load --client`: auto is h2load where it is on PATH."""
     if asked == "h2load" and not available():

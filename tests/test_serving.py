@@ -253,6 +253,10 @@ def test_a_concurrency_sweep_stops_at_the_budget_or_saturation():
     curve[8] = (600, 0.012)
     levels = concurrency_sweep(lambda c: fake_level(*curve[c]), budget)
     assert len(levels) == 4 and Swept(ServingConfig("onnx"), tuple(levels)).rate_within(budget) == 350
+    # A step past the limit measures the limit itself: a server still gaining at 16 is measured at 32, not left.
+    curve = {1: (100, 0.001), 4: (350, 0.002), 16: (1200, 0.004), 32: (1900, 0.006)}
+    seen = [lv.throughput for lv in concurrency_sweep(lambda c: fake_level(*curve[c]), budget, limit=32, factor=4)]
+    assert seen == [100, 350, 1200, 1900]
 
 
 def test_the_rate_bracket_holds_the_true_limit_and_never_probes_past_capacity():

@@ -2,8 +2,9 @@
 socket: what `tfperf load` uses where it is installed, so that the client takes little of the CPU the server
 shares with it on one machine.
 
-A request through tfperf's Python client (aiohttp or grpc.aio on an event loop) costs 200-300 us of CPU; h2load's
-costs 20-40 us over HTTP/1.1 and 40-80 us over HTTP/2 (benchmarks/load_client_cost.py). Each window of a level is
+Against an echo (benchmarks/load_client_cost.py), a request through tfperf's Python client costs about 20 us of
+CPU over HTTP/1.1 (`tfperf.serving.http1`, in closed loop) and 120-150 us over gRPC (grpc.aio); h2load's 15-55 us
+over HTTP/1.1 and 40-80 us over HTTP/2. Each window of a level is
 one h2load run of `window_s`: `concurrency` connections over HTTP/1.1 (TF Serving REST, KServe v2), or one HTTP/2
 connection with `concurrency` streams for gRPC, as a gRPC channel multiplexes them; each client sends the same
 encoded request again as soon as the last is answered (h2load posts one body), and its per-request log gives
@@ -49,9 +50,9 @@ def available() -> bool:
 def add_client_flag(parser: Any) -> None:
     """`--client` on an argparse parser: who sends a closed loop's requests through a socket (see `client_for`)."""
     parser.add_argument("--client", choices=("auto", H2LOAD, "python"), default="auto",
-                        help="who sends the closed loop's requests through a socket: h2load (C, nghttp2-client: a "
-                             "tenth of the CPU a request, left to the server), or tfperf's Python client; auto: "
-                             "h2load where installed. LoadGen's open loop is Python's either way")
+                        help="who sends the closed loop's requests through a socket: h2load (C, nghttp2-client: "
+                             "over gRPC a third of the Python client's CPU a request, left to the server), or tfperf's "
+                             "Python client; auto: h2load where installed. LoadGen's open loop is Python's either way")
 
 
 def client_for(asked: str) -> str:

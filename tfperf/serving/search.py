@@ -64,7 +64,8 @@ class Swept:
 def concurrency_sweep(measure: Callable[[int], LoadLevel], budget: Budget, *, start: int = 1, limit: int = 64,
                       min_gain: float = MIN_GAIN, factor: int = 2) -> list[LoadLevel]:
     """Closed-loop levels at concurrency start, `factor` times that, ... until the percentile passes the budget,
-    throughput gains under `min_gain`, or `limit` is reached."""
+    throughput gains under `min_gain`, or `limit` is reached; a step that would pass `limit` measures `limit`
+    itself (1, 4, 16, 32 at a factor of 4 and a limit of 32), so a server still gaining is measured there."""
     levels, concurrency = [], start
     while concurrency <= limit:
         level = measure(concurrency)
@@ -73,7 +74,9 @@ def concurrency_sweep(measure: Callable[[int], LoadLevel], budget: Budget, *, st
             break
         if len(levels) > 1 and level.throughput < levels[-2].throughput * (1 + min_gain):
             break
-        concurrency *= factor
+        if concurrency == limit:
+            break
+        concurrency = min(concurrency * factor, limit)
     return levels
 
 

@@ -90,3 +90,35 @@ def test_requests_beyond_the_most_connections_wait_for_one_to_come_free():
 
     statuses, opened = asyncio.run(many())
     assert statuses == [200] * 12 and opened == 3
+
+
+def test_pythons_own_http_server_speaking_http_1_0_is_answered_a_connection_a_request():
+    """http.server's default handler (HTTP/1.0: each answer's body runs until it closes the connection, without a
+    Content-Length when the handler writes none), as a server nobody here wrote."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"echo:" + body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    async def three() -> list[bytes]:
+        pool = http1.Pool(asyncio.get_running_loop(), "127.0.0.1", port)
+        got = [await pool.request(http1.wire("POST", "127.0.0.1", port, "/", f"r{i}".encode())) for i in range(3)]
+        pool.close()
+        return [(a.status, a.body) for a in got]
+
+    try:
+        assert asyncio.run(three()) == [(200, b"echo:r0"), (200, b"echo:r1"), (200, b"echo:r2")]
+    finally:
+        server.shutdown()

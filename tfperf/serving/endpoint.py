@@ -4,8 +4,8 @@ sends requests from an asyncio event loop of its own thread (HTTP/1.1 keep-alive
 each request written once as the bytes that go on the wire; gRPC's own asyncio stubs), so that the sending side
 costs as little as Python allows. `RemoteServer.submit(arrays)` returns a Future, as the in-process servers' does,
 so the closed loop and LoadGen measure it unchanged; requests submitted from another thread (LoadGen's) reach the
-loop a group at a time, one wake-up for all that arrived meanwhile. What goes over the wire is each protocol's module's (`tfperf.serving.protocols`); the
-connections, the event loop and the metadata calls are here.
+loop a group at a time, one wake-up for all that arrived meanwhile. What goes over the wire is each protocol's
+module's (`tfperf.serving.protocols`); the connections, the event loop and the metadata calls are here.
 
   http://HOST:PORT/v1/models/NAME[/versions/N]   TF Serving REST (row format; columnar with `columnar=True`)
   grpc://HOST:PORT/NAME[/versions/N]             TF Serving gRPC (PredictionService)
@@ -121,7 +121,8 @@ async def read_metadata(endpoint: Endpoint, pool: http1.Pool | None = None,
     codec = CODECS[endpoint.protocol]
     if pool is not None:
         url = endpoint.metadata_url
-        answer = await pool.request(http1.wire("GET", endpoint.host, endpoint.port, endpoint.path(endpoint.metadata_verb)))
+        answer = await pool.request(http1.wire("GET", endpoint.host, endpoint.port,
+                                               endpoint.path(endpoint.metadata_verb)))
         try:
             found = json.loads(answer.body)
         except ValueError:

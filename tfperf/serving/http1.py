@@ -47,7 +47,8 @@ def wire(method: str, host: str, port: int, path: str, body: bytes = b"",
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def _head(raw: bytes) -> tuple[int, dict[str, str]]:
+def _head(raw: bytes) -> tuple[int, dict[str, str], bool]:
+    """An answer's status, headers and whether its connection stays open for the next request."""
     lines = raw.decode("latin-1").split("\r\n")
     status = lines[0].split(" ", 2)
     if len(status) < 2 or not status[0].startswith("HTTP/1.") or not status[1].isdigit():
@@ -56,7 +57,10 @@ def _head(raw: bytes) -> tuple[int, dict[str, str]]:
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    return int(status[1]), headers
+    # HTTP/1.1 keeps a connection unless told to close it; HTTP/1.0 closes it unless told to keep it.
+    connection = headers.get("connection", "").lower()
+    kept = connection != "close" if status[0] != "HTTP/1.0" else connection == "keep-alive"
+    return int(status[1]), headers, kept
 
 
 class _Connection(asyncio.Protocol):
@@ -68,7 +72,8 @@ class _Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.done: Callable | None = None  # the request in flight's callback
         self.sent_at = 0.0
-        self.head: tuple[int, dict[str, str]] | None = None
+        self.head: tuple[int, dict[str, str], bool] | None = None
+        self.lost = False
         self.length: int | None = None  # the body's length once known (None: chunked or until close)
         self.chunks: list[bytes] | None = None
 
@@ -132,13 +137,12 @@ class _Connection(asyncio.Protocol):
             del self.buffer[:end + 2 + size + 2]
 
     def _complete(self, body: bytes) -> None:
-        status, headers = self.head
+        status, headers, kept = self.head
         done, self.done, self.head, self.length, self.chunks = self.done, None, None, None, None
-        closing = headers.get("connection", "").lower() == "close"
-        if closing:
-            self.transport.close()
-        else:
+        if kept and not self.lost:
             self.pool._idle(self)
+        elif not self.lost:
+            self.transport.close()  # connection_lost then takes it out of the pool
         done(Answer(status, headers, body))
 
     def _fail(self, exc: Exception) -> None:
@@ -149,6 +153,7 @@ class _Connection(asyncio.Protocol):
             done(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self.pool._lost(self)
         if self.done is not None and self.head is not None and self.length is None and self.chunks is None:
             self._complete(bytes(self.buffer))  # a body that ran until the server closed

@@ -103,7 +103,9 @@ class Bench:
         if config.runtime == "endpoint":
             from tfperf.serving.endpoint import RemoteServer
 
-            remote = RemoteServer(self.endpoint, connections=self.sizes.max_concurrency)
+            # Connections up to http1's most, not the closed loop's: LoadGen's open loop has as many requests out
+            # as its arrivals make, and one waiting for a connection here would be the client's delay.
+            remote = RemoteServer(self.endpoint)
             remote.cpu_s = self.endpoint_cpu
             return remote
         if self.server_process is not None:

@@ -500,6 +500,21 @@ def test_a_legacy_h5_file_exports_and_predicts(tmp_path):
     assert code == 0 and "predicted classes: " + " ".join(map(str, model(x).numpy().argmax(-1))) in out, err
 
 
+def test_the_varying_layer_probe_takes_a_name_the_model_does_not_hold():
+    """EfficientNetB0 (weights=None) has a layer named "rescaling", the name Keras gives a new Rescaling: the probe
+    of a model whose outputs do not vary scaled its layer under that name, and `tfperf serve` on the model died in
+    a traceback ("The name "rescaling" is used 2 times")."""
+    from tfperf.deploy.layout import varying_layer
+
+    x = keras.Input((4,), name="x")
+    h = keras.layers.Dense(6, name="hidden")(keras.layers.Rescaling(0.5, name="rescaling")(x))
+    flat = keras.layers.Dense(3, kernel_initializer="zeros", bias_initializer="ones", name="flat")(h)
+    model = keras.Model(x, flat)
+    found = varying_layer(model, {"x": np.random.default_rng(0).normal(size=(8, 4)).astype("float32")})
+    assert found is not None and found[0] == "hidden"
+    assert "rescaling" in [layer.name for layer in found[1].layers] and found[1].layers[-1].name != "rescaling"
+
+
 def test_a_check_on_constant_outputs_says_so_and_a_broken_export_is_caught_where_the_model_still_varies(
         tmp_path, monkeypatch):
     """MobileNetV2 with weights=None answers 0.1 for every class on every input, so agreeing with it proves

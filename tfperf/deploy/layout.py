@@ -394,7 +394,13 @@ def varying_layer(model, inputs: Mapping[str, np.ndarray], last: int = 80):
             continue
         size = float(np.max(np.abs(answer))) if answer.dtype.kind == "f" and answer.size else 0.0
         if size > 0 and len(answer) > 1 and float(np.max(np.ptp(answer, axis=0))) >= VARIES * size:
-            return layer.name, keras.Model(model.inputs, keras.layers.Rescaling(1.0 / size)(layer.output),
+            # Named apart from the model's own layers: Keras names a new Rescaling "rescaling", which
+            # EfficientNet already has, and a model may not hold two layers of one name.
+            taken, scale = {one.name for one in model.layers}, "tfperf_probe_scale"
+            while scale in taken:
+                scale += "_"
+            return layer.name, keras.Model(model.inputs,
+                                           keras.layers.Rescaling(1.0 / size, name=scale)(layer.output),
                                            name=f"{model.name}_to_{layer.name}")
     return None
 

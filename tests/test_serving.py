@@ -277,6 +277,11 @@ def test_loadgen_server_and_offline_on_a_tiny_server():
         figures = fast.metrics()  # p99.9 beside p99, not written over it
         assert (figures["loadgen_p99_ms"], figures["loadgen_p99.9_ms"]) == (fast.percentiles_ms["99.00"],
                                                                             fast.percentiles_ms["99.90"])
+        # More queries asked for than the rate issues in four durations: the run lasts until they are issued (it
+        # ended at four durations, INVALID for too few queries whatever the server did: a slow model at --quick).
+        long = loadgen.run(lambda i: server.submit({"x": rows[i:i + 1]}), 32, rate=200, latency_s=0.05,
+                           duration_s=0.1, min_queries=120)
+        assert long.query_count >= 120 and "too few queries" not in long.reasons, long.reasons
         offline = loadgen.run(lambda i: server.submit({"x": rows[i:i + 1]}), 32, scenario="Offline", rate=2000,
                               duration_s=0.3, min_queries=50)
         assert offline.completed_qps > 0 and not offline.errors

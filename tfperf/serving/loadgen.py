@@ -158,7 +158,9 @@ def run(serve: Callable[[int], Future], samples: int, *, scenario: str = "Server
     settings = lg.TestSettings()
     settings.mode = lg.TestMode.PerformanceOnly
     settings.min_duration_ms = int(duration_s * 1000)
-    settings.max_duration_ms = int(duration_s * 1000 * 4)
+    # Long enough to issue the queries asked for at the rate: a run that ends first is INVALID whatever the server
+    # does ("the test exited early"), which a slow model at a short duration always was.
+    settings.max_duration_ms = int(max(duration_s * 4, 1.5 * min_queries / max(rate, 1e-3)) * 1000)
     settings.min_query_count = int(min_queries)
     if scenario == "Server":
         settings.scenario = lg.TestScenario.Server

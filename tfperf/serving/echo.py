@@ -56,7 +56,10 @@ async def _serve(recorded: Recorded, ports, stop: asyncio.Event) -> None:
         kind = "application/json" if not recorded.headers else "application/octet-stream"
 
         async def post(request):
-            await request.read()
+            try:
+                await request.read()
+            except ConnectionResetError:  # a closed loop's client that stops mid-request (h2load at its end)
+                return web.Response(status=499)
             return web.Response(body=recorded.answer, content_type=kind, headers=dict(recorded.headers))
 
         async def get(request):

@@ -242,7 +242,7 @@ class RemoteServer:
         if self.pool is not None:
             answer = await self.pool.request(self._wire_of(arrays))
             if answer.status != 200:
-                raise EndpointError(f"HTTP {answer.status}: {answer.body[:200].decode(errors='replace')}")
+                raise refused(answer)
             return (answer.body, answer.headers) if decode else None
         answer = await self._call_grpc(self._encode(arrays))
         return answer if decode else None
@@ -320,12 +320,17 @@ class RemoteServer:
 OK = http1.Answer(200, {}, b"")  # what a gRPC call that returned is settled with
 
 
+def refused(answer: http1.Answer) -> EndpointError:
+    """An answer other than 200, in one line: its status and the start of what the endpoint said."""
+    return EndpointError(f"HTTP {answer.status}: {answer.body[:200].decode(errors='replace')}")
+
+
 def _settle(future: Future, answer: http1.Answer | BaseException) -> None:
     """A submitted request's Future, settled by its answer: None when it is 200, else why not."""
     if isinstance(answer, BaseException):
         future.set_exception(answer)
     elif answer.status != 200:
-        future.set_exception(EndpointError(f"HTTP {answer.status}: {answer.body[:200].decode(errors='replace')}"))
+        future.set_exception(refused(answer))
     else:
         future.set_result(None)
 

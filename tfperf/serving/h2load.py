@@ -2,14 +2,14 @@
 socket: what `tfperf load` uses where it is installed, so that the client takes little of the CPU the server
 shares with it on one machine.
 
-Against an echo (benchmarks/load_client_cost.py), a request through tfperf's Python client costs about 20 us of
-CPU over HTTP/1.1 (`tfperf.serving.http1`, in closed loop) and 120-150 us over gRPC (grpc.aio); h2load's 15-55 us
-over HTTP/1.1 and 40-80 us over HTTP/2. Each window of a level is
-one h2load run of `window_s`: `concurrency` connections over HTTP/1.1 (TF Serving REST, KServe v2), or one HTTP/2
-connection with `concurrency` streams for gRPC, as a gRPC channel multiplexes them; each client sends the same
-encoded request again as soon as the last is answered (h2load posts one body), and its per-request log gives
-every request's latency. The answers are not read: `Bench.sweep` checks them through the Python client before any
-load is timed; h2load counts HTTP statuses, not gRPC's (a gRPC error arrives in a trailer with status 200).
+Against an echo (benchmarks/load_client_cost.py), a request through tfperf's Python client costs about 20 us of CPU
+over HTTP/1.1 (`tfperf.serving.http1`, in closed loop) and 120-150 us over gRPC (grpc.aio); h2load's 15-55 us over
+HTTP/1.1 and 40-80 us over HTTP/2. Each window of a level is one h2load run of `window_s`: `concurrency` connections
+over HTTP/1.1 (TF Serving REST, KServe v2), or one HTTP/2 connection with `concurrency` streams for gRPC, as a gRPC
+channel multiplexes them; each client sends the same encoded request again as soon as the last is answered (h2load
+posts one body), and its per-request log gives every request's latency. The answers are not read: `Bench.sweep`
+checks them through the Python client before any load is timed; h2load counts HTTP statuses, not gRPC's (a gRPC
+error arrives in a trailer with status 200).
 
 Coordinated omission, engine by engine: in closed loop a client sends its next request only when the last one is
 answered, so a stall holds back the requests that would have been sent during it and is counted once, in the

@@ -429,9 +429,14 @@ def test_the_recipe_measures_its_curves_and_the_cost_of_a_timeout(tmp_path):
     assert alone["batched, 5 ms timeout"]["verdict"] == "slower"
     assert found.open_loop["batched, 5 ms timeout"]["p50_ms"] >= 5.0 > found.open_loop["batched, run when idle"][
         "p50_ms"]
-    assert found.littles_law < 0.15
     conclusion = serving.conclude(args, rec, found)
-    assert "Little's law holds" in conclusion.text and not conclusion.failure
+    assert not conclusion.failure
+    # Only levels whose windows agreed check the law (a pause of the host across a 50 ms window's edge bent one
+    # level to 0.70 on CI); on a host so busy that none settled, the conclusion says it was not checked.
+    if found.littles_law is None:
+        assert "Little's law not checked" in conclusion.text
+    else:
+        assert found.littles_law < 0.15 and "Little's law holds" in conclusion.text
 
 
 def test_the_recipes_batcher_and_tfperfs_answer_alike():

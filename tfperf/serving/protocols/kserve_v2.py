@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from tfperf.serving.protocols.tensors import (RequestError, Tensor, check_shape, dtype_name, dump_json, every_input,
-                                              json_values, metadata_dtype, metadata_shape, numbers, parse_json,
-                                              shape_text)
+                                              from_wire, json_values, metadata_dtype, metadata_shape, numbers,
+                                              parse_json, shape_text, to_wire, wire_dtype)
 
 # KServe v2 datatypes and NumPy's (BYTES: length-prefixed strings in the binary extension).
 V2_TYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
@@ -49,11 +49,11 @@ def from_bytes(raw: bytes, datatype: str, shape: Sequence[int], where: str) -> n
         if len(items) != count or at != len(raw):
             raise RequestError(400, f"{where}: {len(items)} BYTES items for shape {list(shape)}")
         return np.asarray(items, dtype=object).reshape(shape)
-    dtype = np.dtype(V2_TYPES[datatype]).newbyteorder("<")
-    if len(raw) != count * dtype.itemsize:
+    itemsize = wire_dtype(V2_TYPES[datatype]).itemsize
+    if len(raw) != count * itemsize:
         raise RequestError(400, f"{where}: {len(raw)} bytes of {datatype} for shape {list(shape)} "
-                                f"({count * dtype.itemsize} needed)")
-    return np.frombuffer(raw, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+                                f"({count * itemsize} needed)")
+    return from_wire(raw, V2_TYPES[datatype], shape)
 
 
 def to_bytes(array: np.ndarray) -> bytes:
@@ -64,7 +64,7 @@ def to_bytes(array: np.ndarray) -> bytes:
             b = v if isinstance(v, bytes) else str(v).encode()
             parts += [len(b).to_bytes(4, "little"), b]
         return b"".join(parts)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    return to_wire(array)
 
 
 def json_strings(array: np.ndarray) -> list[str]:

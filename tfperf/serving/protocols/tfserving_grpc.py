@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from tfperf.serving.protocols.tensors import (RequestError, Tensor, check_shape, dtype_name, every_input,
-                                              metadata_dtype, metadata_shape)
+                                              from_wire, metadata_dtype, metadata_shape, to_wire, wire_dtype)
 from tfperf.serving.protocols.tfserving_messages import message
 
 # TensorFlow's DataType enum values (tensorflow/core/framework/types.proto) and NumPy's names.
@@ -37,10 +37,9 @@ def from_tensor_proto(proto, where: str) -> np.ndarray:
     if dtype == "string":
         values = np.asarray(list(proto.string_val), dtype=object)
     elif proto.tensor_content:
-        wire = np.dtype(dtype).newbyteorder("<")
-        if len(proto.tensor_content) != count * wire.itemsize:
+        if len(proto.tensor_content) != count * wire_dtype(dtype).itemsize:
             raise RequestError(400, f"{where}: {len(proto.tensor_content)} bytes of {dtype} for shape {shape}")
-        return np.frombuffer(proto.tensor_content, wire).reshape(shape).astype(np.dtype(dtype))
+        return from_wire(proto.tensor_content, dtype, shape)
     elif dtype == "float16":
         values = np.asarray(proto.half_val, dtype=np.uint16).view(np.float16)
     else:
@@ -61,7 +60,7 @@ def to_tensor_proto(array: np.ndarray):
     if dtype == "string":
         proto.string_val.extend(v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1))
     else:
-        proto.tensor_content = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+        proto.tensor_content = to_wire(array)
     return proto
 
 

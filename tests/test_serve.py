@@ -380,12 +380,27 @@ def test_serve_command_answers_then_drains_on_sigterm_losing_no_accepted_request
         assert len(ports) == 1 and ("2 worker processes" in lines[0]) == (workers == 2)
         port = ports.pop()
         body = {"instances": [[0.25] * 512]}
-        # Each request on a connection of its own: the kernel spreads them over the workers (SO_REUSEPORT).
+        # Each request on a connection of its own: the serve process deals them to the workers in turn.
         for _ in range(12):
             assert post(port, "/v1/models/mlp:predict", {"instances": [[0.5] * 512]})[0] == 200
         status, text = get(port, "/monitoring/prometheus/metrics")
         counted = re.search(rb'tfperf_requests_total\{code="200",model="mlp",protocol="rest"\} ([\d.]+)', text)
         assert status == 200 and counted and float(counted[1]) == 12.0, text[-1500:]
+        if workers == 2:  # 8 connections held open: 4 on each worker (SO_REUSEPORT's hash split them unevenly)
+            import http.client
+
+            import psutil
+
+            held = [http.client.HTTPConnection("127.0.0.1", port, timeout=30) for _ in range(8)]
+            for connection in held:
+                connection.request("GET", "/v1/models/mlp")
+                assert connection.getresponse().status == 200
+            served_by = [sum(c.laddr.port == port and c.status == "ESTABLISHED" for c in child.net_connections("tcp"))
+                         for child in psutil.Process(proc.pid).children()
+                         if "resource_tracker" not in " ".join(child.cmdline())]
+            for connection in held:
+                connection.close()
+            assert sorted(served_by) == [4, 4], served_by
 
         def timed():
             status, answer = post(port, "/v1/models/mlp:predict", body)
@@ -722,3 +737,51 @@ def test_h2loads_level_names_why_requests_failed_and_a_server_that_is_gone_is_a_
     gone = parse_url("http://127.0.0.1:9/v1/models/tiny")
     level = h2load.closed_loop(gone, (b"{}", {}), 2, window_s=0.05, max_windows=2, warmup_s=0.02, timeout_s=5)
     assert level.errors and "h2load" in level.errors[0] and level.count == 0 and level.client == "h2load"
+
+
+def test_the_dealer_opens_the_port_when_a_worker_is_ready_and_deals_connections_in_turn_to_those_alive():
+    import socket
+
+    from tfperf.serving import handoff
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    channels = [handoff.pair() for _ in range(3)]
+    dealer = handoff.Dealer(listener, [ours for ours, _ in channels])
+    try:
+        with pytest.raises(ConnectionRefusedError):  # no worker ready: the port is not open
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+        for _, theirs in channels[:2]:
+            handoff.say_ready(theirs)
+        clients = []
+        for _ in range(50):  # the dealer opens the port on its own thread
+            try:
+                clients.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.02)
+        clients += [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5)]
+
+        def take(channel, count):
+            got = []
+            while len(got) < count:
+                got += handoff.receive(channel) or []
+            return got
+
+        first, second = take(channels[0][1], 3), take(channels[1][1], 3)
+        first[0].sendall(b"ping")  # a connection handed over is the client's own
+        peer = next(c for c in clients if c.getsockname() == first[0].getpeername())
+        assert peer.recv(4) == b"ping"
+        channels[0][1].close()  # the first worker is gone: the next connections all go to the second
+        more = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+        assert len(take(channels[1][1], 2)) == 2 and dealer.dealt == 8
+        channels[2][1].setblocking(False)
+        assert handoff.receive(channels[2][1]) == []  # never ready: dealt nothing
+        for sock in first + second + clients + more:
+            sock.close()
+    finally:
+        dealer.close()
+        dealer.close()  # twice: nothing more
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tfperf import extras, flags
 from tfperf.flags import UserError
+from tfperf.serving import handoff
 from tfperf.serving.runtimes import RUNTIMES
 
 
@@ -61,8 +62,8 @@ def add_command(sub) -> None:
     p.add_argument("--poll-seconds", type=flags.positive_float, default=1.0,
                    help="how often a folder of versions is read for new ones (default 1)")
     p.add_argument("--workers", type=flags.positive_int,
-                   help="server processes sharing the ports (SO_REUSEPORT): each loads the model; for a model where "
-                        "Python's GIL, not the cores, is the limit (default: the configuration's, else 1)")
+                   help="server processes, each with the model, REST connections dealt to them in turn: for a "
+                        "model where Python's GIL, not the cores, is the limit (default: the configuration's, else 1)")
     p.add_argument("--root", help="where a model given as a model is exported (default: a temporary folder)")
     p.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
                    help="sizes to check an export at where the model leaves them free (default 32)")
@@ -176,9 +177,11 @@ async def serve(repository, options, say, ready) -> None:
             loop.remove_signal_handler(sig)
 
 
-def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, metrics_dir: str | None = None) -> int:
+def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, metrics_dir: str | None = None,
+           handoff=None) -> int:
     """One server process: load, check, warm, listen, serve until told to stop (`metrics_dir`: where the workers
-    of one server keep their Prometheus metrics, so that a scrape of any of them counts them all)."""
+    of one server keep their Prometheus metrics, so that a scrape of any of them counts them all; `handoff`: the
+    channel its REST connections arrive on from the process that accepts them)."""
     from tfperf.deploy.errors import ModelError
     from tfperf.serving.configs import ServingConfig
     from tfperf.serving.repository import Repository
@@ -202,7 +205,7 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
     except ModelError as exc:
         raise UserError(str(exc)) from None
     options = ServerOptions(args.host, args.port, args.grpc_port, args.max_request_size, args.drain_timeout,
-                            reuse_port=config.workers > 1, metrics_dir=metrics_dir)
+                            reuse_port=config.workers > 1, handoff=handoff, metrics_dir=metrics_dir)
 
     def ready(ports: tuple[int, int]) -> None:
         # The millions of objects the runtime, the model and the server made at start live as long as the process:
@@ -229,24 +232,26 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
     return 0
 
 
-def _worker_main(args: argparse.Namespace, config_json: str, folder: str, name: str, metrics_dir: str) -> None:
+def _worker_main(args: argparse.Namespace, config_json: str, folder: str, name: str, metrics_dir: str,
+                 handoff) -> None:
     # prometheus_client reads this when it is first imported, which happens below, in this process only.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        sys.exit(worker(args, config_json, folder, name, metrics_dir))
+        sys.exit(worker(args, config_json, folder, name, metrics_dir, handoff))
     except UserError as exc:
         print(f"tfperf serve: error: {flags.one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)
 
 
-def reserve_port(host: str, port: int):
-    """A socket bound to `port` (0: a free one) with SO_REUSEPORT and not listening, so that worker processes can
-    bind the same port (connections reach only sockets that listen); hold it while they run."""
+def reserve_port(host: str, port: int, *, shared: bool = True):
+    """A socket bound to `port` (0: a free one) and not listening, held while the workers run: `shared`, with
+    SO_REUSEPORT, so that they can bind the same port (gRPC's: connections reach only sockets that listen); else
+    the REST port, on which the dealer listens once a worker is ready (handoff.py)."""
     import socket
 
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     held = socket.socket(family, socket.SOCK_STREAM)
-    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT if shared else socket.SO_REUSEADDR, 1)
     try:
         held.bind((host, port))
     except OSError:
@@ -256,7 +261,8 @@ def reserve_port(host: str, port: int):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve MODEL until SIGTERM; with workers, in that many processes sharing the ports."""
+    """Serve MODEL until SIGTERM; with workers, in that many processes: this one accepts on the REST port and deals
+    the connections to them in turn (handoff.py), and they share the gRPC port."""
     import multiprocessing
     import shutil
 
@@ -272,7 +278,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if config.workers == 1:
             return worker(args, config_json, str(folder), name)
         try:
-            held = [reserve_port(args.host, p) for p in (args.port, args.grpc_port)]
+            held = [reserve_port(args.host, args.port, shared=False), reserve_port(args.host, args.grpc_port)]
         except OSError as exc:
             raise UserError(f"cannot listen on {args.host}: {exc.strerror or exc} (is another server on port "
                             f"{args.port} or {args.grpc_port}? --port 0 takes any free one)") from None
@@ -280,12 +286,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                       "grpc_port": held[1].getsockname()[1]})
         metrics_dir = tempfile.mkdtemp(prefix="tfperf-serve-metrics-")
         context = multiprocessing.get_context("spawn")  # forking a process that has loaded TensorFlow is unsafe
-        children = [context.Process(target=_worker_main, args=(ports, config_json, str(folder), name, metrics_dir))
-                    for _ in range(config.workers)]
-        previous = signal.signal(signal.SIGTERM, lambda *_: [c.terminate() for c in children if c.is_alive()])
+        channels = [handoff.pair() for _ in range(config.workers)]
+        children = [context.Process(target=_worker_main, args=(ports, config_json, str(folder), name, metrics_dir,
+                                                               theirs)) for _, theirs in channels]
+        dealer = handoff.Dealer(held.pop(0), [ours for ours, _ in channels])
+
+        def stop(*_) -> None:
+            dealer.close()  # no new connections; the workers drain theirs
+            for child in children:
+                if child.is_alive():
+                    child.terminate()
+
+        previous = signal.signal(signal.SIGTERM, stop)
         try:
             for child in children:
                 child.start()
+            for _, theirs in channels:
+                theirs.close()  # the worker has its own copy
             for child in children:
                 child.join()
         except KeyboardInterrupt:
@@ -293,6 +310,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 child.join()
         finally:
             signal.signal(signal.SIGTERM, previous)
+            dealer.close()
         codes = [c.exitcode for c in children]
         return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else max(abs(c or 0) for c in codes) or 1
     finally:

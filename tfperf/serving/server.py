@@ -26,6 +26,7 @@ import numpy as np
 from tfperf import __version__
 from tfperf.serving.batcher import Overloaded
 from tfperf.serving.deploy_files import triton_config
+from tfperf.serving import handoff
 from tfperf.serving.grpc_services import add_services
 from tfperf.serving.repository import AVAILABLE, NotServed, Repository, Version
 from tfperf.serving.scrape import METRICS_PATH
@@ -82,7 +83,8 @@ class ServerOptions:
     grpc_port: int = 8500  # TF Serving's gRPC port
     max_request_bytes: int = 64 * 2**20
     drain_timeout_s: float = 30.0
-    reuse_port: bool = False  # worker processes share the ports (SO_REUSEPORT)
+    reuse_port: bool = False  # worker processes share the gRPC port (SO_REUSEPORT)
+    handoff: Any = None  # a worker's channel from the process that accepts on the REST port (handoff.py), if any
     metrics_dir: str | None = None  # where the workers of one server keep their metrics (prometheus_client's
     # multiprocess mode, set up before it was imported): a scrape of any worker then counts every worker
 
@@ -179,9 +181,13 @@ class Server:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=self.options.drain_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port, reuse_port=self.options.reuse_port)
-        await site.start()
-        rest_port = site._server.sockets[0].getsockname()[1]
+        if self.options.handoff is None:
+            site = web.TCPSite(self._runner, self.options.host, self.options.port)
+            await site.start()
+            rest_port = site._server.sockets[0].getsockname()[1]
+        else:  # the REST port's connections arrive from the process that accepts them
+            self._serve_handed(self.options.handoff)
+            rest_port = self.options.port
         limit = self.options.max_request_bytes
         self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                               ("grpc.so_reuseport", int(self.options.reuse_port))])
@@ -191,10 +197,29 @@ class Server:
             raise OSError(f"cannot listen for gRPC on {self.options.host}:{self.options.grpc_port}")
         await self._grpc.start()
         self.ports = (rest_port, grpc_port)
+        if self.options.handoff is not None:
+            handoff.say_ready(self.options.handoff)
         return self.ports
+
+    def _serve_handed(self, channel) -> None:
+        """Serve each connection the accepting process hands over on `channel`, as if accepted here."""
+        loop = asyncio.get_running_loop()
+
+        def arrived() -> None:
+            connections = handoff.receive(channel)
+            if connections is None:  # the accepting process is gone: nothing more will come
+                loop.remove_reader(channel.fileno())
+                return
+            for connection in connections:
+                loop.create_task(loop.connect_accepted_socket(self._runner.server, connection))
+
+        channel.setblocking(False)
+        loop.add_reader(channel.fileno(), arrived)
 
     async def stop(self) -> None:
         """Stop accepting, answer the requests already accepted (within the drain timeout), then close."""
+        if self.options.handoff is not None:
+            asyncio.get_running_loop().remove_reader(self.options.handoff.fileno())
         grace = self.options.drain_timeout_s
         await asyncio.gather(self._runner.cleanup(), self._grpc.stop(grace))
 

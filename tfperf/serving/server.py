@@ -204,6 +204,7 @@ class Server:
     def _serve_handed(self, channel) -> None:
         """Serve each connection the accepting process hands over on `channel`, as if accepted here."""
         loop = asyncio.get_running_loop()
+        adopting: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references to tasks
 
         def arrived() -> None:
             connections = handoff.receive(channel)
@@ -211,7 +212,9 @@ class Server:
                 loop.remove_reader(channel.fileno())
                 return
             for connection in connections:
-                loop.create_task(loop.connect_accepted_socket(self._runner.server, connection))
+                task = loop.create_task(loop.connect_accepted_socket(self._runner.server, connection))
+                adopting.add(task)
+                task.add_done_callback(adopting.discard)
 
         channel.setblocking(False)
         loop.add_reader(channel.fileno(), arrived)

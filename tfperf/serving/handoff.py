@@ -1,15 +1,16 @@
 """Connections to the REST port dealt to worker processes in turn, by the process that accepts them.
 
 Worker processes that each listen on the port with SO_REUSEPORT get the connections the kernel's hash of each
-address gives them: 32 keep-alive connections over 2 workers split 12/20 as often as 16/16, and the split holds
-for as long as the connections do. A worker with 20 is saturated while the other idles at times (and batches of
-16 fill on one and wait out their timeout on the other): under wrk, 16/16 answered 12,576 requests/s and 12/20
-10,010 (seed CNN, ONNX, batch 16). Node.js's cluster module deals connections from its primary process for the
-same reason ("over 70% of all connections ended up in just two processes, out of a total of eight"). So with
-workers, `tfperf serve`'s own process listens on the REST port, accepts, and passes each connection (its file
-descriptor, over a Unix socket: SCM_RIGHTS) to the next worker that said it is ready; the workers serve it as if
-they had accepted it. A connection costs the dealer one accept and one sendmsg; a request costs it nothing.
-gRPC's port stays shared through SO_REUSEPORT: grpcio cannot serve a connection it did not accept.
+address gives them: 32 keep-alive connections over 2 workers split 14/18, 15/17, 13/19 and 12/20 in four runs (an
+even split has a 14% chance), and the split holds for as long as the connections do. A worker with 20 is
+saturated while the other idles at times (and batches of 16 fill on one and wait out their timeout on the other):
+under wrk, 15/17 answered 12,576 requests/s and 12/20 10,010 (seed CNN, ONNX, batch 16). Node.js's cluster module
+deals connections from its primary process for the same reason ("over 70% of all connections ended up in just two
+processes, out of a total of eight"). So with workers, `tfperf serve`'s own process listens on the REST port,
+accepts, and passes each connection (its file descriptor, over a Unix socket: SCM_RIGHTS) to the next worker that
+said it is ready; the workers serve it as if they had accepted it. A connection costs the dealer one accept and
+one sendmsg; a request costs it nothing. gRPC's port stays shared through SO_REUSEPORT: grpcio cannot serve a
+connection it did not accept.
 """
 
 from __future__ import annotations

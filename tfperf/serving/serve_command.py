@@ -178,10 +178,10 @@ async def serve(repository, options, say, ready) -> None:
 
 
 def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, metrics_dir: str | None = None,
-           handoff=None) -> int:
+           channel=None) -> int:
     """One server process: load, check, warm, listen, serve until told to stop (`metrics_dir`: where the workers
-    of one server keep their Prometheus metrics, so that a scrape of any of them counts them all; `handoff`: the
-    channel its REST connections arrive on from the process that accepts them)."""
+    of one server keep their Prometheus metrics, so that a scrape of any of them counts them all; `channel`: where
+    its REST connections arrive from the process that accepts them)."""
     from tfperf.deploy.errors import ModelError
     from tfperf.serving.configs import ServingConfig
     from tfperf.serving.repository import Repository
@@ -205,7 +205,7 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
     except ModelError as exc:
         raise UserError(str(exc)) from None
     options = ServerOptions(args.host, args.port, args.grpc_port, args.max_request_size, args.drain_timeout,
-                            reuse_port=config.workers > 1, handoff=handoff, metrics_dir=metrics_dir)
+                            reuse_port=config.workers > 1, handoff=channel, metrics_dir=metrics_dir)
 
     def ready(ports: tuple[int, int]) -> None:
         # The millions of objects the runtime, the model and the server made at start live as long as the process:
@@ -233,11 +233,11 @@ def worker(args: argparse.Namespace, config_json: str, folder: str, name: str, m
 
 
 def _worker_main(args: argparse.Namespace, config_json: str, folder: str, name: str, metrics_dir: str,
-                 handoff) -> None:
+                 channel) -> None:
     # prometheus_client reads this when it is first imported, which happens below, in this process only.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        sys.exit(worker(args, config_json, folder, name, metrics_dir, handoff))
+        sys.exit(worker(args, config_json, folder, name, metrics_dir, channel))
     except UserError as exc:
         print(f"tfperf serve: error: {flags.one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -304,8 +304,42 @@ def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command
     np.testing.assert_array_equal(predict(timed, x)["output_0"], predict(made, x)["output_0"])
 
 
+def test_an_experiment_is_added_as_one_module_and_one_line_of_the_registry(tmp_path, capsys, monkeypatch):
+    """Issue 70: what a new experiment declares (its flag, its rule, when it applies, its steps, its section) is all
+    the command, the plan, the run and the report need; its flag reaches it through Options.asked."""
+    from tfperf.doctor import registry
+    from tfperf.doctor.experiment import Experiment, Section, flag
+
+    def count(ctx):
+        ctx.progress("counting layers")
+        layers = len(ctx.subject.model.layers)
+        return Section("layer count", skipped={"layer count: weights": "not counted"}, found=layers,
+                       detail=f"## Layer count\n\n{layers} layers, below {ctx.options.asked['below']}.\n")
+
+    counting = Experiment(
+        "layer count", "How many layers has my model?", count,
+        applies=lambda subject, options: options.asked.get("count_layers", False),
+        steps=lambda subject, options: ["counting layers"],
+        flags=(flag("--count-layers", action="store_true", help="count the layers"),
+               flag("--below", type=int, default=99, help="with --count-layers: the count to stay under")),
+        rules=(lambda args: "--below is for --count-layers" if args.below != 99 and not args.count_layers else None,))
+    only_retracing = [e for e in registry.EXPERIMENTS if e.name == "retracing"]
+    monkeypatch.setattr(registry, "EXPERIMENTS", (*only_retracing, counting))
+    keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)]).save(tmp_path / "m.keras")
+    model = str(tmp_path / "m.keras")
+    one_line_error(capsys, [model, "--below", "5"], "--below is for --count-layers")
+    code, out, err = run_cli([model, "--quick", "--no-profile", "--count-layers", "--below", "7", "--out",
+                              tmp_path / "out"], capsys)
+    assert code == 0, err[-2000:]
+    assert "3 steps: the model, retracing, counting layers" in err
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Layer count\n\n2 layers, below 7." in report and "layer count: weights: not counted" in report
+    assert "layer count" in report.split("Doctor took")[1]  # its time, under its own name
+
+
 def test_pitfalls_are_ranked_with_the_advice_only_when_the_models_own_call_retraces():
     from tfperf.doctor.advice import Diagnosis
+    from tfperf.doctor.experiment import Section
     from tfperf.doctor.options import Finding
     from tfperf.measure.stats import Comparison
 
@@ -314,11 +348,11 @@ def test_pitfalls_are_ranked_with_the_advice_only_when_the_models_own_call_retra
         return Finding(section, f"{section} row", "baseline", c, "code", "cost", pitfall=pitfall)
 
     measured = [finding("batch 1 latency", 3.0, False), finding("retracing: new batch sizes", 20.0, True)]
-    d = Diagnosis(None, None, measured, {}, {})
+    d = Diagnosis(None, None, {}, {"measured": Section("measured", measured)})
     assert [a.section for a, _ in d.advice] == ["batch 1 latency"]
     assert [a.section for a, _ in d.pitfalls] == ["retracing: new batch sizes"]
     own = [measured[0], finding("retracing: new batch sizes", 20.0, False)]  # predict() retraced
-    assert [a.section for a, _ in Diagnosis(None, None, own, {}, {}).advice] == [
+    assert [a.section for a, _ in Diagnosis(None, None, {}, {"measured": Section("measured", own)}).advice] == [
         "retracing: new batch sizes", "batch 1 latency"]
 
 
@@ -487,7 +521,7 @@ def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, cap
 @pytest.mark.whole_machine  # its verdict is a share of the step spent waiting
 def test_on_your_pipeline_the_doctor_says_whether_training_waits_for_data(pipelines, tmp_path):
     from tfperf.doctor.pipeline import VARIANTS_TABLE, load_data
-    from tfperf.doctor.training import training_loss
+    from tfperf.doctor.targets import training_loss
 
     subject = load_subject(f"{pipelines}:model")
     loss = training_loss("sparse_categorical_crossentropy", True)
@@ -495,7 +529,7 @@ def test_on_your_pipeline_the_doctor_says_whether_training_waits_for_data(pipeli
                 from_logits=True)
     slow = doctor.diagnose(subject, doctor.Options(**base, data=load_data(f"{pipelines}:slow", subject, loss, 64)),
                            tmp_path / "slow")
-    check = slow.input_check
+    check = slow.sections["input pipeline"].found
     assert check.timing_verdict == "input-bound" and check.share > 0.5 and check.ms_per_batch
     assert check.profiler is not None and check.profiler.input_bound and "input-bound" in check.profiler.conclusion
     assert "The two agree" in check.describe()
@@ -510,7 +544,8 @@ def test_on_your_pipeline_the_doctor_says_whether_training_waits_for_data(pipeli
 
     fast = doctor.diagnose(subject, doctor.Options(**base, data=load_data(f"{pipelines}:fast", subject, loss, 64)),
                            tmp_path / "fast")
-    assert not fast.input_check.input_bound and fast.input_check.timing_verdict != "input-bound"
+    found = fast.sections["input pipeline"].found
+    assert not found.input_bound and found.timing_verdict != "input-bound"
     assert not [a for a, _ in fast.advice if a.section == VARIANTS_TABLE] and "input pipeline variants" in fast.skipped
     records = check_structure(fast, tmp_path / "out", ["input pipeline: is training waiting for data?", "training"])
     assert {"plain fit (batch 16)", "steps_per_execution=16"} <= {r["row"] for r in records if r["table"] == "training"}
@@ -521,7 +556,7 @@ def test_a_pipeline_that_slows_down_is_seen_over_a_long_run_and_other_sources_of
     from tfperf.doctor.input_sources import (LONG_RUN_TABLE, SOURCES_TABLE, YOURS, LongRun, input_sources,
                                              long_run)
     from tfperf.doctor.pipeline import load_data
-    from tfperf.doctor.training import training_loss
+    from tfperf.doctor.targets import training_loss
     from tfperf.measure.stats import compare_times
     from tfperf.records.jsonl import Recorder
 
@@ -626,17 +661,17 @@ def test_the_memory_budget_finds_the_largest_batch_by_trying(tmp_path):
 def test_a_share_above_the_roof_is_named_a_defect_and_quick_measures_the_full_roof(monkeypatch):
     """Issue 32: MFU is a share of a limit; above 100% it is a defect of the FLOP count or of the roof, never a
     result; and --quick measures the same roof as the recipes (a 512 matmul alone stays far under it)."""
-    from tfperf.doctor import inference
+    from tfperf.doctor import facts as model
 
     facts = {"flops_per_example": 1e6, "matmul_flops_per_s": 1e11}
-    assert inference.mfu(5e4, facts) == {"mfu": 0.5}
-    assert inference.mfu(3e5, facts) == {"mfu": None, "mfu_note": inference.ABOVE_THE_ROOF}
-    assert inference.mfu(1.0, {"flops_per_example": None, "matmul_flops_per_s": 1e11}) == {"mfu": None}
+    assert model.mfu(5e4, facts) == {"mfu": 0.5}
+    assert model.mfu(3e5, facts) == {"mfu": None, "mfu_note": model.ABOVE_THE_ROOF}
+    assert model.mfu(1.0, {"flops_per_example": None, "matmul_flops_per_s": 1e11}) == {"mfu": None}
     sizes = []
     import tfperf.measure
 
     monkeypatch.setattr(tfperf.measure, "peak_matmul_flops_per_s", lambda *a, **k: sizes.append(a) or 1e11)
-    inference.model_facts(load_subject("mlp"), quick=True)
+    model.model_facts(load_subject("mlp"), quick=True)
     assert sizes == [()]  # the default sizes, up to 2048, at --quick too
 
 

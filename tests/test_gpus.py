@@ -160,7 +160,7 @@ def test_gpu_agreement_checks_run_in_exact_float32_and_restore_tf32():
 def test_gpu_rows_name_their_device_here_the_cpu():
     import keras
 
-    from tfperf.doctor.inference import tensorflow_device
+    from tfperf.doctor.facts import tensorflow_device
     from test_recipes import load_recipe
 
     assert tensorflow_device() == "CPU"

@@ -95,3 +95,23 @@ def test_every_recipe_gives_the_report_its_headline():
 
     for declared in declarations(PACKAGE.parent / "recipes"):
         assert "Headline" in declared.path.read_text().split("def conclude", 1)[-1], declared.name
+
+
+def test_each_doctor_experiment_lives_in_one_place():
+    """Issue 70: an experiment is its own module and a line in the registry; no other module of tfperf.doctor imports
+    it, no function there runs past 80 lines, and a diagnosis holds its sections, not a field per experiment."""
+    import dataclasses
+
+    from tfperf.doctor.advice import Diagnosis
+    from tfperf.doctor.registry import EXPERIMENTS
+
+    homes = {e.run.__module__ for e in EXPERIMENTS}
+    assert len(homes) == len(EXPERIMENTS) and len({e.name for e in EXPERIMENTS}) == len(EXPERIMENTS)
+    doctor = {name for name in MODULES if name.startswith("tfperf.doctor.")}
+    for home in homes:
+        assert [n for n in doctor if home in imports(n)] == ["tfperf.doctor.registry"], home
+    long = [(name, f.name) for name in doctor for f in ast.walk(ast.parse(MODULES[name].read_text()))
+            if isinstance(f, ast.FunctionDef) and f.end_lineno - f.lineno >= 80]
+    assert not long, f"functions over 80 lines: {long}"
+    assert len(dataclasses.fields(Diagnosis)) <= 12
+    assert all(e.question.endswith("?") for e in EXPERIMENTS)

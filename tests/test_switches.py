@@ -9,7 +9,9 @@ import tensorflow as tf
 from tfperf.deploy.loader import keras_subject
 from tfperf.doctor import summary
 from tfperf.doctor.advice import Diagnosis
-from tfperf.doctor.inference import XLA_ROW, inference
+from tfperf.doctor.experiment import Context
+from tfperf.doctor.inference import XLA_ROW
+from tfperf.doctor.inference import run as inference_section
 from tfperf.doctor.options import Options
 from tfperf.doctor.xla import bisect, compiled_around
 from tfperf.measure.stats import FASTER, NO_DIFFERENCE, SLOWER
@@ -43,7 +45,9 @@ def test_xla_failure_names_the_layer_and_times_the_rest_compiled(tmp_path):
     keras.utils.set_random_seed(0)
     subject = keras_subject(with_text_layer(), "texty", factory=None)
     rec = Recorder("doctor", {})
-    findings, skipped, failure = inference(subject, rec, TINY, tmp_path, lambda step: None, {"matmul_flops_per_s": 1e9})
+    section = inference_section(Context(subject, rec, TINY, tmp_path, tmp_path / "traces", tmp_path,
+                                        facts={"matmul_flops_per_s": 1e9}))
+    findings, skipped, failure = section.findings, section.skipped, section.found
     # Every variant tried is in the report: the XLA row with its reason at each batch size.
     for batch in TINY.batch_sizes:
         assert "AsString has no XLA kernel" in skipped[f"{XLA_ROW} at batch {batch}"]
@@ -58,8 +62,8 @@ def test_xla_failure_names_the_layer_and_times_the_rest_compiled(tmp_path):
     xla = [f for f in findings if f.row == row and f.section.startswith("XLA")]
     assert [f.section for f in xla] == ["XLA at batch 1", "XLA at batch 4"]
     assert all(f.baseline == "tf.function" and f.comparison.verdict in (FASTER, SLOWER, NO_DIFFERENCE) for f in xla)
-    text = summary(Diagnosis(subject, rec, findings, skipped, {"kind": "keras", "inputs": [], "outputs": [],
-                                                               "matmul_flops_per_s": 1e9}, xla=failure))
+    text = summary(Diagnosis(subject, rec, {"kind": "keras", "inputs": [], "outputs": [], "matmul_flops_per_s": 1e9},
+                             {section.name: section}))
     assert "## When XLA fails" in text and "layer `to_text` (ToText)" in text and "compiled_around(model" in text
 
 

@@ -1,16 +1,18 @@
 """tfperf doctor: the cookbook's experiments run on the user's own model, and advice ranked by measured gain.
 
-The model is loaded by `tfperf.deploy.loader` (any Keras file, SavedModel or `module:factory`) and fed by
-`tfperf.deploy.inputs`. The experiments, one module each, measure through tfperf.measure (interleaved
-rounds, verdicts from confidence intervals): `inference` (predict(), model(x), tf.function, XLA, LiteRT,
-ONNX Runtime at each batch size, outputs checked against the model's), `retracing`, `threads` (thread
-pools, each setting in a process of its own) and `training` (given a loss). `run.diagnose` runs them
-within a budget; `advice` ranks the gains whose interval clears the bar and writes the report;
-`command` is `tfperf doctor`.
+Each experiment is one module with an `EXPERIMENT` (`experiment.Experiment`: its question, flags and rules, when it
+applies, and `run(context) -> Section`), listed once in `registry.EXPERIMENTS` in the order they run. The model is
+loaded by `tfperf.deploy.loader` (any Keras file, SavedModel or `module:factory`) and fed by `tfperf.deploy.inputs`;
+the experiments measure through tfperf.measure (interleaved rounds, verdicts from confidence intervals). `run`
+prepares the options and runs the experiments within a budget; `advice` ranks the gains whose interval clears the bar
+and writes the report; `command` is `tfperf doctor`; `child` runs a part in a process of its own.
 """
 
 from tfperf.doctor.advice import Diagnosis, summary, write_report
+from tfperf.doctor.experiment import Context, Experiment, Section
 from tfperf.doctor.options import RECIPE, DoctorError, Finding, Options
-from tfperf.doctor.run import diagnose, plan
+from tfperf.doctor.registry import EXPERIMENTS
+from tfperf.doctor.run import diagnose, plan, prepare
 
-__all__ = ["Diagnosis", "DoctorError", "Finding", "Options", "RECIPE", "diagnose", "plan", "summary", "write_report"]
+__all__ = ["Context", "Diagnosis", "DoctorError", "EXPERIMENTS", "Experiment", "Finding", "Options", "RECIPE",
+           "Section", "diagnose", "plan", "prepare", "summary", "write_report"]

@@ -12,36 +12,56 @@ from pathlib import Path
 from typing import Any
 
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.experiment import Section
 from tfperf.doctor.options import MIN_GAIN, RECIPE, Finding
 
 
 @dataclasses.dataclass
 class Diagnosis:
-    """What a doctor run found: the records' recorder, the findings, the advice, and what was left out."""
+    """What a doctor run found: the records' recorder, the model's facts, each experiment's Section in the order
+    they ran, what the run itself left out, and the time it took."""
 
     subject: Subject
     recorder: Any
-    findings: list[Finding]
-    skipped: dict[str, str]
     facts: dict[str, Any]
+    sections: dict[str, Section] = dataclasses.field(default_factory=dict)
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)  # by the run, not by one experiment
     elapsed_s: float = 0.0
     took_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per experiment, in order
-    profiles: list[Any] = dataclasses.field(default_factory=list)  # profile.Profiled, one per variant traced
-    peaks: dict[str, Any] = dataclasses.field(default_factory=dict)  # each variant's peak bytes by allocator
-    profile_s: float = 0.0  # what the profile pass took, within the experiments' times
-    input_check: Any = None  # pipeline.InputCheck, with --data
-    batch_fit: Any = None  # profile.BatchFit, with --memory-budget
-    lengths: Any = None  # lengths.LengthSweep, for a model whose sequence axis is free
-    shapes: Any = None  # shapes.ShapesFound, with --shapes
-    load_times: Any = None  # loading.LoadTimes, with --load-time
-    stacks: Any = None  # keras_stacks.StacksFound, with --keras-stacks
-    devices: Any = None  # devices.DevicesFound, with --devices
-    xla: Any = None  # xla.XlaFailure, where jit_compile=True fails on the model
-    precision: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (what, effect.PolicyEffect)
-    kernels: list[Any] = dataclasses.field(default_factory=list)  # kernels.KernelDiff: why a variant is not faster
-    overflow: Any = None  # custom_step.Overflow: the user's step under mixed_float16, with --train-step
-    serving: str | None = None  # the serving answer within a latency budget, with --serve
-    scaling: str | None = None  # the predicted speedup on hosts, with --hosts
+    profiler: Any = None  # profile.ProfilePass: the traces of measured variants (None when it did not run)
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every experiment's findings, in the order they ran."""
+        return [f for section in self.sections.values() for f in section.findings]
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """What was not measured and why: the run's, each experiment's, then the profile pass's."""
+        found = dict(self.left_out)
+        for section in self.sections.values():
+            found.update(section.skipped)
+        return {**found, **(self.profiler.failed if self.profiler else {})}
+
+    @property
+    def precision(self) -> list[tuple[str, Any]]:
+        """(what, effect.PolicyEffect): whether a mixed policy took effect, in each model an experiment checked."""
+        return [p for section in self.sections.values() for p in section.precision]
+
+    @property
+    def profiles(self) -> list[Any]:
+        """profile.Profiled, one per variant the profile pass traced."""
+        return self.profiler.found if self.profiler else []
+
+    @property
+    def peaks(self) -> dict[str, Any]:
+        """Each traced variant's peak bytes by allocator."""
+        return self.profiler.peaks if self.profiler else {}
+
+    @property
+    def profile_s(self) -> float:
+        """What the profile pass took, within the experiments' times."""
+        return self.profiler.took_s if self.profiler else 0.0
 
     @property
     def wins(self) -> list[Finding]:
@@ -83,8 +103,7 @@ def _item(k: int, a: Finding, also: list[Finding]) -> str:
                 f"{o.row} {o.comparison.describe()}" for o in also) + "."))
 
 
-def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
-    """The diagnosis in Markdown: the model, the advice ranked by gain, what showed no gain, what was left out."""
+def _model_lines(d: Diagnosis) -> list[str]:
     f = d.facts
     lines = [f"Model `{d.subject.source}` ({f['kind']}): "
              + (f"{f['parameters']:,} parameters, " if f.get("parameters") else "")
@@ -101,8 +120,11 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
     else:
         lines += [f"FLOPs per example not computed (TensorFlow's profiler could not count this model's graph); "
                   f"matmul rate measured now: {f['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s.", ""]
-    if d.input_check is not None:
-        lines += [d.input_check.describe(), ""]
+    return lines
+
+
+def _advice_lines(d: Diagnosis) -> list[str]:
+    lines = [s.lead for s in d.sections.values() if s.lead]
     advice = d.advice
     if advice:
         lines += ["Advice, largest measured gain first (each a 95% interval from interleaved rounds that clears "
@@ -110,14 +132,16 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         lines += [_item(k, a, also) for k, (a, also) in enumerate(advice, start=1)]
     else:
         lines += ["No change measured here is significantly faster than what the model does now."]
-    if d.serving:
-        lines += ["", "## Serving under load", "", d.serving]
-    if d.scaling:
-        lines += ["", "## Across hosts", "", d.scaling]
+    lines += [s.answer for s in d.sections.values() if s.answer]
     if d.pitfalls:
         lines += ["", "Pitfalls, measured on your model (what calling a tf.function of it one way or another costs; "
                       "your model's own call does not fall into them, so they are not ranked as advice):", ""]
         lines += [_item(k, a, also) for k, (a, also) in enumerate(d.pitfalls, start=1)]
+    return lines
+
+
+def _profile_lines(d: Diagnosis) -> list[str]:
+    lines = []
     if d.profiles:
         lines += ["", "## Where the time goes", "",
                   "From the profile pass: traces of variants measured above, taken after their timed rounds and "
@@ -133,33 +157,20 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
             host, device = host_and_device(peaks)
             lines.append(f"- {label}: {megabytes(host)}" + (f" host, {megabytes(device)} GPU" if device else ""))
         lines.append("")
-    if d.xla is not None:
-        lines += ["", "## When XLA fails", "", d.xla.describe(), ""]
     mixed = [(what, e) for what, e in d.precision if e.took_effect is not None]
     if mixed:  # said only where a mixed policy is in force or set: whether it took effect, from the graph
         lines += ["", "## Did mixed precision take effect", "", *[f"- {what}: {e.describe()}" for what, e in mixed], ""]
-    if d.overflow is not None:
-        lines += ["", "## Your training step under mixed_float16", "", d.overflow.describe(), ""]
-    if d.kernels:
-        lines += ["", "## Why it is not faster, kernel by kernel", "", *[f"- {k.describe()}" for k in d.kernels], ""]
-    if d.batch_fit is not None:
-        lines += [d.batch_fit.describe(), ""]
-    if d.lengths is not None:
-        lines += ["## Sequence length", "", d.lengths.advice(), ""]
-    if d.shapes is not None:
-        lines += ["## New shapes", "", d.shapes.describe(), ""]
-    if d.load_times is not None:
-        lines += ["## Load time", "", d.load_times.describe(), ""]
-    if d.stacks is not None:
-        lines += ["## Keras stacks", "", d.stacks.describe(), ""]
-    if d.devices is not None:
-        lines += ["## More devices", "", d.devices.describe(), ""]
-    lines += ["", "Measured without a gain that counts (not advised):", ""]
+    return lines
+
+
+def _closing_lines(d: Diagnosis, goal_s: float | None) -> list[str]:
+    lines = ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")
         lines.append(f"- {n.row} against {n.baseline} ({n.section}): {why}")
-    if d.skipped:
-        lines += ["", "Not measured:", ""] + [f"- {k}: {v}" for k, v in d.skipped.items()]
+    skipped = d.skipped
+    if skipped:
+        lines += ["", "Not measured:", ""] + [f"- {k}: {v}" for k, v in skipped.items()]
     took = f"Doctor took {d.elapsed_s:.0f} s"
     if goal_s is not None:
         took += f" (goal for --quick: under {goal_s:.0f} s: {'met' if d.elapsed_s <= goal_s else 'NOT met'})"
@@ -167,8 +178,14 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
         took += ": " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in d.took_s.items())
     if d.profiles or d.peaks:
         took += f"; the profile pass within them {d.profile_s:.1f} s ({d.profile_s / d.elapsed_s:.0%} of the run)"
-    lines += ["", took + "."]
-    return "\n".join(lines)
+    return [*lines, "", took + "."]
+
+
+def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
+    """The diagnosis in Markdown: the model, the advice ranked by gain (and the answers asked for), each
+    experiment's own part, what showed no gain, what was left out."""
+    details = [s.detail for s in d.sections.values() if s.detail]
+    return "\n".join([*_model_lines(d), *_advice_lines(d), *_profile_lines(d), *details, *_closing_lines(d, goal_s)])
 
 
 def write_report(d: Diagnosis, out: Path, *, goal_s: float | None = None) -> Path:

@@ -1,4 +1,6 @@
-"""Your own training step: a custom loop's step timed four ways, and under mixed_float16 where it first goes
+"""Your training step: "is my custom training loop faster in tf.function or XLA? Why NaN under mixed_float16?"
+
+A custom loop's step timed four ways, and under mixed_float16 where it first goes
 non-finite.
 
 People who write their own loop ask what `fit` users ask (does tf.function, XLA or mixed precision speed it up?)
@@ -14,14 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import DoctorError, Finding, MIN_GAIN, Options
+from tfperf.doctor.targets import PLAIN_BATCH
 from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, xla_reason
 
 TABLE = "your training step"
@@ -287,7 +291,7 @@ def custom_step(subject: Subject, rec, options: Options, progress, batch: tuple)
 def first_batch(subject: Subject, options: Options, batch_size: int) -> tuple:
     """The batch the step is timed on: the first of the user's pipeline, or synthetic inputs and targets."""
     from tfperf.deploy.inputs import make_inputs
-    from tfperf.doctor.training import synthetic_targets
+    from tfperf.doctor.targets import synthetic_targets
 
     if options.data is not None:
         first = next(iter(options.data.dataset))
@@ -295,3 +299,32 @@ def first_batch(subject: Subject, options: Options, batch_size: int) -> tuple:
     x = subject.pack(make_inputs(subject, batch_size, seed=options.seed, sample=options.sample))
     return x, synthetic_targets(subject, options, batch_size)
 
+
+def prepare(subject: Subject, options: Options) -> Options:
+    """--train-step imported and tried on one batch before anything is measured."""
+    if options.step_source is None or options.step is not None:
+        return options
+    options = dataclasses.replace(options, step=load_step(options.step_source))
+    check_step(subject, options, first_batch(subject, options, PLAIN_BATCH))
+    return options
+
+
+def run(ctx: Context) -> Section:
+    """The user's step, timed and watched under mixed_float16, as a section of the report."""
+    findings, skipped, overflow = custom_step(ctx.subject, ctx.recorder, ctx.options, ctx.progress,
+                                              first_batch(ctx.subject, ctx.options, PLAIN_BATCH))
+    detail = f"\n## Your training step under mixed_float16\n\n{overflow.describe()}\n" if overflow else ""
+    return Section(EXPERIMENT.name, findings, skipped, overflow, detail=detail)
+
+
+EXPERIMENT = Experiment(
+    name=TABLE, question="Is my custom training loop faster in tf.function or XLA? Why NaN under mixed_float16?",
+    run=run, applies=lambda subject, options: options.step is not None, prepare=prepare,
+    flags=(flag("--train-step", metavar="MODULE:FUNCTION",
+                help="your own training loop's step: a function step(model, optimizer, batch) that trains one batch "
+                     "(inputs, targets) and returns the loss (needs --loss for the targets, or --data); timed "
+                     "eagerly, in tf.function, with XLA and under mixed precision, then run under mixed_float16 to "
+                     "find the first non-finite loss, gradient and variable (about 20 s for a small model)"),),
+    rules=(lambda args: "--train-step runs your step on the doctor's batches: give --loss (a Keras loss name, for the "
+                        "targets it makes, such as sparse_categorical_crossentropy)"
+           if args.train_step and not args.loss else None,))

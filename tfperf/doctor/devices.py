@@ -22,7 +22,6 @@ one device's says whether the devices have compute of their own (GPUs) or share 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from tfperf.deploy.loader import Subject
+from tfperf import flags
+from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
 from tfperf.doctor.options import Finding, Options
 
 PER_DEVICE_BATCH = 32
@@ -72,7 +73,7 @@ def serve_devices(count: int, source: str, work: Path, loss: str, from_logits: b
     import keras
     import tensorflow as tf
 
-    from tfperf.doctor.keras_stacks import build, error_reply, loss_function, take_over
+    from tfperf.doctor.handover import build, error_reply, loss_function, take_over
     from tfperf.measure import Timer, serve_timers
     from tfperf.measure.processes import reply
 
@@ -225,7 +226,7 @@ def devices(subject: Subject, rec, options: Options, workdir: Path, progress) ->
                                                                                      DevicesFound | None]:
     """Start a process per device count, race their timers, and split each one's step."""
     from tfperf.devices import usable_cores
-    from tfperf.doctor.keras_stacks import hand_over
+    from tfperf.doctor.handover import hand_over
     from tfperf.measure import TimerServer
     from tfperf.measure.processes import ChildError
     from tfperf.records.jsonl import race_table
@@ -240,8 +241,8 @@ def devices(subject: Subject, rec, options: Options, workdir: Path, progress) ->
     servers, facts = {}, {}
     try:
         for n, row in rows.items():  # started side by side; each says when it is ready
-            argv = [sys.executable, "-m", "tfperf.doctor.devices", str(n), subject.source, str(work), options.loss,
-                    str(int(options.from_logits)), str(options.seed)]
+            argv = child_command("devices", str(n), subject.source, str(work), options.loss,
+                                 str(int(options.from_logits)), str(options.seed))
             servers[row] = TimerServer(argv, env={"TF_CPP_MIN_LOG_LEVEL": "3"}, name=f"the {row} process")
         for row, server in servers.items():
             try:
@@ -274,6 +275,33 @@ def devices(subject: Subject, rec, options: Options, workdir: Path, progress) ->
     return [finding], {}, found
 
 
-if __name__ == "__main__":
-    count_text, model_source, folder, loss_name, logits, seed_value = sys.argv[1:7]
-    serve_devices(int(count_text), model_source, Path(folder), loss_name, logits == "1", int(seed_value))
+def child(argv: list[str]) -> int:
+    """A device count's process: `COUNT MODEL WORK LOSS FROM_LOGITS SEED`."""
+    count, source, work, loss, logits, seed = argv[:6]
+    serve_devices(int(count), source, Path(work), loss, logits == "1", int(seed))
+    return 0
+
+
+def run(ctx: Context) -> Section:
+    """One device against N, as a section of the report."""
+    findings, skipped, found = devices(ctx.subject, ctx.recorder, ctx.options, ctx.workdir, ctx.progress)
+    return Section(EXPERIMENT.name, findings, skipped, found,
+                   detail=f"## More devices\n\n{found.describe()}\n" if found is not None else "")
+
+
+def _count_rule(args) -> str | None:
+    if args.devices and not args.loss:
+        return (f"--devices {args.devices} trains the model under MirroredStrategy: give --loss (a Keras loss name "
+                f"such as sparse_categorical_crossentropy)")
+    return "--devices 1 has nothing to compare with one device: give 2 or more" if args.devices == 1 else None
+
+
+EXPERIMENT = Experiment(
+    name="devices", question="Why do two devices not give 2x?",
+    run=run, applies=lambda subject, options: bool(options.devices),
+    flags=(flag("--devices", type=flags.positive_int, metavar="N",
+                help="why do N devices not give Nx: the model trained under MirroredStrategy on 1 and N devices (GPUs "
+                     "where there are N, else logical CPU devices), each in its own process from the same weights "
+                     "(needs --loss): fit throughput, and one step split into compute, the all-reduce left exposed "
+                     "and the input wait, with the global batch and learning rate scaling said"),),
+    rules=(_count_rule,))

@@ -1,4 +1,7 @@
-"""Inference experiments: predict(), model(x), tf.function, XLA, LiteRT and ONNX Runtime at each batch size.
+"""Inference: "which way of calling my model is fastest, at batch 1 and in batches, and does XLA help?"
+
+predict(), model(x), tf.function, XLA, LiteRT and ONNX Runtime at each batch size, each checked against the model's
+own outputs; where XLA fails, the layers it cannot compile, and the rest compiled around them.
 
 The LiteRT and ONNX Runtime rows time the very files `tfperf export` writes (the same conversion, the
 same check against the model), so that the advice to use one is the export command that makes it.
@@ -11,19 +14,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tfperf.deploy.formats import FLOAT_TOLERANCE, NOT_EVIDENCE, agreement, constant
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.facts import mfu
+from tfperf.doctor.experiment import Context, Experiment, Section
 from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
 from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, XlaFailure, bisect, compiled_around, xla_reason
 from tfperf.extras import MissingExtra
-from tfperf.gpus import exact_float32, float32_tolerance, tensorflow_gpus, tf32_here
+from tfperf.gpus import exact_float32, float32_tolerance, tf32_here
 
 RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
 XLA_ROW = "tf.function, jit_compile=True"
+Call = tuple[Callable[[], Any], bool, str, str]
 
 
 def export_command(subject: Subject, options: Options, fmt: str) -> list[str]:
@@ -53,54 +57,6 @@ def exported_runtimes(subject: Subject, options: Options, workdir: Path) -> tupl
             continue
         commands[row] = shlex.join(["tfperf", *export_command(subject, options, fmt)])
     return runners, skipped, commands
-
-
-def model_facts(subject: Subject, *, quick: bool, sample: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
-    """Parameters, FLOPs per example (counted by TensorFlow), inputs and outputs, and the compute limit at
-    the matmul rate measured now; InputError when the model fails on the inputs doctor will give it."""
-    from tfperf.measure import peak_matmul_flops_per_s
-    from tfperf.models import function_flops
-
-    outputs = check_runs(subject, make_inputs(subject, 2, seed=0, sample=sample))
-    # The roof the recipes use (all cores, sizes up to one that reaches the library's peak), at --quick too: a
-    # 512 matmul alone stays well under it, and MFU over a low roof came out above 100%.
-    rate = peak_matmul_flops_per_s()
-    # At the sizes inputs are made at: a free axis (a sequence's length) has no count of its own.
-    model_flops = function_flops(subject.fixed().function(batch=1).get_concrete_function())
-    per_example = model_flops / (subject.fixed_batch or 1) if model_flops else None
-    facts = {"kind": subject.kind, "parameters": subject.parameters, "weight_bytes": subject.weight_bytes,
-             "inputs": [str(i) for i in subject.inputs],
-             "outputs": [f"{name}: {o.dtype.name}[batch, {', '.join(map(str, o.shape[1:]))}]".replace(", ]", "]")
-                         for name, o in outputs.items()],
-             "flops_per_example": per_example, "matmul_flops_per_s": rate, "device": tensorflow_device()}
-    if per_example:
-        facts["compute_limit_examples_per_s"] = rate / per_example
-    return facts
-
-
-def tensorflow_device() -> str:
-    """Where TensorFlow's rows run: its first GPU (by name) or the CPU. LiteRT and ONNX Runtime run on the CPU."""
-    gpus = tensorflow_gpus()
-    return f"GPU:0 ({gpus[0].name})" if gpus else "CPU"
-
-
-ABOVE_THE_ROOF = ("above 100% of the matmul rate measured now, which a limit cannot be: the model's FLOPs as "
-                  "TensorFlow counts them (direct convolutions) are more than this runtime computes (Winograd or "
-                  "other fast convolutions), or the rate was measured low; not reported as an MFU")
-
-
-def mfu(examples_per_s: float, facts: Mapping[str, Any], *, passes: float = 1.0) -> dict[str, Any]:
-    """A row's model FLOPs utilisation: the model's FLOP/s at this rate (`passes` forward passes' worth per
-    example: 3 for training) over the matmul rate measured now, as {"mfu": share}; None when the model's FLOPs
-    are unknown; a share above 1 is a defect of the count or of the roof, named in "mfu_note", not a result."""
-    flops = facts.get("flops_per_example")
-    share = passes * flops * examples_per_s / facts["matmul_flops_per_s"] if flops else None
-    if share is not None and share > 1.0:
-        return {"mfu": None, "mfu_note": ABOVE_THE_ROOF}
-    return {"mfu": share}
-
-
-Call = tuple[Callable[[], Any], bool, str, str]
 
 
 def candidate_calls(subject: Subject, batch: int, flat, tensors, graph, xla, runtimes: Mapping[str, Any],
@@ -166,6 +122,36 @@ def xla_fallback(subject: Subject, tensors, reason: str) -> tuple[XlaFailure, Ca
     return XlaFailure(reason, found, row=f"jit_compile=True around {', '.join(found.failing)}"), around
 
 
+def _profile(profiler, timers, raced, batch: int, facts: Mapping[str, Any], *, memory: bool,
+             runtimes: Mapping[str, Any]) -> None:
+    """tf.function at this batch traced; with `memory`, the peak of each TensorFlow row (the other runtimes
+    allocate outside its view)."""
+    by_name = {t.name: t for t in timers}
+    flops = facts.get("flops_per_example")
+    if "tf.function" in by_name:
+        profiler.trace(by_name["tf.function"], f"tf.function at batch {batch}", f"inference-batch-{batch}",
+                       call_s=raced["tf.function"].median_s, flops_per_call=flops * batch if flops else None)
+    if memory:
+        for row in [r for r in by_name if r not in runtimes and r != "tf.function"]:
+            profiler.peak(by_name[row], f"{row} at batch {batch}", f"inference-batch-{batch}")
+
+
+def _xla_findings(raced, calls: Mapping[str, Call], batch: int, failure: XlaFailure | None,
+                  agrees: Callable[[str], bool]) -> list[Finding]:
+    """XLA against tf.function: the question users ask is whether to turn it on for a function they already
+    trace (and, where XLA fails on the model, whether compiling around what it refuses pays)."""
+    from tfperf.measure import versus
+
+    found = []
+    for row in (XLA_ROW, failure.row if failure else None):
+        if "tf.function" in raced.measurements and row in raced.measurements:
+            _, _, code, cost = calls[row]
+            found.append(Finding(f"XLA at batch {batch}", "jit_compile=True" if row == XLA_ROW else row,
+                                 "tf.function", versus(raced["tf.function"], raced[row], threshold=MIN_GAIN),
+                                 code, cost, agrees(row)))
+    return found
+
+
 def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
               facts: Mapping[str, Any], profiler=None) -> tuple[list[Finding], dict, XlaFailure | None]:
     """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size; where XLA fails, the
@@ -174,7 +160,6 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
     TensorFlow row at the largest."""
     import tensorflow as tf
 
-    from tfperf.measure import versus
     from tfperf.records.jsonl import race_table
 
     findings, skipped = [], {}
@@ -239,19 +224,41 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
                                       + (f" ({why})" if why and row not in runtimes else ""))
             findings.append(Finding(table, row, baseline, c, code, cost, agrees, note))
         if profiler is not None and batch in (batches[0], batches[-1]):  # after the race: never a sample
-            by_name = {t.name: t for t in timers}
-            flops = facts.get("flops_per_example")
-            if "tf.function" in by_name:
-                profiler.trace(by_name["tf.function"], f"tf.function at batch {batch}", f"inference-batch-{batch}",
-                               call_s=raced["tf.function"].median_s, flops_per_call=flops * batch if flops else None)
-            if batch == batches[-1]:  # memory: the TensorFlow rows (other runtimes allocate outside its view)
-                for row in [r for r in by_name if r not in runtimes and r != "tf.function"]:
-                    profiler.peak(by_name[row], f"{row} at batch {batch}", f"inference-batch-{batch}")
-        # XLA: the question users ask is whether to turn it on for a function they already trace.
-        for row in (XLA_ROW, failure.row if failure else None):
-            if "tf.function" in raced.measurements and row in raced.measurements:
-                _, _, code, cost = calls[row]
-                findings.append(Finding(f"XLA at batch {batch}", "jit_compile=True" if row == XLA_ROW else row,
-                                        "tf.function", versus(raced["tf.function"], raced[row], threshold=MIN_GAIN),
-                                        code, cost, diffs[row] <= tolerance("tf.function")))
+            _profile(profiler, timers, raced, batch, facts, memory=batch == batches[-1], runtimes=runtimes)
+        findings += _xla_findings(raced, calls, batch, failure, agrees=lambda row: diffs[row] <= tolerance(
+            "tf.function"))
     return findings, skipped, failure
+
+
+def given_precision(subject: Subject, options: Options) -> tuple[list[tuple[str, Any]], dict[str, str]]:
+    """Whether a mixed policy in force took effect in the model as given: (what, effect.PolicyEffect) pairs, and
+    why not checked."""
+    from tfperf.doctor.effect import policy_effect
+
+    if subject.kind != "keras":
+        return [], {}
+    try:
+        inputs = subject.pack(to_tensors(make_inputs(subject, 2, seed=options.seed, sample=options.sample)))
+        return [("the model as given", policy_effect(subject.model, inputs))], {}
+    except Exception as exc:  # a model that cannot be traced in a tf.function says so elsewhere too
+        return [], {"mixed precision check": f"{type(exc).__name__}: {first_line(exc)}"}
+
+
+def batch_steps(subject: Subject, options: Options) -> list[str]:
+    """The progress steps: one per batch size the model takes."""
+    batches = [b for b in options.batch_sizes if subject.fixed_batch in (None, b)] or [subject.fixed_batch]
+    return [f"inference at batch {b}" for b in batches]
+
+
+def run(ctx: Context) -> Section:
+    """The inference experiment as a section of the report."""
+    precision, skipped = given_precision(ctx.subject, ctx.options)
+    findings, left_out, failure = inference(ctx.subject, ctx.recorder, ctx.options, ctx.workdir, ctx.progress,
+                                            ctx.facts, ctx.profiler)
+    return Section(EXPERIMENT.name, findings, {**skipped, **left_out}, failure, precision=precision,
+                   detail=f"\n## When XLA fails\n\n{failure.describe()}\n" if failure is not None else "")
+
+
+EXPERIMENT = Experiment(
+    name="inference", question="Which way of calling my model is fastest, at batch 1 and in batches? Does XLA help?",
+    run=run, steps=batch_steps)

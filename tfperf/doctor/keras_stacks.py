@@ -15,38 +15,18 @@ stack's Keras; a stack that cannot build it is one line, and the others still ru
 from __future__ import annotations
 
 import dataclasses
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
+from tfperf.doctor.handover import (batch_rows, build, error_reply, first_rows, hand_over, loss_function,
+                                     pack, take_over)
 from tfperf.stacks import STACKS, backend_device, install_hint, keras_module, stack_env
 
 PARTS = ("forward", "loss", "gradient (forward, loss, backward)", "optimizer update")
 TIMED = ("fit epoch", "predict(), batch 1", "model(x), batch 1", *PARTS)
-
-
-def build(source: str, k) -> Any:
-    """The user's model under the Keras `k`: its file through that Keras' loader, or its module:factory with
-    `import keras` resolving to `k` (so that Keras 2 builds it as Keras 2 would)."""
-    path = Path(source)
-    if path.exists():
-        return k.models.load_model(str(path), compile=False)
-    import importlib
-
-    module_name, _, function = source.rpartition(":")
-    sys.modules["keras"] = k  # the user's `import keras` (and `from keras import layers`) gets this stack's Keras
-    sys.path.insert(0, ".")
-    return getattr(importlib.import_module(module_name), function)()
-
-
-def pack(arrays: Mapping[str, np.ndarray]) -> Any:
-    """Arrays by input name in what the model takes: the array alone for one input, else a dict by name."""
-    return next(iter(arrays.values())) if len(arrays) == 1 else dict(arrays)
 
 
 def step_parts(k, model, loss_fn, optimizer, x, y) -> dict[str, Any]:
@@ -98,40 +78,6 @@ def step_parts(k, model, loss_fn, optimizer, x, y) -> dict[str, Any]:
             "optimizer update": update}
 
 
-def hand_over(subject: Subject, options: Options, work: Path, examples: int) -> None:
-    """Write what a child process trains from: the model's weights and `examples` rows with their targets."""
-    from tfperf.deploy.inputs import make_inputs
-    from tfperf.doctor.training import synthetic_targets
-
-    work.mkdir(parents=True, exist_ok=True)
-    np.savez(work / "weights.npz", **{f"w{i}": w for i, w in enumerate(subject.model.get_weights())})
-    flat = make_inputs(subject, examples, seed=options.seed, sample=options.sample)
-    np.savez(work / "data.npz", y=np.asarray(synthetic_targets(subject, options, examples)),
-             **{f"x/{name}": array for name, array in flat.items()})
-
-
-def take_over(work: Path, model) -> tuple[Any, np.ndarray]:
-    """In the child: the weights `hand_over` wrote set into `model`, and its rows (packed) and targets."""
-    weights = np.load(work / "weights.npz")
-    model.set_weights([weights[f"w{i}"] for i in range(len(weights.files))])
-    with np.load(work / "data.npz") as data:
-        return pack({n[2:]: data[n] for n in data.files if n.startswith("x/")}), data["y"]
-
-
-def loss_function(k, loss: str, from_logits: bool):
-    """The Keras loss `loss` of Keras `k`, per example, taking logits when `from_logits`."""
-    base = k.losses.get(loss)
-    return (lambda y_true, y_pred: base(y_true, y_pred, from_logits=True)) if from_logits else base
-
-
-def error_reply(exc: BaseException) -> str:
-    """The one line a child replies instead of its timers when it cannot build or train the model."""
-    from tfperf.deploy.errors import first_line
-    from tfperf.measure.processes import reply
-
-    return reply({"error": f"{type(exc).__name__}: {first_line(exc)}"})
-
-
 def serve_stack(stack: str, source: str, work: Path, loss: str, from_logits: bool, batch: int, seed: int) -> None:
     """A stack's process: builds the model with the shared weights, serves its timers; a model this stack
     cannot build is replied as one line instead."""
@@ -151,25 +97,16 @@ def serve_stack(stack: str, source: str, work: Path, loss: str, from_logits: boo
     model.compile(optimizer=k.optimizers.Adam(1e-3), loss=loss_fn)
     epoch, _ = fit_epochs(model, x, y, keras_module=k, batch_size=batch, shuffle=False)
     timers = [Timer(epoch, name="fit epoch", items_per_call=len(y))]
-    one = pack({n[2:]: rows for n, rows in _first_rows(work).items()})
+    one = pack({n[2:]: rows for n, rows in first_rows(work).items()})
     timers += [Timer(lambda: model.predict(one, verbose=0), name="predict(), batch 1"),
                Timer(lambda: model(one), name="model(x), batch 1")]
-    xb, yb = _batch(x, batch), y[:batch]
+    xb, yb = batch_rows(x, batch), y[:batch]
     parts = step_parts(k, model, loss_fn, k.optimizers.Adam(1e-3), xb, yb)
     timers += [Timer(parts[p], name=p, items_per_call=batch) for p in PARTS]
     first_epoch = timers[0].start(warmup=0)  # the first epoch traces and compiles: timed apart
     print(reply({"first_epoch_s": first_epoch, "device": backend_device(k),
                  "jit_compile": bool(getattr(model, "jit_compile", False))}), flush=True)
     serve_timers(timers, warmup=1)
-
-
-def _first_rows(work: Path) -> dict[str, np.ndarray]:
-    with np.load(work / "data.npz") as data:
-        return {n: data[n][:1] for n in data.files if n.startswith("x/")}
-
-
-def _batch(x: Any, rows: int) -> Any:
-    return {k: v[:rows] for k, v in x.items()} if isinstance(x, dict) else x[:rows]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,8 +168,8 @@ def keras_stacks(subject: Subject, rec, options: Options, workdir: Path, progres
     servers, failed, facts = {}, {}, {}
     try:
         for stack in STACKS:  # started side by side; each says when it is ready
-            argv = [sys.executable, "-m", "tfperf.doctor.keras_stacks", stack, subject.source, str(work),
-                    options.loss, str(int(options.from_logits)), str(batch), str(options.seed)]
+            argv = child_command("keras_stacks", stack, subject.source, str(work), options.loss,
+                                 str(int(options.from_logits)), str(batch), str(options.seed))
             servers[stack] = TimerServer(argv, env={**stack_env(stack), "TF_CPP_MIN_LOG_LEVEL": "3"},
                                          name=f"the {stack} process")
         for stack, server in list(servers.items()):
@@ -285,6 +222,27 @@ def _findings(found: StacksFound) -> list[Finding]:
     return findings
 
 
-if __name__ == "__main__":
-    stack_name, model_source, folder, loss_name, logits, rows, seed_value = sys.argv[1:8]
-    serve_stack(stack_name, model_source, Path(folder), loss_name, logits == "1", int(rows), int(seed_value))
+def child(argv: list[str]) -> int:
+    """A stack's process: `STACK MODEL WORK LOSS FROM_LOGITS BATCH SEED`, started with the stack's environment."""
+    stack, source, work, loss, logits, batch, seed = argv[:7]
+    serve_stack(stack, source, Path(work), loss, logits == "1", int(batch), int(seed))
+    return 0
+
+
+def run(ctx: Context) -> Section:
+    """The stacks raced, as a section of the report."""
+    findings, skipped, found = keras_stacks(ctx.subject, ctx.recorder, ctx.options, ctx.workdir, ctx.progress)
+    return Section(EXPERIMENT.name, findings, skipped, found,
+                   detail=f"## Keras stacks\n\n{found.describe()}\n" if found is not None else "")
+
+
+EXPERIMENT = Experiment(
+    name="keras stacks", question="Why is my model slower on Keras 3? Which part got slower?",
+    run=run, applies=lambda subject, options: options.keras_stacks,
+    flags=(flag("--keras-stacks", action="store_true",
+                help="why is my model slower on Keras 3: the model under Keras 2 (tf_keras), Keras 3 on TensorFlow "
+                     "and Keras 3 on JAX, each in its own process from the same weights (needs --loss): first epoch, "
+                     "fit throughput, predict() and model(x), and one training step split into forward, loss, "
+                     "gradient and optimizer update, each timed on its own"),),
+    rules=(lambda args: "--keras-stacks trains the model under each Keras: give --loss (a Keras loss name such as "
+                        "sparse_categorical_crossentropy)" if args.keras_stacks and not args.loss else None,))

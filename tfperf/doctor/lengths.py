@@ -1,4 +1,6 @@
-"""The sequence-length sweep of a model that leaves its sequence axis free (a Transformer): FLOPs per example at
+"""Sequence length: "how does my Transformer's cost grow with the length of its requests?"
+
+The sequence-length sweep of a model that leaves its sequence axis free (a Transformer): FLOPs per example at
 each length (attention's einsums counted, which TensorFlow's profiler leaves out), the share of them in the
 term that grows with the length's square (QK^T and the attention-weighted V), and one call's time at batch 1,
 timed in interleaved rounds; from them, where attention starts to dominate and which lengths to batch apart."""
@@ -12,6 +14,7 @@ import numpy as np
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.experiment import Context, Experiment, Section
 from tfperf.doctor.options import Finding, Options
 
 LENGTHS = (16, 32, 64, 128)
@@ -97,3 +100,15 @@ def length_sweep(subject: Subject, rec, options: Options, progress) -> tuple[lis
                 primary="ms_per_call", lower_is_better=True, measurement=m, versus_first=False)
     return [], skipped, LengthSweep(tuple(lengths), tuple(flops), tuple(shares),
                                     tuple(m.median_s * 1e3 for m in measured), crossing)
+
+
+def run(ctx: Context) -> Section:
+    """The sweep as a section of the report."""
+    findings, skipped, sweep = length_sweep(ctx.subject, ctx.recorder, ctx.options, ctx.progress)
+    return Section(EXPERIMENT.name, findings, skipped, sweep,
+                   detail=f"## Sequence length\n\n{sweep.advice()}\n" if sweep is not None else "")
+
+
+EXPERIMENT = Experiment(
+    name="sequence length", question="How does my Transformer's cost grow with the length of its requests?",
+    run=run, applies=lambda subject, options: subject.free_axes == "sequence length")

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
 from tfperf.measure.stats import MIN_UNITS
 
@@ -90,19 +91,21 @@ def load_and_call(how: str, path: str, inputs: Mapping[str, np.ndarray], modules
     return times
 
 
-def child() -> None:
-    """`python -m tfperf.doctor.loading HOW PATH INPUTS.npz [MODULE ...]`: one cold start, replied to the parent."""
-    how, path, inputs = sys.argv[1:4]
+def child(argv: list[str]) -> int:
+    """`python -m tfperf.doctor.child loading HOW PATH INPUTS.npz [MODULE ...]`: one cold start, replied to the
+    parent. Nothing but this module is imported before the timing starts."""
+    how, path, inputs = argv[:3]
     with np.load(inputs) as arrays:
         given = {k: arrays[k] for k in arrays.files}
     try:
-        found = load_and_call(how, path, given, sys.argv[4:])
+        found = load_and_call(how, path, given, argv[3:])
     except Exception as exc:  # noqa: BLE001  (a form that cannot be loaded so is the finding: its first line)
         text = str(exc).strip()
         found = {"error": f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"}
     from tfperf.measure.processes import reply
 
     print(reply(found), flush=True)
+    return 0
 
 
 def write_forms(subject: Subject, folder: Path, options: Options,
@@ -176,7 +179,7 @@ def load_times(subject: Subject, rec, options: Options, workdir: Path, progress,
     taken: dict[str, dict[str, list[float]]] = {form: {t: [] for t in TIMES} for form in written}
     for _ in range(runs):  # rounds: every form once, then again, so that a slow spell falls on all of them
         for form in list(taken):
-            argv = [sys.executable, "-m", "tfperf.doctor.loading", forms[form][0], written[form], str(inputs), *modules]
+            argv = child_command("loading", forms[form][0], written[form], str(inputs), *modules)
             try:
                 found = run_child(argv, who=f"loading the {form}", timeout=600,
                                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -222,5 +225,17 @@ def _given_form(subject: Subject, cold: Mapping[str, Any]) -> str:
     return next((form for form in cold if form.startswith(mine)), next(iter(cold)))
 
 
-if __name__ == "__main__":
-    child()
+def run(ctx: Context) -> Section:
+    """Each form's cold start as a section of the report."""
+    findings, skipped, found = load_times(ctx.subject, ctx.recorder, ctx.options, ctx.workdir, ctx.progress)
+    return Section(EXPERIMENT.name, findings, skipped, found,
+                   detail=f"## Load time\n\n{found.describe()}\n" if found is not None else "")
+
+
+EXPERIMENT = Experiment(
+    name=TABLE, question="Why does my SavedModel take so long to load? Is the .h5 faster?",
+    run=run, applies=lambda subject, options: options.load_time,
+    flags=(flag("--load-time", action="store_true",
+                help="why does my model take so long to load: a cold start (import, load, first call) of each form it "
+                     "can take (.keras, .h5, SavedModel through tf.saved_model.load and Keras, LiteRT, ONNX), each in "
+                     "fresh processes taking turns, 6 rounds (about 4 s a process where TensorFlow is imported)"),))

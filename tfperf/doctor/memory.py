@@ -1,4 +1,6 @@
-"""`--memory-budget`: the largest batch whose inference call (or, with --train, training step) stays within
+"""Memory budget: "what is the largest batch that fits in 2 GB?"
+
+`--memory-budget`: the largest batch whose inference call (or, with --train, training step) stays within
 the budget, found by trying batch sizes and reading each one's peak from a trace (`profile.largest_batch`)."""
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import numpy as np
 
 from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
+from tfperf import extras, flags
+from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import Options
 from tfperf.doctor.profile import BatchFit, largest_batch
 
@@ -34,7 +38,7 @@ def _rows(structure: Any, batch: int) -> Any:
 def _training_step(subject: Subject, options: Options) -> Callable[[int], Callable[[], Any]]:
     import keras
 
-    from tfperf.doctor.training import synthetic_targets, training_loss
+    from tfperf.doctor.targets import synthetic_targets, training_loss
 
     model = subject.fresh(None)
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=training_loss(options.loss, options.from_logits))
@@ -75,3 +79,28 @@ def memory_budget(subject: Subject, options: Options, progress, root: Path) -> t
         what, at = "an inference call, tf.function", _inference_call(subject, options)
     fit = largest_batch(at, options.memory_budget, root, what=what, bytes_per_example=input_bytes(subject))
     return [], {}, fit
+
+
+def run(ctx: Context) -> Section:
+    """The largest batch within the budget, as a section of the report."""
+    findings, skipped, fit = memory_budget(ctx.subject, ctx.options, ctx.progress, ctx.traces / "memory-budget")
+    return Section(EXPERIMENT.name, findings, skipped, fit, detail=fit.describe() + "\n" if fit is not None else "")
+
+
+def _within_memory(args) -> str | None:
+    free = flags.available_memory()
+    if args.memory_budget and free and args.memory_budget > free:
+        return (f"--memory-budget {args.memory_budget / 2**30:.1f} GB is more than the {free / 2**30:.1f} GB of "
+                f"memory available now: give at most that")
+    return None
+
+
+EXPERIMENT = Experiment(
+    name="memory budget", question="What is the largest batch that fits in my memory?",
+    run=run, applies=lambda subject, options: bool(options.memory_budget),
+    flags=(flag("--memory-budget", type=flags.byte_size, metavar="SIZE",
+                help="find the largest batch whose inference call (with --train: training step) stays within SIZE "
+                     "of memory (e.g. 2GB), by trying batch sizes"),),
+    # It reads each try's peak from a trace: without XProf, said before anything is loaded.
+    rules=(lambda args: extras.message("xprof", "--memory-budget (it reads each try's peak from a trace)")
+           if args.memory_budget and not extras.installed("xprof") else None, _within_memory))

@@ -1,4 +1,6 @@
-"""The user's own input pipeline (`--data module:function`): checked against the model before anything
+"""Input pipeline: "is training waiting for data? My pipeline starts fast, then crawls: why?"
+
+The user's own input pipeline (`--data module:function`): checked against the model before anything
 is measured, trained on instead of synthetic arrays, and judged input-bound or not twice: by timing the
 pipeline alone and the model step alone against the two together, and by the profiler's own step
 breakdown. When it is input-bound, what recipes/input_pipeline.py teaches is measured on it.
@@ -14,8 +16,10 @@ from typing import Any
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject, import_callable
+from tfperf import flags
+from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.input_sources import input_sources
-from tfperf.doctor.options import MIN_GAIN, DoctorError, Finding, Options
+from tfperf.doctor.options import MIN_GAIN, QUICK, DoctorError, Finding, Options
 from tfperf.measure.profiles import INPUT_BOUND_SHARE, InputAnalysis
 
 CHECK_TABLE = "input pipeline: is training waiting for data?"
@@ -190,8 +194,8 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
     source of the same examples be faster? If it waits, prefetch, parallel map and cache, measured."""
     import keras
 
-    from tfperf.doctor.inference import mfu
-    from tfperf.doctor.training import training_loss
+    from tfperf.doctor.facts import mfu
+    from tfperf.doctor.targets import training_loss
     from tfperf.measure import Timer
     from tfperf.records.jsonl import race_table
     from tfperf.train import StepMarker, fit_epochs
@@ -250,3 +254,36 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
         findings.append(Finding(VARIANTS_TABLE, row, YOURS, raced.comparisons[row], code, cost, agrees,
                                 "" if agrees else f"final loss {loss:.4g}: not finite"))
     return findings, skipped, check
+
+
+def prepare(subject: Subject, options: Options) -> Options:
+    """--data read and checked against the model before anything is measured."""
+    from tfperf.doctor.targets import training_loss
+
+    if options.data_source is None or options.data is not None:
+        return options
+    loss = training_loss(options.loss, options.from_logits)
+    return dataclasses.replace(options, data=load_data(options.data_source, subject, loss, options.train_examples))
+
+
+def run(ctx: Context) -> Section:
+    """The input pipeline's check, long run and variants as a section; its verdict leads the report."""
+    findings, skipped, check = input_pipeline(ctx.subject, ctx.recorder, ctx.options, ctx.progress, ctx.profiler,
+                                              ctx.facts, ctx.workdir)
+    return Section(EXPERIMENT.name, findings, skipped, check, lead=check.describe() + "\n")
+
+
+EXPERIMENT = Experiment(
+    name="input pipeline", question="Is training waiting for data? My pipeline starts fast, then crawls: why? "
+                                    "Is from_generator slower than from_tensor_slices?",
+    run=run, applies=lambda subject, options: options.data is not None,
+    steps=lambda subject, options: ["input pipeline", "input over a long run"], prepare=prepare,
+    flags=(flag("--data", metavar="MODULE:FUNCTION",
+                help="train on your own input pipeline: a function returning a tf.data.Dataset of (inputs, "
+                     "targets) batches; doctor then says whether training waits for data and measures fixes"),
+           flag("--long-run", type=flags.non_negative_int, metavar="SECONDS",
+                help=f"with --data: read your pipeline alone this long to see whether it slows down as it goes "
+                     f"(default {Options.long_run_s:.0f}; --quick {QUICK['long_run_s']:.0f}; 0 skips it); the same "
+                     f"examples are also raced from tensors, a Python generator and TFRecord files")),
+    rules=(lambda args: "--data is what the training experiments train on: add --train --loss LOSS (or "
+                        "--train-step)" if args.data and not (args.train or args.train_step) else None,))

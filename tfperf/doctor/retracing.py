@@ -1,4 +1,6 @@
-"""Retracing: how a tf.function of the model behaves when it is called with new batch sizes or Python numbers.
+"""Retracing: "why is my tf.function slow on every call? Does it retrace?"
+
+How a tf.function of the model behaves when it is called with new batch sizes or Python numbers.
 
 These are pitfalls, measured on the model: what calling it one way or another would cost. They are
 ranked with the advice only when the model's own way of being called (Keras' predict()) retraces.
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 
 from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.experiment import Context, Experiment, Section
 from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, Finding, Options
 
 
@@ -24,6 +27,27 @@ def count_traces(function, calls: Sequence[tuple]) -> int:
 def retraces(function, calls: Sequence[tuple]) -> bool:
     """True when the calls made the function trace more than once: each trace rebuilds its graph."""
     return count_traces(function, calls) > 1
+
+
+def own_traces(subject: Subject, rec, by_batch: Sequence[tuple]) -> int | None:
+    """How often the model's own call traced over these calls, recorded: Keras' predict() traces a step function
+    (reduce_retracing=True); a SavedModel's signature is a concrete function and never retraces (None)."""
+    from tfperf.measure import Timer
+
+    if subject.kind != "keras":
+        return None
+    model = subject.model
+    model.predict(by_batch[0][0], verbose=0)  # builds predict_function if the inference section did not
+    before = model.predict_function.experimental_get_tracing_count()
+    order = iter(by_batch)
+    timer = Timer(lambda: model.predict(next(order)[0], verbose=0), name="predict(), a new batch size each call")
+    timer.start(warmup=0)
+    m = timer._measurement(timer.take(len(by_batch) - 1), rounds=1)
+    own = model.predict_function.experimental_get_tracing_count() - before
+    rec.add("retracing", m.name, {"calls": len(by_batch), "traces": own, "ms_per_call": m.median_s * 1e3,
+                                  "first_call_s": m.first_call_s}, primary="ms_per_call", lower_is_better=True,
+            measurement=m, versus_first=False)
+    return own
 
 
 def retracing(subject: Subject, rec, options: Options) -> tuple[list[Finding], dict]:
@@ -67,21 +91,7 @@ def retracing(subject: Subject, rec, options: Options) -> tuple[list[Finding], d
         rec.add("retracing", row, {"calls": len(arguments), "traces": traces, "ms_per_call": m.median_s * 1e3,
                                    "first_call_s": m.first_call_s}, primary="ms_per_call", lower_is_better=True,
                 measurement=m, comparison=c, versus_first=False)
-    # The model's own call: Keras' predict() traces a step function (reduce_retracing=True); a SavedModel's
-    # signature is a concrete function and never retraces.
-    own = None
-    if subject.kind == "keras":
-        model = subject.model
-        model.predict(by_batch[0][0], verbose=0)  # builds predict_function if the inference section did not
-        before = model.predict_function.experimental_get_tracing_count()
-        order = iter(by_batch)
-        timer = Timer(lambda: model.predict(next(order)[0], verbose=0), name="predict(), a new batch size each call")
-        timer.start(warmup=0)
-        m = timer._measurement(timer.take(len(by_batch) - 1), rounds=1)
-        own = model.predict_function.experimental_get_tracing_count() - before
-        rec.add("retracing", m.name, {"calls": len(by_batch), "traces": own, "ms_per_call": m.median_s * 1e3,
-                                      "first_call_s": m.first_call_s}, primary="ms_per_call", lower_is_better=True,
-                measurement=m, versus_first=False)
+    own = own_traces(subject, rec, by_batch)
     # Ranked with the advice only when the model's own call retraces; otherwise reported apart.
     pitfall = own is None or own < OWN_RETRACES
     note = "" if own is None else f"your model's predict() traced {own} times in {len(by_batch)} calls"
@@ -109,3 +119,12 @@ def retracing(subject: Subject, rec, options: Options) -> tuple[list[Finding], d
     return findings, {}
 
 
+def run(ctx: Context) -> Section:
+    """The retracing table as a section of the report: pitfalls, ranked as advice only where predict() retraces."""
+    ctx.progress(EXPERIMENT.name)
+    findings, skipped = retracing(ctx.subject, ctx.recorder, ctx.options)
+    return Section(EXPERIMENT.name, findings, skipped)
+
+
+EXPERIMENT = Experiment(name="retracing", question="Why is my tf.function slow on every call? Does it retrace?",
+                        run=run)

@@ -1,4 +1,6 @@
-"""The user's model on N hosts over a link, predicted (`tfperf doctor --hosts N --link RATE[,RTT]`): t1 is plain
+"""Across hosts: "what will more hosts give me, over my link?"
+
+The user's model on N hosts over a link, predicted (`tfperf doctor --hosts N --link RATE[,RTT]`): t1 is plain
 fit's training step measured here, t2 the ring all-reduce of the model's float32 gradients over the link
 (2(N-1)/N S/B + 2(N-1) latency, a latency being half the round trip), and a step on N hosts takes t1 + t2
 while doing N times the examples: the speedup is N t1 / (t1 + t2), a floor; with each gradient all-reduced as
@@ -12,7 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tfperf import flags
 from tfperf.cluster.ring import exposed_t2, ring_t2
+from tfperf.doctor.experiment import Context, Experiment, Section, flag
 
 DEFAULT_RTT_S = 100e-6  # a LAN's round trip when --link gives none: said in the report
 
@@ -83,3 +87,47 @@ def describe(found: dict[str, Any]) -> str:
                 f"left for communication. " if found["predicted_speedup_overlap"] else
                 "The layers' FLOPs could not be counted one by one, so no ceiling with overlap is given. ")
             + "recipes/across_hosts.py --models YOUR.keras measures where it lands across emulated hosts.")
+
+
+def run(ctx: Context) -> Section:
+    """The speedup on --hosts hosts over --link, from plain fit's step measured by the training race."""
+    import numpy as np
+
+    from tfperf.models import gradient_readiness
+
+    options = ctx.options
+    plain = next((r for r in ctx.recorder.table("training") if r["row"].startswith("plain fit")), None)
+    if plain is None:
+        text, found = "The speedup on hosts was not predicted: plain fit's training step was not measured.", None
+    else:
+        link_bits, rtt = parse_link(options.link)
+        weights = ctx.subject.model.trainable_weights
+        found = predict(hosts=options.hosts, batch=int(plain["row"].split("batch ")[1].rstrip(")")),
+                        samples_per_s=plain["metrics"]["samples_per_s"],
+                        gradient_bytes=int(sum(4 * int(np.prod(w.shape)) for w in weights)),  # float32 gradients
+                        link_bits_per_s=link_bits, rtt_s=rtt, readiness=gradient_readiness(ctx.subject.model))
+        write(found, ctx.out)
+        text = describe(found)
+    return Section(EXPERIMENT.name, found=found, answer=f"\n## Across hosts\n\n{text}")
+
+
+def _link_rules(args) -> str | None:
+    if (args.hosts is None) != (args.link is None):
+        return "--hosts and --link go together: the speedup on N hosts over a link"
+    if args.hosts and not args.train:
+        return "--hosts predicts training across hosts from a measured training step: add --train --loss LOSS"
+    try:
+        args.link and parse_link(args.link)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+EXPERIMENT = Experiment(
+    name="across hosts", question="What will more hosts give me, over my link?",
+    run=run, applies=lambda subject, options: bool(options.hosts), budgeted=False,
+    flags=(flag("--hosts", type=flags.positive_int, metavar="N",
+                help="with --train: predict the model's speedup on N hosts over --link (scaling.json in --out)"),
+           flag("--link", metavar="RATE[,RTT]", default=None,
+                help="with --hosts: the link between hosts, e.g. 10gbit or 1gbit,200us (round trip; default 100us)")),
+    rules=(_link_rules,))

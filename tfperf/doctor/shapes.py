@@ -16,10 +16,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,8 @@ import numpy as np
 
 from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, Finding, Options, model_flags
+from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
+from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, Finding, Options, load_given, model_flags, model_parser
 from tfperf.measure.stats import SLOWER
 
 NEW_SIZES = 6  # new sizes per axis: the 6 samples a side an unpaired verdict needs
@@ -213,16 +213,16 @@ def measure_shapes(subject: Subject, options: Options, dump: Path, workdir: Path
     return found
 
 
-def serve_shapes(args) -> int:
+def child(argv: list[str]) -> int:
     """The child process: load the model, measure, and hand the result to the parent (`reply`)."""
-    from tfperf.deploy.inputs import read_sample
-    from tfperf.deploy.loader import load_subject, parse_input_shapes
     from tfperf.measure.processes import reply
 
-    subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
-                           signature=args.signature)
-    options = Options(seed=args.seed, sample=read_sample(args.sample) if args.sample else None,
-                      shape_axes=args.shape_axes or "all")
+    parser = model_parser("shapes")
+    parser.add_argument("--xla-dump", required=True)  # where XLA writes what it compiles: counted as compiles
+    parser.add_argument("--shape-axes", choices=["all", "batch", "free"], default="all")
+    args = parser.parse_args(argv)
+    subject, sample = load_given(args)
+    options = Options(seed=args.seed, sample=sample, shape_axes=args.shape_axes)
     with tempfile.TemporaryDirectory(prefix="tfperf-shapes-") as workdir:
         print(reply(measure_shapes(subject, options, Path(args.xla_dump), Path(workdir))), flush=True)
     return 0
@@ -230,8 +230,8 @@ def serve_shapes(args) -> int:
 
 def child_argv(subject: Subject, options: Options, dump: Path) -> list[str]:
     """The command line of the process the experiment runs in."""
-    return [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "shapes", "--xla-dump", str(dump),
-            "--seed", str(options.seed), "--shape-axes", options.shape_axes, *model_flags(subject, options)]
+    return child_command("shapes", subject.source, "--xla-dump", str(dump), "--seed", str(options.seed),
+                         "--shape-axes", options.shape_axes, *model_flags(subject, options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,3 +359,25 @@ def _findings(subject: Subject, axis: Mapping[str, Any], measured: Mapping[str, 
 def shapes_command(model: str) -> str:
     """The doctor command that asks this question alone."""
     return shlex.join(["tfperf", "doctor", model, "--quick", "--shapes", "--no-threads"])
+
+
+def run(ctx: Context) -> Section:
+    """The new-shapes experiment as a section of the report."""
+    findings, skipped, found = shapes(ctx.subject, ctx.recorder, ctx.options, ctx.progress)
+    return Section(EXPERIMENT.name, findings, skipped, found,
+                   detail=f"## New shapes\n\n{found.describe()}\n" if found is not None else "")
+
+
+EXPERIMENT = Experiment(
+    name=TABLE, question="Why is the first call slow every time the image size, sequence length or batch size "
+                         "changes?",
+    run=run, applies=lambda subject, options: options.shapes,
+    flags=(flag("--shapes", action="store_true",
+                help="why is the first call slow at every new shape: call the model at new batch sizes (and new "
+                     "heights and widths, or lengths, where it leaves them free) through predict(), predict() with "
+                     "XLA, tf.function, XLA and its SavedModel; traces and XLA compiles counted, the first call and "
+                     "the steady time, beside input_signature, reduce_retracing and bucket padding (a process of its "
+                     "own; about a minute for a small model)"),
+           flag("--shape-axes", choices=["all", "batch", "free"],
+                help="with --shapes (implied): vary only the batch, or only the axes the model leaves free (height "
+                     "and width, or length), at about half the time of both (default: all)")))

@@ -1,13 +1,16 @@
-"""TensorFlow's thread pools, each setting in a process of its own (they are fixed when TensorFlow starts)."""
+"""Threads: "how many threads? Is oneDNN helping? Does my thread setting take effect?"
+
+TensorFlow's thread pools, each setting in a process of its own (they are fixed when TensorFlow starts)."""
 
 from __future__ import annotations
 
 import os
-import sys
 
-from tfperf.deploy.inputs import make_inputs, read_sample, to_tensors
-from tfperf.deploy.loader import Subject, load_subject, parse_input_shapes
-from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
+from tfperf import flags
+from tfperf.deploy.inputs import make_inputs, to_tensors
+from tfperf.deploy.loader import Subject
+from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
+from tfperf.doctor.options import MIN_GAIN, Finding, Options, load_given, model_flags, model_parser
 from tfperf.gpus import child_gpu_env
 
 
@@ -56,9 +59,8 @@ def threads(subject: Subject, rec, options: Options, progress) -> tuple[list[Fin
     processes = []
     try:
         for row, intra, inter, extra_env in configs:  # started side by side; each says when it is ready
-            argv = [sys.executable, "-m", "tfperf", "doctor", subject.source, "--role", "threads",
-                    "--batch-sizes", ",".join(map(str, batches)), "--seed", str(options.seed),
-                    *model_flags(subject, options), *ceiling]
+            argv = child_command("threads", subject.source, "--batch-sizes", ",".join(map(str, batches)),
+                                 "--seed", str(options.seed), *model_flags(subject, options), *ceiling)
             if intra is not None:
                 argv += ["--intra", str(intra), "--inter", str(inter)]
             # Thread pools are the CPU's: the sweep runs without GPUs, beside the GPU the parent holds.
@@ -104,8 +106,14 @@ def cores_text(used: float | None, default: float | None, *, limits: bool) -> st
     return said
 
 
-def serve_thread_timers(args) -> int:
+def child(argv: list[str]) -> int:
     """A thread-sweep process: its thread pools set before TensorFlow runs anything, it times the model."""
+    parser = model_parser("threads")
+    parser.add_argument("--batch-sizes", type=lambda text: [int(b) for b in text.split(",")], default=[1])
+    parser.add_argument("--intra", type=flags.positive_int)
+    parser.add_argument("--inter", type=flags.positive_int)
+    parser.add_argument("--child-memory-limit", type=int)
+    args = parser.parse_args(argv)
     import tensorflow as tf
 
     from tfperf.measure import Timer, serve_timers
@@ -116,9 +124,7 @@ def serve_thread_timers(args) -> int:
     from tfperf.deploy.limits import ceilings
 
     with ceilings("doctor", None, args.child_memory_limit):  # resident memory: its bytes plus what it held at start
-        subject = load_subject(args.model, input_shapes=parse_input_shapes(args.input_shape or []), trust=args.trust,
-                               signature=args.signature)
-        sample = read_sample(args.sample) if args.sample else None
+        subject, sample = load_given(args)
         graph = tf.function(subject.call)
         timers = []
         for batch in args.batch_sizes:
@@ -128,3 +134,14 @@ def serve_thread_timers(args) -> int:
     return 0
 
 
+def run(ctx: Context) -> Section:
+    """The thread sweep as a section of the report."""
+    findings, skipped = threads(ctx.subject, ctx.recorder, ctx.options, ctx.progress)
+    return Section(EXPERIMENT.name, findings, skipped)
+
+
+EXPERIMENT = Experiment(
+    name="threads", question="How many threads? Is oneDNN helping? Does my thread setting take effect?",
+    run=run, applies=lambda subject, options: options.threads,
+    steps=lambda subject, options: [f"threads at batch {b}" for b in thread_batches(subject, options)],
+    flags=(flag("--no-threads", action="store_true", help="skip the thread-pool sweep (it starts processes)"),))

@@ -1,65 +1,27 @@
-"""Training experiments: plain fit against steps_per_execution, jit_compile, mixed precision and larger batches."""
+"""Training: "does steps_per_execution, XLA or mixed precision help my fit? Why did mixed precision make it slower?"
+
+Plain fit against steps_per_execution, jit_compile, mixed precision and larger batches, from the same weights."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
-
-import numpy as np
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import make_inputs
 from tfperf.deploy.loader import Subject, all_layers
-from tfperf.doctor.inference import mfu
+from tfperf.doctor.facts import mfu
 from tfperf.doctor.effect import policy_effect
+from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, xla_reason
 from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
+from tfperf.doctor.targets import PLAIN_BATCH, synthetic_targets, training_loss
 from tfperf.gpus import mixed_policy_here
 
 
-PLAIN_BATCH = 32  # Keras' default batch size: what model.fit(x, y) uses
 KERNELS_QUICK_S = 60  # --quick traces a slower mixed row kernel by kernel only when its epochs take less
-
-
-def training_labels(subject: Subject, loss: str, outputs: Sequence[np.ndarray], examples: int,
-                    rng: np.random.Generator) -> list[np.ndarray]:
-    """Targets for each output that the loss accepts: class ids, one-hot rows, 0/1, or real values."""
-    labels = []
-    for out in outputs:
-        shape = (examples, *out.shape[1:])
-        classes = out.shape[-1] if out.ndim > 1 else 1
-        if "sparse" in loss:
-            labels.append(rng.integers(0, max(classes, 2), size=shape[:-1]).astype(np.int32))
-        elif "categorical" in loss or loss == "kl_divergence":
-            labels.append(np.eye(classes, dtype=np.float32)[rng.integers(0, classes, size=shape[:-1])])
-        elif "binary" in loss or "hinge" in loss:
-            labels.append((rng.random(shape) < 0.5).astype(np.float32))
-        else:
-            labels.append(rng.normal(size=shape).astype(np.float32))
-    return labels
-
-
-def training_loss(name: str | None, from_logits: bool) -> Callable:
-    """The Keras loss called `name`, on logits when `from_logits`; DoctorError for a name Keras lacks."""
-    import keras
-
-    try:
-        base = keras.losses.get(name)
-    except (ValueError, TypeError):
-        base = None
-    if not callable(base):
-        raise DoctorError(f"unknown --loss {name!r}: give a Keras loss name such as sparse_categorical_crossentropy, "
-                          f"categorical_crossentropy, binary_crossentropy or mean_squared_error")
-    if not from_logits:
-        return base
-
-    def on_logits(y_true, y_pred):
-        return base(y_true, y_pred, from_logits=True)
-
-    on_logits.__name__ = f"{name}_from_logits"
-    return on_logits
 
 
 def training_configs(options: Options, examples: int, strings: bool = False) -> tuple[list[tuple], dict[str, str]]:
@@ -232,18 +194,41 @@ def slower_kernels(subject: Subject, trainers: Sequence[tuple], raced, profiler,
     return found
 
 
-def synthetic_targets(subject: Subject, options: Options, examples: int):
-    """Targets for `examples` synthetic rows: the sample's 'y' repeated, or labels the loss accepts."""
-    if options.sample is not None and "y" in options.sample:
-        y_sample = options.sample["y"]
-        return y_sample[np.resize(np.arange(len(y_sample)), examples)]
-    import tensorflow as tf
-
-    # The Keras model's own outputs (not the subject's, which may add named heads such as probabilities).
-    outputs = subject.model(subject.pack(make_inputs(subject, 2, seed=options.seed, sample=options.sample)),
-                            training=False)
-    labels = training_labels(subject, options.loss, [np.asarray(o) for o in tf.nest.flatten(outputs)], examples,
-                             np.random.default_rng(options.seed + 1))
-    return labels[0] if len(labels) == 1 else tf.nest.pack_sequence_as(outputs, labels)
+def prepare(subject: Subject, options: Options) -> Options:
+    """A --loss Keras does not have is refused before anything is measured."""
+    if options.loss:
+        training_loss(options.loss, options.from_logits)
+    return options
 
 
+WAITS_FOR_DATA = ("not run: training waits for its data, so a faster step would wait longer; fix the input pipeline "
+                  "first, then run the doctor again")
+
+
+def run(ctx: Context) -> Section:
+    """The training race as a section: whether each mixed row took effect, and kernel by kernel why one is not
+    faster. Not run while an earlier section found training waiting for its data."""
+    if any(getattr(s.found, "input_bound", False) for s in ctx.sections.values()):
+        return Section(EXPERIMENT.name, skipped={"training": WAITS_FOR_DATA})
+    findings, skipped, (effects, kernels) = training(ctx.subject, ctx.recorder, ctx.options, ctx.progress, ctx.facts,
+                                                     ctx.profiler)
+    detail = "" if not kernels else "\n".join(["", "## Why it is not faster, kernel by kernel", "",
+                                                *[f"- {k.describe()}" for k in kernels], ""])
+    return Section(EXPERIMENT.name, findings, skipped, kernels, detail=detail, precision=effects)
+
+
+def _loss_without_training(args) -> str | None:
+    if args.loss and not (args.train or args.keras_stacks or args.train_step or args.devices):
+        return "--loss is for the training experiments: add --train (or --keras-stacks, --train-step, --devices N)"
+    return None
+
+
+EXPERIMENT = Experiment(
+    name="training", question="Does steps_per_execution, XLA or mixed precision help my fit? Why did mixed "
+                              "precision make it slower? Did it take effect?",
+    run=run, applies=lambda subject, options: options.train, prepare=prepare,
+    flags=(flag("--train", action="store_true", help="also run the training experiments (needs --loss)"),
+           flag("--loss", help="Keras loss name for --train, e.g. sparse_categorical_crossentropy"),
+           flag("--from-logits", action="store_true", help="the model outputs logits (for the --loss)")),
+    rules=(lambda args: "--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)"
+           if args.train and not args.loss else None, _loss_without_training))

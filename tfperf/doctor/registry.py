@@ -1,0 +1,37 @@
+"""Every experiment the doctor runs, in the order it runs them: the one list the command, the plan, the run and
+the report walk. Adding an experiment is a module with an `EXPERIMENT` (tfperf.doctor.experiment) and a line here.
+
+The order: inference first (what the model costs as it is called); the input pipeline before training (while
+training waits for data, a faster step gains nothing); what is asked for by a flag before the budget's last minutes
+go to the pitfalls (retracing); answers asked for by their own flag (serving, hosts) last, never cut by the budget.
+"""
+
+from __future__ import annotations
+
+from tfperf.deploy.loader import Subject
+from tfperf.doctor import (custom_step, devices, inference, keras_stacks, lengths, loading, memory, pipeline,
+                           retracing, scaling, serving, shapes, threads, training)
+from tfperf.doctor.experiment import Experiment
+from tfperf.doctor.options import Options
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    inference.EXPERIMENT,
+    lengths.EXPERIMENT,
+    threads.EXPERIMENT,
+    pipeline.EXPERIMENT,
+    training.EXPERIMENT,
+    custom_step.EXPERIMENT,
+    memory.EXPERIMENT,
+    shapes.EXPERIMENT,
+    loading.EXPERIMENT,
+    keras_stacks.EXPERIMENT,
+    devices.EXPERIMENT,
+    retracing.EXPERIMENT,
+    serving.EXPERIMENT,
+    scaling.EXPERIMENT,
+)
+
+
+def taken(subject: Subject, options: Options) -> list[Experiment]:
+    """The experiments this run takes on this model, in order."""
+    return [e for e in EXPERIMENTS if e.applies(subject, options)]

@@ -157,10 +157,11 @@ def factories(tmp_path, monkeypatch):
 
 
 def attention_file(tmp_path):
-    """A .keras file: token ids through self-attention beside a float input (a list), two outputs."""
+    """A .keras file: token ids through self-attention with a residual `+` (an op without weights) beside a float
+    input (a list), two outputs."""
     ids, side = keras.Input((10,), dtype="int32", name="ids"), keras.Input((4,), name="side")
     h = keras.layers.Embedding(30, 16)(ids)
-    h = keras.layers.GlobalAveragePooling1D()(keras.layers.MultiHeadAttention(2, 8)(h, h))
+    h = keras.layers.GlobalAveragePooling1D()(h + keras.layers.MultiHeadAttention(2, 8)(h, h))
     model = keras.Model([ids, side], [keras.layers.Dense(3)(h), keras.layers.Dense(1)(side)], name="attn")
     path = tmp_path / "attn.keras"
     model.save(path)
@@ -233,6 +234,16 @@ def test_list_inputs_and_two_outputs_from_a_keras_file_with_mixed_precision(tmp_
     records = check_structure(d, tmp_path / "out", ["batch 1 latency", "retracing", "training"])
     assert len(d.facts["outputs"]) == 2
     assert any(r["row"].startswith("mixed_") for r in records if r["table"] == "training"), d.skipped
+    # Issue 71: the row survives the residual `+`, and its Apply line rebuilds a loaded model (set_global_policy
+    # alone would change none of its layers).
+    mixed = next(f for f in d.findings if f.section == "training" and f.row.startswith("mixed_"))
+    assert mixed.code.startswith("model = tfperf.precision.under_policy(model, ")
+    import tfperf.precision
+
+    applied = {"model": keras.saving.load_model(attention_file(tmp_path)), "tfperf": tfperf}
+    exec(mixed.code, applied)
+    assert {layer.dtype_policy.name for layer in applied["model"].layers if layer.weights} == {
+        mixed.row, "float32"}  # the output layers stay float32
     latency = {r["row"]: r["metrics"] for r in records if r["table"] == "batch 1 latency"}
     assert all(m["max_relative_diff"] < 1e-4 for row, m in latency.items()), latency
 
@@ -335,6 +346,23 @@ def test_an_experiment_is_added_as_one_module_and_one_line_of_the_registry(tmp_p
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## Layer count\n\n2 layers, below 7." in report and "layer count: weights: not counted" in report
     assert "layer count" in report.split("Doctor took")[1]  # its time, under its own name
+
+
+def test_a_larger_batchs_loss_is_checked_against_plain_fits_and_the_apply_line_fits_how_the_model_was_made():
+    """Issue 71: a batch row whose loss after the same examples is off plain fit's by more than the bar does not
+    agree (it said True for 2.061 against 1.761), and says what to retune; a policy is applied before building a
+    model the user's code builds, and by a rebuild to a model loaded from a file."""
+    from tfperf.doctor.targets import loss_check, mixed_code
+
+    assert loss_check("batch 64", 1.80, 1.761) == (True, "")
+    for row, loss, plain in (("batch 64", 2.061, 1.761), ("batch 512", 0.432, 0.153), ("batch 64", 0.115, 0.030)):
+        agrees, note = loss_check(row, loss, plain)
+        assert not agrees and f"{loss:.4g} against plain fit's {plain:.4g}" in note and "learning rate" in note
+    agrees, note = loss_check("jit_compile=True", 0.5, 0.4)
+    assert not agrees and "learning rate" not in note
+    assert loss_check("mixed_bfloat16", float("nan"), 0.4) == (False, "final loss nan against 0.4: not finite")
+    assert mixed_code("mixed_bfloat16", True).startswith("keras.mixed_precision.set_global_policy('mixed_bfloat16')")
+    assert "under_policy(model, 'mixed_bfloat16')" in mixed_code("mixed_bfloat16", False)
 
 
 def test_pitfalls_are_ranked_with_the_advice_only_when_the_models_own_call_retraces():

@@ -63,3 +63,24 @@ def dtype_policy(name: str) -> Iterator[None]:
         yield
     finally:
         keras.config.set_dtype_policy(before)
+
+
+def under_policy(model: keras.Model, policy: str) -> keras.Model:
+    """`model` rebuilt under a dtype policy ('mixed_bfloat16', 'mixed_float16') with the same weights: what
+    `set_global_policy` cannot do to a model already built or loaded from a file, whose layers keep the dtypes they
+    were saved with. Every layer that holds weights takes the policy, except those that give the model's outputs
+    (float32, as Keras' mixed precision guide says); what holds none (an Input, the ops a functional model records,
+    such as a residual `x + y`) is copied as it is."""
+    outputs = {t._keras_history[0].name for t in getattr(model, "outputs", None) or []
+               if hasattr(t, "_keras_history")}
+
+    def rebuilt(layer):
+        config = layer.get_config()
+        if not isinstance(layer, keras.layers.InputLayer) and getattr(layer, "weights", None):
+            config["dtype"] = "float32" if layer.name in outputs else policy
+        return layer.__class__.from_config(config)
+
+    with dtype_policy(policy):
+        copy = keras.models.clone_model(model, clone_function=rebuilt)
+    copy.set_weights(model.get_weights())
+    return copy

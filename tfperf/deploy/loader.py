@@ -108,6 +108,7 @@ class Subject:
     weight_bytes: int | None = None
     classifier: str | None = None
     signature: str | None = None  # the SavedModel signature `call` runs
+    builds_under_policy: bool = False  # its factory builds layers anew: a global dtype policy set first takes effect
 
     def pack(self, flat: Mapping[str, Any]) -> Any:
         """Arrays or tensors by input name, in the structure the model takes."""
@@ -343,35 +344,22 @@ def keras_subject(model, source: str, given: Mapping[str, tuple[int, ...]] | Non
     weights = model.get_weights()
 
     def fresh(policy: str | None = None):
-        from tfperf.precision import dtype_policy
+        from tfperf.precision import dtype_policy, under_policy
 
         if policy is None:
             copy = factory()
         elif builds_under_policy:
             with dtype_policy(policy):
                 copy = factory()
-        else:
-            # Mixed precision: rebuild every layer under the policy; the same weights, cast where used.
-            # Layers that take no dtype policy (the ops a functional model records) are copied as they are,
-            # and the layers that give the model's outputs stay float32, as Keras' mixed precision guide says.
-            outputs = {t._keras_history[0].name for t in getattr(model, "outputs", None) or []
-                       if hasattr(t, "_keras_history")}
-
-            def under_policy(layer):
-                config = layer.get_config()
-                if not isinstance(layer, keras.layers.InputLayer) and layer.weights:
-                    config["dtype"] = "float32" if layer.name in outputs else policy
-                return layer.__class__.from_config(config)
-
-            with dtype_policy(policy):
-                copy = keras.models.clone_model(model, clone_function=under_policy)
+        else:  # a reloaded file keeps the dtypes it saved: every layer rebuilt under the policy
+            copy = under_policy(model, policy)
         copy.set_weights(weights)
         return copy
 
     return Subject(
         name=_model_name(source, model.name), source=source, kind="keras", inputs=inputs, structure=structure,
         call=lambda packed: model(packed, training=False), model=model, trackable=model,
-        fresh=fresh if factory is not None else None,
+        fresh=fresh if factory is not None else None, builds_under_policy=builds_under_policy,
         vocabulary=min((layer.input_dim for layer in embeddings), default=None),
         vocabularies=tuple(sorted({int(layer.input_dim) for layer in embeddings})),
         mask_zero=any(layer.mask_zero for layer in embeddings), parameters=int(model.count_params()),

@@ -25,7 +25,7 @@ from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import DoctorError, Finding, MIN_GAIN, Options
-from tfperf.doctor.targets import PLAIN_BATCH
+from tfperf.doctor.targets import PLAIN_BATCH, mixed_code
 from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, xla_reason
 
 TABLE = "your training step"
@@ -101,7 +101,7 @@ def step_rows(subject: Subject, step: Callable, batch: tuple, mixed: str | None,
              "an XLA compile per new input shape")]
     if mixed:
         ways.append((f"{mixed}, in tf.function", mixed, {},
-                     f"keras.mixed_precision.set_global_policy({mixed!r})  # before building; then tf.function(step)"
+                     mixed_code(mixed, subject.builds_under_policy) + "; then tf.function(step)"
                      + ("; wrap the optimizer in keras.mixed_precision.LossScaleOptimizer and scale the loss"
                         if mixed == "mixed_float16" else ""),
                      "lower-precision activations: check the loss"))

@@ -73,7 +73,9 @@ class PolicyEffect:
                 return (f"The global dtype policy is {self.policy}, but it **did not take effect**: {seen}. A layer "
                         f"takes the policy in force when it is made, so the policy was set after the model was built. "
                         f"Apply: `keras.mixed_precision.set_global_policy({self.policy!r})` before the model's first "
-                        f"layer is made (then build, or load, the model).")
+                        f"layer is made, then build the model; a model loaded from a file keeps the dtypes it saved: "
+                        f"`model = tfperf.precision.under_policy(model, {self.policy!r})` rebuilds it under the "
+                        f"policy.")
             return (f"The layers compute in {low}, but the arithmetic **did not take effect**: {seen}. The layers cast "
                     f"their inputs back to float32 before their matmuls.")
         stayed = sorted({op.layer for op in self.ops if op.dtype == "float32" and op.layer not in self.outputs})

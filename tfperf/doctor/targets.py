@@ -1,15 +1,17 @@
 """What the doctor trains with where the user gave only a loss's name: the Keras loss, targets it accepts for the
-model's outputs (or the sample's 'y'), and Keras' default batch size."""
+model's outputs (or the sample's 'y'), Keras' default batch size; and how the user puts their model under a mixed
+policy."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from tfperf.deploy.inputs import make_inputs
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.options import DoctorError, Options
+from tfperf.doctor.options import LOSS_TOLERANCE, DoctorError, Options
 
 PLAIN_BATCH = 32  # Keras' default batch size: what model.fit(x, y) uses
 
@@ -66,3 +68,27 @@ def synthetic_targets(subject: Subject, options: Options, examples: int):
     labels = training_labels(subject, options.loss, [np.asarray(o) for o in tf.nest.flatten(outputs)], examples,
                              np.random.default_rng(options.seed + 1))
     return labels[0] if len(labels) == 1 else tf.nest.pack_sequence_as(outputs, labels)
+
+
+def mixed_code(policy: str, builds_under_policy: bool) -> str:
+    """How the user puts their model under a mixed policy: before building it where their code builds it; a model
+    loaded from a file keeps the dtypes it saved, so set_global_policy alone changes none of its layers."""
+    if builds_under_policy:
+        return f"keras.mixed_precision.set_global_policy({policy!r})  # before building the model"
+    return (f"model = tfperf.precision.under_policy(model, {policy!r})  # after loading it: a loaded model keeps "
+            f"its saved dtypes, and set_global_policy alone changes none of its layers")
+
+
+def loss_check(row: str, loss: float, plain_loss: float) -> tuple[bool, str]:
+    """Whether a row's final loss agrees with plain fit's after the same examples (within LOSS_TOLERANCE), and the
+    note that says why not. A larger batch is held to the same bar: it takes fewer, larger steps over those
+    examples, which changes the optimisation, not only its speed."""
+    if not math.isfinite(loss):
+        return False, f"final loss {loss:.4g} against {plain_loss:.4g}: not finite"
+    if abs(loss - plain_loss) <= LOSS_TOLERANCE * max(abs(plain_loss), 1e-6):
+        return True, ""
+    note = f"final loss {loss:.4g} against plain fit's {plain_loss:.4g}"
+    if row.startswith("batch "):
+        note += (" after the same examples: fewer, larger steps change the optimisation; scale the learning rate "
+                 "with the batch (linear, or square root) and measure again")
+    return False, note

@@ -16,17 +16,19 @@ from tfperf.doctor.facts import mfu
 from tfperf.doctor.effect import policy_effect
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, xla_reason
-from tfperf.doctor.options import LOSS_TOLERANCE, MIN_GAIN, DoctorError, Finding, Options
-from tfperf.doctor.targets import PLAIN_BATCH, synthetic_targets, training_loss
+from tfperf.doctor.options import MIN_GAIN, DoctorError, Finding, Options
+from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code, synthetic_targets, training_loss
 from tfperf.gpus import mixed_policy_here
 
 
 KERNELS_QUICK_S = 60  # --quick traces a slower mixed row kernel by kernel only when its epochs take less
 
 
-def training_configs(options: Options, examples: int, strings: bool = False) -> tuple[list[tuple], dict[str, str]]:
+def training_configs(options: Options, examples: int, strings: bool = False,
+                     builds_under_policy: bool = True) -> tuple[list[tuple], dict[str, str]]:
     """What is tried against plain fit: (row, mixed policy, compile options, batch, code, cost) each, and
-    what is not tried and why (`strings`: the model takes string inputs, which XLA cannot)."""
+    what is not tried and why (`strings`: the model takes string inputs, which XLA cannot;
+    `builds_under_policy`: the user's code builds the model, rather than loading it from a file)."""
     data = options.data
     mixed = mixed_policy_here()  # float16 from compute capability 7.0, bfloat16 from 8.0 and on CPUs
     configs = [(f"plain fit (batch {PLAIN_BATCH})", None, {}, PLAIN_BATCH, "", ""),
@@ -35,7 +37,7 @@ def training_configs(options: Options, examples: int, strings: bool = False) -> 
                 "callbacks and the progress bar see every 16th step"),
                ("jit_compile=True", None, {"jit_compile": True}, PLAIN_BATCH,
                 "model.compile(..., jit_compile=True)", "an XLA compile before the first epoch (first call below)"),
-               (mixed, mixed, {}, PLAIN_BATCH, f"keras.mixed_precision.set_global_policy({mixed!r})  # before building",
+               (mixed, mixed, {}, PLAIN_BATCH, mixed_code(mixed, builds_under_policy),
                 "lower-precision activations: check accuracy; keep the last layer float32")][:4 if mixed else 3]
     skipped = {} if mixed else {"training: mixed precision": "these GPUs have no tensor cores (compute capability "
                                                                   "below 7.0): lower precision would gain nothing"}
@@ -119,7 +121,8 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
         x = subject.pack(make_inputs(subject, examples, seed=options.seed, sample=options.sample))
         y = synthetic_targets(subject, options, examples)
     loss_fn = training_loss(options.loss, options.from_logits)
-    configs, skipped = training_configs(options, examples, any(i.dtype == "string" for i in subject.inputs))
+    configs, skipped = training_configs(options, examples, any(i.dtype == "string" for i in subject.inputs),
+                                        subject.builds_under_policy)
     effects: list = []  # (what, effect.PolicyEffect) for each row under a mixed policy
     kernels: list = []  # kernels.KernelDiff for each mixed row that is not faster
     trainers = started_trainers(subject, configs, options, x, y, loss_fn, examples, skipped, effects)
@@ -130,10 +133,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
             final_losses[row] = losses[-1]
 
     def loss_agrees(row: str) -> bool:
-        loss, plain_loss = final_losses[row], final_losses[trainers[0][0]]
-        same_steps = not row.startswith("batch ")  # a larger batch takes fewer steps: its loss is not comparable
-        return math.isfinite(loss) and (not same_steps or abs(loss - plain_loss) <= LOSS_TOLERANCE * max(
-            abs(plain_loss), 1e-6))
+        return loss_check(row, final_losses[row], final_losses[trainers[0][0]])[0]
 
     raced = race_table(rec, "training", [t for _, t, _, _, _ in trainers], metrics=lambda m, _: {
         "samples_per_s": m.items_per_s, "first_epoch_s": m.first_call_s, "final_loss": final_losses[m.name],
@@ -144,9 +144,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
     plain, plain_loss = trainers[0][0], final_losses[trainers[0][0]]
     findings = []
     for row, _, _, code, cost in trainers[1:]:
-        loss, agrees = final_losses[row], loss_agrees(row)
-        note = "" if agrees else (f"final loss {loss:.4g} against {plain_loss:.4g}: not finite" if not
-                                  math.isfinite(loss) else f"final loss {loss:.4g} against plain fit's {plain_loss:.4g}")
+        agrees, note = loss_check(row, final_losses[row], plain_loss)
         findings.append(Finding("training", row, plain, raced.comparisons[row], code, cost, agrees, note))
     if profiler is not None:  # after the race: the traced epochs are never samples
         flops = facts.get("flops_per_example") if facts else None

@@ -2,7 +2,7 @@
 the report walk. Adding an experiment is a module with an `EXPERIMENT` (tfperf.doctor.experiment) and a line here.
 
 The order: inference first (what the model costs as it is called); the input pipeline before training (while
-training waits for data, a faster step gains nothing); what is asked for by a flag before the budget's last minutes
+training waits for data, a faster step gains nothing); the best configuration after the one-switch training race; what is asked for by a flag before the budget's last minutes
 go to the pitfalls (retracing); answers asked for by their own flag (serving, hosts) last, never cut by the budget.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tfperf.deploy.loader import Subject
 from tfperf.doctor import (custom_step, devices, inference, keras_stacks, lengths, loading, memory, pipeline,
-                           retracing, scaling, serving, shapes, threads, training)
+                           retracing, scaling, search, serving, shapes, threads, training)
 from tfperf.doctor.experiment import Experiment
 from tfperf.doctor.options import Options
 
@@ -20,6 +20,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     threads.EXPERIMENT,
     pipeline.EXPERIMENT,
     training.EXPERIMENT,
+    search.EXPERIMENT,
     custom_step.EXPERIMENT,
     memory.EXPERIMENT,
     shapes.EXPERIMENT,

@@ -1,0 +1,120 @@
+"""The doctor's best configuration (issue 71): the climb on the user's model, one recommendation as code that says
+what it measured and nothing else, and that code block applied as a user applies it, then raced against plain fit."""
+
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from tfperf.deploy.loader import load_subject
+from tfperf.doctor import Options, diagnose, registry, summary
+from tfperf.doctor.search import HEADLINE, Climbed, Config, Rung, child, code_lines, rungs
+from tfperf.measure.stats import FASTER, NO_DIFFERENCE, Comparison
+
+
+def compared(ratio: float, verdict: str = FASTER) -> Comparison:
+    return Comparison("a", "b", ratio, (ratio * 0.9, ratio * 1.1), verdict, paired=True, units=6)
+
+
+def test_the_ladder_climbs_in_the_cookbooks_order_and_a_config_says_what_it_changes():
+    assert [row for row, _ in rungs("mixed_bfloat16", [64, 128])] == [
+        "jit_compile=True", "steps_per_execution=16", "steps_per_execution=64", "mixed_bfloat16", "batch 64",
+        "batch 128"]
+    assert [row for row, _ in rungs(None, [])][-1] == "steps_per_execution=64"  # no mixed policy here: no rung
+    best = Config(jit_compile=True, steps_per_execution=64, policy="mixed_bfloat16", batch=128)
+    assert Config().label == "plain fit (batch 32)"
+    assert best.label == "jit_compile=True, steps_per_execution=64, mixed_bfloat16, batch 128"
+    assert best.compile_options() == {"jit_compile": True, "steps_per_execution": 64} and best.learning_rate_scale == 2
+    loaded, built = code_lines(best, False), code_lines(best, True)
+    assert loaded[0].startswith("model = tfperf.precision.under_policy(model, 'mixed_bfloat16')")
+    assert built[0].startswith("keras.mixed_precision.set_global_policy('mixed_bfloat16')")
+    assert loaded[1].startswith("optimizer.learning_rate = 0.001 * 2")
+    assert loaded[2:] == ["model.compile(optimizer=optimizer, loss=loss, jit_compile=True, steps_per_execution=64)",
+                          "model.fit(x, y, batch_size=128)"]
+    assert code_lines(Config(), False) == ["model.compile(optimizer=optimizer, loss=loss)",
+                                           "model.fit(x, y, batch_size=32)"]
+
+
+def test_the_answer_recommends_only_what_its_own_race_against_plain_fit_found_faster():
+    plain = Config()
+    spe = Config(steps_per_execution=64)
+    big = Config(steps_per_execution=64, batch=256)
+    kept = [Rung("steps_per_execution=64", plain.label, compared(2.0), True, 1.0, 1.0),
+            Rung("batch 256", spe.label, compared(1.5), True, 1.3, 1.0)]
+    confirmed = {"describe": "2.9x faster (95% CI 2.6-3.2x)", "ratio": 2.9, "ci95": [2.6, 3.2], "verdict": FASTER,
+                 "plain_samples_per_s": 1000.0, "best_samples_per_s": 2900.0}
+
+    nothing = Climbed([Rung("jit_compile=True", plain.label, compared(1.0, NO_DIFFERENCE), False, 1.0, 1.0)], plain,
+                      plain, {}, code_lines(plain, True))
+    assert "plain fit; no change tried on top of it paid (jit_compile=True)" in nothing.describe()
+    unconfirmed = Climbed(kept[:1], spe, spe, {spe.label: compared(1.04, NO_DIFFERENCE)}, code_lines(spe, True))
+    text = unconfirmed.describe()
+    assert not unconfirmed.pays and "nothing is recommended" in text and "```" not in text
+    found = Climbed(kept, big, spe, {big.label: compared(3.0), spe.label: compared(2.0)}, code_lines(big, True),
+                    confirmed=confirmed, losses={big.label: 1.3, plain.label: 1.0})
+    text = found.describe()
+    assert found.pays and text.startswith("**Best configuration for training**: steps_per_execution=64, batch 256:")
+    assert "```python\n" + "\n".join(code_lines(big, True)) + "\n```" in text
+    assert "its loss was 1.3 against plain fit's 1" in text and "At your batch of 32, the best is steps_per_execu" in text
+    assert "Confirmed as applied" in text and "1,000 -> 2,900 examples/s; claimed here: 3.00x" in text
+    found.confirmed = {"error": "ValueError: no"}
+    assert "Not confirmed in a fresh process: ValueError: no." in found.describe()
+    alone = Climbed(kept[1:], Config(batch=256), plain, {Config(batch=256).label: compared(1.5)},
+                    code_lines(Config(batch=256), True), losses={Config(batch=256).label: 1.3, plain.label: 1.0})
+    assert "At your batch of 32, no other change paid." in alone.describe()
+    climb = found.climb_text()
+    assert "- batch 256, on top of steps_per_execution=64: 1.50x faster" in climb and climb.count("**kept**") == 2
+
+
+def test_the_code_block_is_applied_to_the_model_as_the_user_applies_it_and_raced(tmp_path, capsys):
+    """The confirmation process builds plain fit and the recommendation from their code blocks (a loaded file put
+    under the policy by a rebuild) and replies a comparison."""
+    from tfperf.doctor.handover import hand_over
+    from tfperf.measure.processes import replies
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="relu")(x)
+    keras.Model(x, keras.layers.Dense(3)(h + keras.layers.Dense(8)(h))).save(tmp_path / "m.keras")
+    subject = load_subject(str(tmp_path / "m.keras"))
+    options = Options(loss="sparse_categorical_crossentropy", from_logits=True)
+    hand_over(subject, options, tmp_path / "work", 128)
+    best = Config(steps_per_execution=16, policy="mixed_bfloat16", batch=64)
+    (tmp_path / "work" / "search.json").write_text(json.dumps({
+        "source": subject.source, "loss": options.loss, "from_logits": True, "code": code_lines(best, False),
+        "plain": code_lines(Config(), False), "rounds": 6, "max_extensions": 0, "seed": 0}))
+    assert child([str(tmp_path / "work")]) == 0
+    said = replies(capsys.readouterr().out)[-1]
+    assert "error" not in said, said
+    assert said["plain_samples_per_s"] > 0 and said["best_samples_per_s"] > 0 and math.isfinite(said["ratio"])
+    assert said["describe"].startswith(("no measurable difference", f"{said['ratio']:.2f}x"))
+
+
+@pytest.mark.slow
+def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_path, monkeypatch):
+    keras.utils.set_random_seed(0)
+    x = keras.Input((12,))
+    h = keras.layers.Dense(16, activation="relu")(x)
+    keras.Model(x, keras.layers.Dense(4)(h + keras.layers.Dense(16)(h))).save(tmp_path / "m.keras")
+    search = next(e for e in registry.EXPERIMENTS if e.name == "best configuration")
+    monkeypatch.setattr(registry, "EXPERIMENTS", (search,))
+    options = Options(batch_sizes=(1,), rounds=6, min_time_s=0.01, train_examples=256, threads=False,
+                      exported=False, max_extensions=0, train=True, loss="sparse_categorical_crossentropy",
+                      from_logits=True, profile=False)
+    d = diagnose(load_subject(str(tmp_path / "m.keras")), options, tmp_path / "work")
+    found = d.sections["best configuration"].found
+    assert [r.row for r in found.rungs][:4] == ["jit_compile=True", "steps_per_execution=16",
+                                                  "steps_per_execution=64", "mixed_bfloat16"]
+    climb = {r["row"]: r["metrics"] for r in d.recorder.table("best configuration: the climb")}
+    assert set(climb) == {r.row for r in found.rungs} and all(m["samples_per_s"] > 0 for m in climb.values())
+    text = summary(d)
+    assert text.index("**Best configuration for training**") < text.index("## Best configuration: the climb")
+    if found.pays:  # the answer follows the race: a recommendation with its code, confirmed in a fresh process
+        assert found.confirmed is not None and "error" not in found.confirmed, found.confirmed
+        assert "Confirmed as applied" in text and "```python" in text
+        assert [a.row for a, _ in d.advice if a.section == HEADLINE] == [found.best.label]
+    else:
+        assert "```python" not in text and not [a for a, _ in d.advice if a.section == HEADLINE]
+    assert np.isfinite([r.loss for r in found.rungs]).all()

@@ -1,0 +1,395 @@
+"""Best configuration: "what should my compile() and fit() say to train fastest, with every change that pays?"
+
+The speed is in combinations: one switch raced alone against plain fit misses what two give together. This climbs
+the cookbook's training ladder (recipes/training_ladder.py) on the user's model: from plain `model.fit(x, y)`, each
+rung changes one thing in the best configuration so far (jit_compile, steps_per_execution 16 then 64, the mixed
+policy this hardware supports, then the batch upward while it pays) and is kept only where its interval clears the
+bar on top of what is kept and its loss after the same examples agrees with plain fit's. Every configuration trains
+a fresh copy from the same weights on the same rows. A larger batch changes the optimisation, not only its speed:
+its loss after the same examples stands beside plain fit's, with the learning rate scaled by the square-root rule
+(as the ladder scales it), and the best configuration at the user's own batch size is raced beside it.
+
+The result is one recommendation as code, its gain against plain fit measured in a race of its own, and a
+confirmation: the code block applied as a user applies it, in a fresh process, raced there against plain fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tfperf.deploy.errors import first_line
+from tfperf.deploy.loader import Subject
+from tfperf.doctor.experiment import Context, Experiment, Section, child_command
+from tfperf.doctor.options import MIN_GAIN, Finding, Options
+from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code
+
+CLIMB = "best configuration: the climb"
+HEADLINE = "best configuration against plain fit"
+BATCHES = (64, 128, 256, 512)  # the batch is raised through these while it pays, up to the examples trained on
+HEADLINE_ROUNDS = 2  # the headline race takes this many times the rounds: it is the figure the user acts on
+LEARNING_RATE = 1e-3  # Adam's default, the doctor's optimizer everywhere
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One configuration of compile() and fit(): plain `model.fit(x, y)` is Config()."""
+
+    jit_compile: bool = False
+    steps_per_execution: int = 1
+    policy: str | None = None
+    batch: int = PLAIN_BATCH
+
+    @property
+    def label(self) -> str:
+        """What it changes from plain fit, or "plain fit"."""
+        changes = [*(["jit_compile=True"] if self.jit_compile else []),
+                   *([f"steps_per_execution={self.steps_per_execution}"] if self.steps_per_execution > 1 else []),
+                   *([self.policy] if self.policy else []),
+                   *([f"batch {self.batch}"] if self.batch != PLAIN_BATCH else [])]
+        return ", ".join(changes) or f"plain fit (batch {PLAIN_BATCH})"
+
+    @property
+    def learning_rate_scale(self) -> float:
+        """The square-root rule: a batch k times larger takes k times fewer steps, each sqrt(k) times larger."""
+        return math.sqrt(self.batch / PLAIN_BATCH)
+
+    def compile_options(self) -> dict[str, Any]:
+        """compile()'s keywords that differ from its defaults."""
+        return {**({"jit_compile": True} if self.jit_compile else {}),
+                **({"steps_per_execution": self.steps_per_execution} if self.steps_per_execution > 1 else {})}
+
+
+def _ladder(subject: Subject, options: Options) -> tuple[str | None, list[int]]:
+    """The mixed policy this hardware supports, and the batch sizes the climb may raise the batch to."""
+    from tfperf.gpus import mixed_policy_here
+
+    batches = [] if options.data is not None else [b for b in BATCHES if b <= options.train_examples]
+    return mixed_policy_here(), batches
+
+
+def rungs(mixed: str | None, batches: Sequence[int]) -> list[tuple[str, Callable[[Config], Config]]]:
+    """The ladder's rungs in order: each changes one thing in the best configuration so far."""
+    found = [("jit_compile=True", lambda c: dataclasses.replace(c, jit_compile=True)),
+             ("steps_per_execution=16", lambda c: dataclasses.replace(c, steps_per_execution=16)),
+             ("steps_per_execution=64", lambda c: dataclasses.replace(c, steps_per_execution=64))]
+    if mixed:
+        found.append((mixed, lambda c: dataclasses.replace(c, policy=mixed)))
+    return found + [(f"batch {b}", lambda c, b=b: dataclasses.replace(c, batch=b)) for b in batches]
+
+
+def code_lines(config: Config, builds_under_policy: bool) -> list[str]:
+    """The recommendation as the lines a user changes: the policy (where the model is built or loaded), compile()
+    with the user's own optimizer and loss, fit() with the batch, and the learning rate scaled with it."""
+    lines = [mixed_code(config.policy, builds_under_policy)] if config.policy else []
+    if config.batch != PLAIN_BATCH:
+        lines.append(f"optimizer.learning_rate = {LEARNING_RATE:g} * {config.learning_rate_scale:.3g}  # your rate "
+                     f"x sqrt({config.batch}/{PLAIN_BATCH}): fewer, larger steps (linear: x{config.batch // PLAIN_BATCH})")
+    keywords = "".join(f", {k}={v!r}" for k, v in config.compile_options().items())
+    lines.append(f"model.compile(optimizer=optimizer, loss=loss{keywords})")
+    lines.append(f"model.fit(x, y, batch_size={config.batch})")
+    return lines
+
+
+@dataclasses.dataclass
+class Rung:
+    """One rung tried: against what, its comparison, whether it was kept, its loss beside plain fit's."""
+
+    row: str
+    base: str
+    comparison: Any  # stats.Comparison
+    kept: bool
+    loss: float
+    plain_loss: float
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Climbed:
+    """What the search found: the rungs, the best configuration (and the best at the user's batch size), the
+    headline race against plain fit, and the confirmation in a fresh process."""
+
+    rungs: list[Rung]
+    best: Config
+    at_your_batch: Config
+    headline: dict[str, Any]  # row -> stats.Comparison against plain fit
+    code: list[str]
+    confirmed: dict[str, Any] | None = None  # the fresh process's reply
+    losses: dict[str, float] = dataclasses.field(default_factory=dict)  # final loss per headline row
+
+    @property
+    def pays(self) -> bool:
+        """Whether the best configuration measured faster than plain fit in its own race."""
+        from tfperf.measure.stats import FASTER
+
+        return self.best != Config() and self.headline[self.best.label].verdict == FASTER
+
+    def describe(self) -> str:
+        """The answer first: the recommendation, its gain, its code, and the confirmation."""
+        if self.best == Config():
+            tried = ", ".join(r.row for r in self.rungs)
+            return f"**Best configuration for training**: plain fit; no change tried on top of it paid ({tried}).\n"
+        c = self.headline[self.best.label]
+        if not self.pays:
+            return (f"**Best configuration for training**: plain fit. The climb kept {self.best.label}, but raced "
+                    f"against plain fit in a race of its own it measured {c.describe()}: nothing is recommended "
+                    f"(rerun without --quick for more rounds).\n")
+        lines = [f"**Best configuration for training**: {self.best.label}: {c.describe()} against plain fit "
+                 f"(batch {PLAIN_BATCH}), every kept rung on top of the ones before it. Apply it as:", "",
+                 "```python", *self.code, "```", ""]
+        lines.append("Each kept rung's gain on top of those before it: " + "; ".join(
+            f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + ".")
+        if self.best.batch != PLAIN_BATCH:
+            lines.append(self._batch_text())
+        lines.append(self._confirmation())
+        return "\n".join(lines) + "\n"
+
+    def _batch_text(self) -> str:
+        loss, plain = self.losses[self.best.label], self.losses[Config().label]
+        said = (f"Batch {self.best.batch} changes the optimisation: after the same examples its loss was {loss:.4g} "
+                f"against plain fit's {plain:.4g} (learning rate scaled by the square-root rule).")
+        if self.at_your_batch == Config():
+            return said + f" At your batch of {PLAIN_BATCH}, no other change paid."
+        return said + (f" At your batch of {PLAIN_BATCH}, the best is {self.at_your_batch.label}: "
+                       f"{self.headline[self.at_your_batch.label].describe()} against plain fit.")
+
+    def climb_text(self) -> str:
+        """Every rung tried, against what, and whether it was kept: the report's own part for the search."""
+        lines = ["## Best configuration: the climb", "",
+                 "Each rung changes one thing in the best configuration so far, from the same weights on the same "
+                 "rows; it is kept where its 95% interval clears the bar and its loss after the same examples agrees "
+                 "with plain fit's (a larger batch's loss is said, not held to the bar).", ""]
+        for r in self.rungs:
+            lines.append(f"- {r.row}, on top of {r.base}: {r.comparison.describe()}; final loss {r.loss:.4g} (plain "
+                         f"fit {r.plain_loss:.4g}): {'**kept**' if r.kept else 'not kept'}"
+                         + (f" ({r.note})" if r.note and not r.kept else ""))
+        return "\n".join(lines) + "\n"
+
+    def _confirmation(self) -> str:
+        if self.confirmed is None:
+            return "Not confirmed in a fresh process."
+        if "error" in self.confirmed:
+            return f"Not confirmed in a fresh process: {self.confirmed['error']}."
+        return (f"Confirmed as applied: the code above run in a fresh process, raced there against plain fit: "
+                f"{self.confirmed['describe']} ({self.confirmed['plain_samples_per_s']:,.0f} -> "
+                f"{self.confirmed['best_samples_per_s']:,.0f} examples/s; claimed here: "
+                f"{self.headline[self.best.label].ratio:.2f}x).")
+
+
+@dataclasses.dataclass
+class Rows:
+    """What every configuration trains on: the same rows and targets, the loss, and how many examples an epoch."""
+
+    x: Any
+    y: Any
+    loss: Callable
+    examples: int
+    batch_given: bool  # --data: the user's pipeline sets the batch
+
+
+def training_rows(subject: Subject, options: Options) -> Rows:
+    """The user's pipeline (--data), or the doctor's synthetic rows and targets."""
+    from tfperf.deploy.inputs import make_inputs
+    from tfperf.doctor.targets import synthetic_targets, training_loss
+
+    loss = training_loss(options.loss, options.from_logits)
+    if options.data is not None:
+        return Rows(options.data.dataset, None, loss, options.data.examples, True)
+    x = subject.pack(make_inputs(subject, options.train_examples, seed=options.seed, sample=options.sample))
+    return Rows(x, synthetic_targets(subject, options, options.train_examples), loss, options.train_examples, False)
+
+
+def trainer(subject: Subject, config: Config, rows: Rows):
+    """A fresh copy of the model from the same weights, compiled and fit as `config` says, its first epoch run (timed
+    apart): (a Timer of one epoch a call, the losses it appends)."""
+    import keras
+
+    from tfperf.measure import Timer
+    from tfperf.train import fit_epochs
+
+    model = subject.fresh(config.policy)
+    model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE * config.learning_rate_scale), loss=rows.loss,
+                  **config.compile_options())
+    epoch, losses = fit_epochs(model, rows.x, rows.y, shuffle=False,
+                               **({} if rows.batch_given else {"batch_size": config.batch}))
+    timer = Timer(epoch, name=config.label, items_per_call=rows.examples)
+    timer.start(warmup=0)
+    return timer, losses
+
+
+def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int):
+    """Train each configuration an epoch at a time in interleaved rounds: (measurements by label, comparisons of
+    each against the first, final losses by label after the same epochs for every one)."""
+    from tfperf.measure.rounds import race as interleaved
+
+    made = [trainer(ctx.subject, c, rows) for c in configs]
+    losses: dict[str, float] = {}
+
+    def read(_):
+        losses.update({c.label: made_losses[-1] for c, (_, made_losses) in zip(configs, made)})
+
+    options = ctx.options
+    ms, comparisons = interleaved([t for t, _ in made], rounds=rounds, samples=rounds, threshold=MIN_GAIN,
+                                  max_extensions=options.max_extensions, warmup=0, seed=options.seed,
+                                  on_first_rounds=read)
+    return {m.name: m for m in ms}, dict(zip([c.label for c in configs[1:]], comparisons)), losses
+
+
+def climb(ctx: Context, rows: Rows, skipped: dict[str, str]) -> tuple[Config, list[Rung], float]:
+    """Each rung on top of the best so far, kept where it pays with a loss that agrees; the batch is raised only
+    while it pays. Returns the best configuration, the rungs tried, and plain fit's final loss."""
+    from tfperf.measure.stats import FASTER
+
+    strings = any(i.dtype == "string" for i in ctx.subject.inputs)  # XLA cannot compile string ops
+    best, tried, plain_loss = Config(), [], math.nan
+    for row, change in rungs(*_ladder(ctx.subject, ctx.options)):
+        if (row.startswith("batch ") and any(r.row.startswith("batch ") and not r.kept for r in tried)) or (
+                strings and row == "jit_compile=True"):
+            continue
+        candidate = change(best)
+        ctx.progress(f"best configuration: {row}")
+        try:
+            ms, comparisons, losses = race(ctx, [best, candidate], rows, rounds=ctx.options.rounds)
+        except Exception as exc:  # a rung this model cannot take (an XLA refusal, memory): said, and climbed past
+            skipped[f"{CLIMB}: {row}"] = f"{type(exc).__name__}: {first_line(exc)}"
+            continue
+        plain_loss = losses[best.label] if best == Config() else plain_loss
+        c, loss = comparisons[candidate.label], losses[candidate.label]
+        agrees, note = loss_check(row, loss, plain_loss)
+        kept = c.verdict == FASTER and (agrees or row.startswith("batch "))  # a batch's loss is said, not a bar
+        tried.append(Rung(row, best.label, c, kept, loss, plain_loss, note))
+        ctx.recorder.add(CLIMB, row, {"samples_per_s": ms[candidate.label].items_per_s, "on_top_of": best.label,
+                                      "kept": kept, "final_loss": loss, "plain_fit_loss": plain_loss,
+                                      "batch": candidate.batch}, primary="samples_per_s", lower_is_better=False,
+                         measurement=ms[candidate.label], comparison=c, versus_first=False)
+        best = candidate if kept else best
+    return best, tried, plain_loss
+
+
+def headline(ctx: Context, best: Config, rows: Rows) -> tuple[Config, dict[str, Any], dict[str, float]]:
+    """The best configuration against plain fit, in a race of its own with more rounds (and, where it raised the
+    batch, the best at the user's batch beside it), recorded: (the best at the user's batch, comparisons against
+    plain fit by label, final losses by label)."""
+    at_your_batch = dataclasses.replace(best, batch=PLAIN_BATCH)
+    configs = [Config(), *([at_your_batch] if at_your_batch not in (Config(), best) else []), best]
+    ctx.progress("best configuration against plain fit")
+    ms, comparisons, losses = race(ctx, configs, rows, rounds=HEADLINE_ROUNDS * ctx.options.rounds)
+    for config in configs:
+        ctx.recorder.add(HEADLINE, config.label, {"samples_per_s": ms[config.label].items_per_s,
+                                                  "final_loss": losses[config.label], "batch": config.batch},
+                         primary="samples_per_s", lower_is_better=False, measurement=ms[config.label],
+                         comparison=comparisons.get(config.label), versus_first=False)
+    return at_your_batch, comparisons, losses
+
+
+def confirm(ctx: Context, code: list[str], examples: int) -> dict[str, Any]:
+    """The code block applied as a user applies it, in a fresh process, and raced there against plain fit on the
+    same rows: the child's reply, or {"error": why}."""
+    import os
+
+    from tfperf.doctor.handover import hand_over
+    from tfperf.measure.processes import ChildError, run_child
+
+    subject, options = ctx.subject, ctx.options
+    work = ctx.workdir / "search"
+    hand_over(subject, options, work, examples)
+    (work / "search.json").write_text(json.dumps({
+        "source": subject.source, "loss": options.loss, "from_logits": options.from_logits, "code": code,
+        "plain": code_lines(Config(), subject.builds_under_policy), "rounds": HEADLINE_ROUNDS * options.rounds,
+        "max_extensions": options.max_extensions, "seed": options.seed}))
+    ctx.progress("best configuration, confirmed in a fresh process")
+    try:
+        return run_child(child_command("search", str(work)), who="the confirmation process", timeout=1800,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    except ChildError as exc:
+        return {"error": str(exc)}
+
+
+def applied(code: Sequence[str], spec: dict[str, Any], work: Path):
+    """In the child: the model built and the code block run on it as the user runs it (the user's optimizer and
+    loss stand in as Adam and the doctor's loss; fit() is read for its keywords, then timed an epoch a call)."""
+    import types
+
+    import keras
+
+    import tfperf.precision
+    from tfperf.doctor.handover import build, loss_function, take_over
+    from tfperf.measure import Timer
+    from tfperf.train import fit_epochs
+
+    namespace: dict[str, Any] = {"keras": keras, "tfperf": tfperf}
+    before = [line for line in code if line.startswith("keras.mixed_precision.set_global_policy")]
+    for line in before:  # a policy set before building: for this build only, as a fresh script would
+        exec(line, namespace)
+    model = build(spec["source"], keras)
+    keras.config.set_dtype_policy("float32")
+    x, y = take_over(work, model)
+    namespace.update(model=model, x=x, y=y, optimizer=keras.optimizers.Adam(LEARNING_RATE),
+                     loss=loss_function(keras, spec["loss"], spec["from_logits"]))
+    *setup, fit = [line for line in code if line not in before]
+    for line in setup:
+        exec(line, namespace)
+    model, said = namespace["model"], {}
+    exec(fit, {**namespace, "model": types.SimpleNamespace(fit=lambda *args, **keywords: said.update(keywords))})
+    epoch, _ = fit_epochs(model, x, y, shuffle=False, **said)
+    timer = Timer(epoch, name="recommended" if code != spec["plain"] else "plain fit", items_per_call=len(y))
+    timer.start(warmup=0)
+    return timer
+
+
+def child(argv: list[str]) -> int:
+    """`WORK`: plain fit and the recommendation, each built from its code block, raced; the comparison replied."""
+    from tfperf.measure.processes import reply
+    from tfperf.measure.rounds import race as interleaved
+
+    work = Path(argv[0])
+    spec = json.loads((work / "search.json").read_text())
+    try:
+        timers = [applied(spec["plain"], spec, work), applied(spec["code"], spec, work)]
+        (plain, best), (c,) = interleaved(timers, rounds=spec["rounds"], samples=spec["rounds"], threshold=MIN_GAIN,
+                                          max_extensions=spec["max_extensions"], warmup=0, seed=spec["seed"])
+    except Exception as exc:  # noqa: BLE001  (a block that does not apply is the finding, said in one line)
+        print(reply({"error": f"{type(exc).__name__}: {first_line(exc)}"}), flush=True)
+        return 0
+    print(reply({"describe": c.describe(), "ratio": c.ratio, "ci95": list(c.ci95), "verdict": c.verdict,
+                 "plain_samples_per_s": plain.items_per_s, "best_samples_per_s": best.items_per_s}), flush=True)
+    return 0
+
+
+def run(ctx: Context) -> Section:
+    """The climb, the headline race, the code block and its confirmation, as the section that leads the report."""
+    if any(getattr(s.found, "input_bound", False) for s in ctx.sections.values()):
+        return Section(EXPERIMENT.name, skipped={EXPERIMENT.name: "not run: training waits for its data; fix the "
+                                                                  "input pipeline first"})
+    if ctx.subject.fresh is None:
+        return Section(EXPERIMENT.name, skipped={EXPERIMENT.name: "not run: a SavedModel has no Keras model to "
+                                                                  "compile and fit"})
+    rows, skipped = training_rows(ctx.subject, ctx.options), {}
+    best, tried, _ = climb(ctx, rows, skipped)
+    at_your_batch, comparisons, losses = headline(ctx, best, rows) if best != Config() else (best, {}, {})
+    found = Climbed(tried, best, at_your_batch, comparisons, code_lines(best, ctx.subject.builds_under_policy),
+                    losses=losses)
+    findings = []
+    if found.pays:
+        if not rows.batch_given:  # the confirmation trains on the doctor's rows, handed to the fresh process
+            found.confirmed = confirm(ctx, found.code, rows.examples)
+        else:
+            skipped[f"{EXPERIMENT.name}: confirmation"] = "not run: the fresh process trains on arrays, not --data"
+    if best != Config():
+        findings.append(Finding(HEADLINE, best.label, Config().label, comparisons[best.label], "; ".join(found.code),
+                                "every change of the code block together" + (
+                                    "; a larger batch changes the optimisation: check the loss, scale the learning "
+                                    "rate" if best.batch != PLAIN_BATCH else "")))
+    return Section(EXPERIMENT.name, findings, skipped, found, lead=found.describe(), detail=found.climb_text())
+
+
+EXPERIMENT = Experiment(
+    name="best configuration", question="What should my compile() and fit() say to train fastest, with every change "
+                                        "that pays together?",
+    run=run, applies=lambda subject, options: options.train,
+    steps=lambda subject, options: [f"best configuration: {row}" for row, _ in rungs(*_ladder(subject, options))]
+    + ["best configuration against plain fit", "best configuration, confirmed in a fresh process"])

@@ -118,3 +118,32 @@ def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_
     else:
         assert "```python" not in text and not [a for a, _ in d.advice if a.section == HEADLINE]
     assert np.isfinite([r.loss for r in found.rungs]).all()
+
+
+def test_the_climb_raises_the_batch_while_it_pays_then_tries_precision_again_on_top(monkeypatch):
+    """The decisions alone, on scripted races: a rung is kept where it is faster with a loss that agrees; the batch
+    stops rising at the first size that does not pay; once it rose, mixed precision and XLA (not kept at batch 32)
+    are tried again on top of it; the best at the user's batch is what the climb held before the batch rose."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import search
+
+    pays = {"steps_per_execution=16", "batch 64", "batch 128", "mixed_bfloat16, again at batch 128"}
+    asked = []
+
+    def scripted(ctx, rows, best, row, candidate, plain_loss, skipped):
+        asked.append((row, best.label))
+        return Rung(row, best.label, compared(1.3 if row in pays else 1.0, FASTER if row in pays else NO_DIFFERENCE),
+                    row in pays, 1.0, 1.0)
+
+    monkeypatch.setattr(search, "step", scripted)
+    monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", [64, 128, 256, 512]))
+    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()), options=None)
+    best, at_your_batch, tried = search.climb(ctx, SimpleNamespace(batch_given=False), {})
+    assert [row for row, _ in asked] == [
+        "jit_compile=True", "steps_per_execution=16", "steps_per_execution=64", "mixed_bfloat16", "batch 64",
+        "batch 128", "batch 256", "jit_compile=True, again at batch 128", "mixed_bfloat16, again at batch 128"]
+    assert asked[-1][1] == "steps_per_execution=16, batch 128"  # each rung on top of the best so far
+    assert best == Config(steps_per_execution=16, policy="mixed_bfloat16", batch=128)
+    assert at_your_batch == Config(steps_per_execution=16) and [r.row for r in tried if r.kept] == sorted(
+        pays, key=[row for row, _ in asked].index)

@@ -79,7 +79,7 @@ def mixed_code(policy: str, builds_under_policy: bool) -> str:
             f"its saved dtypes, and set_global_policy alone changes none of its layers")
 
 
-def loss_check(row: str, loss: float, plain_loss: float) -> tuple[bool, str]:
+def loss_check(row: str, loss: float, plain_loss: float, against: str = "plain fit") -> tuple[bool, str]:
     """Whether a row's final loss agrees with plain fit's after the same examples (within LOSS_TOLERANCE), and the
     note that says why not. A larger batch is held to the same bar: it takes fewer, larger steps over those
     examples, which changes the optimisation, not only its speed."""
@@ -87,7 +87,7 @@ def loss_check(row: str, loss: float, plain_loss: float) -> tuple[bool, str]:
         return False, f"final loss {loss:.4g} against {plain_loss:.4g}: not finite"
     if abs(loss - plain_loss) <= LOSS_TOLERANCE * max(abs(plain_loss), 1e-6):
         return True, ""
-    note = f"final loss {loss:.4g} against plain fit's {plain_loss:.4g}"
+    note = f"final loss {loss:.4g} against {against}'s {plain_loss:.4g}"
     if row.startswith("batch "):
         note += (" after the same examples: fewer, larger steps change the optimisation; scale the learning rate "
                  "with the batch (linear, or square root) and measure again")

@@ -30,7 +30,7 @@ def test_the_ladder_climbs_in_the_cookbooks_order_and_a_config_says_what_it_chan
     loaded, built = code_lines(best, False), code_lines(best, True)
     assert loaded[0].startswith("model = tfperf.precision.under_policy(model, 'mixed_bfloat16')")
     assert built[0].startswith("keras.mixed_precision.set_global_policy('mixed_bfloat16')")
-    assert loaded[1].startswith("optimizer.learning_rate = 0.001 * 2")
+    assert loaded[1].startswith("optimizer.learning_rate = float(optimizer.learning_rate) * 2  # sqrt(128/32)")
     assert loaded[2:] == ["model.compile(optimizer=optimizer, loss=loss, jit_compile=True, steps_per_execution=64)",
                           "model.fit(x, y, batch_size=128)"]
     assert code_lines(Config(), False) == ["model.compile(optimizer=optimizer, loss=loss)",

@@ -93,8 +93,9 @@ def code_lines(config: Config, builds_under_policy: bool) -> list[str]:
     with the user's own optimizer and loss, fit() with the batch, and the learning rate scaled with it."""
     lines = [mixed_code(config.policy, builds_under_policy)] if config.policy else []
     if config.batch != PLAIN_BATCH:
-        lines.append(f"optimizer.learning_rate = {LEARNING_RATE:g} * {config.learning_rate_scale:.3g}  # your rate "
-                     f"x sqrt({config.batch}/{PLAIN_BATCH}): fewer, larger steps (linear: x{config.batch // PLAIN_BATCH})")
+        lines.append(f"optimizer.learning_rate = float(optimizer.learning_rate) * {config.learning_rate_scale:.3g}  "
+                     f"# sqrt({config.batch}/{PLAIN_BATCH}): fewer, larger steps (linear: x{config.batch // PLAIN_BATCH}"
+                     f"; a schedule: scale its initial rate)")
     keywords = "".join(f", {k}={v!r}" for k, v in config.compile_options().items())
     lines.append(f"model.compile(optimizer=optimizer, loss=loss{keywords})")
     lines.append(f"model.fit(x, y, batch_size={config.batch})")

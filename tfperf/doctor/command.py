@@ -134,7 +134,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             plan = doctor.plan(subject, options)
             print(f"doctor: {subject.source}: {len(plan)} steps: {', '.join(plan)}", file=sys.stderr)
             diagnosis = doctor.diagnose(subject, options, workdir, traces=out / "traces", out=out,
-                                        progress=progress_bar(len(plan)))
+                                        progress=progress_bar(len(plan)),
+                                        say=lambda what: print(f"doctor: {what}", file=sys.stderr, flush=True))
             report = doctor.write_report(diagnosis, out, goal_s=goal_s)
         except BaseException:
             if created:  # a run that failed leaves nothing behind

@@ -81,6 +81,7 @@ class Context:
     facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     profiler: Any = None
     sections: dict[str, Section] = dataclasses.field(default_factory=dict)
+    say: Callable[[str], None] = lambda what: None  # a line of what a long part is doing, for the command to show
 
 
 def _always(subject: Subject, options: Options) -> bool:

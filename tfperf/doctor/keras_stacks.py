@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
+from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag, needs_loss
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
 from tfperf.doctor.handover import (batch_rows, build, error_reply, first_rows, hand_over, loss_function,
                                      pack, take_over)
@@ -244,5 +244,4 @@ EXPERIMENT = Experiment(
                      "and Keras 3 on JAX, each in its own process from the same weights (needs --loss): first epoch, "
                      "fit throughput, predict() and model(x), and one training step split into forward, loss, "
                      "gradient and optimizer update, each timed on its own"),),
-    rules=(lambda args: "--keras-stacks trains the model under each Keras: give --loss (a Keras loss name such as "
-                        "sparse_categorical_crossentropy)" if args.keras_stacks and not args.loss else None,))
+    rules=(needs_loss("--keras-stacks", "trains the model under each Keras"),))

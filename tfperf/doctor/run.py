@@ -40,10 +40,12 @@ def prepare(subject: Subject, options: Options) -> Options:
 
 
 def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path | None = None,
-             out: Path | None = None, progress: Callable[[str], None] = lambda step: None) -> Diagnosis:
+             out: Path | None = None, progress: Callable[[str], None] = lambda step: None,
+             say: Callable[[str], None] = lambda what: None) -> Diagnosis:
     """Every experiment the run takes, in turn, each skipped (and said so) once the budget is spent, except the
     answers asked for by their own flag. The profile pass writes its traces under `traces` (default:
-    workdir/traces); a section that writes beside the report writes in `out` (default: workdir)."""
+    workdir/traces); a section that writes beside the report writes in `out` (default: workdir); `say` shows what a
+    long part is doing."""
     from tfperf.records.jsonl import Recorder
 
     started = time.perf_counter()
@@ -61,7 +63,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     profiler = ProfilePass(traces, rec, facts) if options.profile and extras.installed("xprof") else None
     if options.profile and profiler is None:
         left_out["profile pass"] = f"not run: {extras.message('xprof', 'the profile pass')}"
-    ctx = Context(subject, rec, options, workdir, traces, out or workdir, progress, facts, profiler)
+    ctx = Context(subject, rec, options, workdir, traces, out or workdir, progress, facts, profiler, say=say)
     for experiment in registry.taken(subject, options):
         spent = time.perf_counter() - started
         if experiment.budgeted and options.budget_s is not None and spent > options.budget_s:

@@ -8,16 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import sys
 
 from tfperf import extras
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import model_flags
 from tfperf.flags import latency, percentile
-
-
-def _say(what: str) -> None:
-    print(f"doctor: serving: {what}", file=sys.stderr, flush=True)
 
 
 def run(ctx: Context) -> Section:
@@ -30,13 +25,14 @@ def run(ctx: Context) -> Section:
     from tfperf.serving.search import Budget
 
     subject, options, out = ctx.subject, ctx.options, ctx.out / "serving"
+    say = lambda what: ctx.say(f"serving: {what}")  # noqa: E731
     budget = Budget(options.latency_budget_s, options.percentile)
     given = ["--sample", options.sample_path] if options.sample_path else []
     shapes = model_flags(subject, dataclasses.replace(options, sample_path=None))  # how the model was loaded
-    exports, commands, failed = export_runtimes(subject, out, RUNTIMES, options.sample, [*given, *shapes], _say)
+    exports, commands, failed = export_runtimes(subject, out, RUNTIMES, options.sample, [*given, *shapes], say)
     requests = one_row_requests(make_inputs(subject, 64, seed=options.seed, sample=options.sample))
     found = answer(subject.source, exports, requests, out, budget=budget, quick=options.quick, commands=commands,
-                   failed=failed, say=_say)
+                   failed=failed, say=say)
     reproduce = shlex.join(["tfperf", "load", subject.source, "--latency-budget", f"{budget.latency_s * 1e3:g}ms",
                             "--percentile", f"{budget.percentile:g}",
                             *(["--input", options.sample_path] if options.sample_path else []), *shapes,

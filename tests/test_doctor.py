@@ -28,7 +28,7 @@ VERDICTS = (FASTER, SLOWER, NO_DIFFERENCE)
 # Three calls in the retracing table, not seven: each is a trace of the model (1.2 s for MobileNetV2), and these
 # tests check counts, not the verdicts seven calls give.
 TINY = dict(batch_sizes=(1, 4), rounds=6, min_time_s=0.01, train_examples=64, threads=False, max_extensions=0,
-            trace_batches=(1, 2, 3), long_run_s=0.0)
+            trace_batches=(1, 2, 3), long_run_s=0.0, asked={"no_search": True})  # the search: test_best_configuration
 
 FACTORIES = textwrap.dedent("""
     import keras

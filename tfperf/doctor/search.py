@@ -24,7 +24,7 @@ from typing import Any
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.experiment import Context, Experiment, Section, child_command
+from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
 from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code
 
@@ -420,10 +420,11 @@ def run(ctx: Context) -> Section:
                     losses=losses)
     findings = []
     if found.pays:
-        if not rows.batch_given:  # the confirmation trains on the doctor's rows, handed to the fresh process
+        if not rows.batch_given and hasattr(rows.y, "shape"):  # the rows and one output's targets are handed over
             found.confirmed = confirm(ctx, found.code, rows.examples)
         else:
-            skipped[f"{EXPERIMENT.name}: confirmation"] = "not run: the fresh process trains on arrays, not --data"
+            skipped[f"{EXPERIMENT.name}: confirmation"] = ("not run: the fresh process trains on arrays and one "
+                                                           "output's targets, not --data or several outputs")
     if best != Config():
         findings.append(Finding(HEADLINE, best.label, Config().label, comparisons[best.label], "; ".join(found.code),
                                 "every change of the code block together" + (
@@ -435,6 +436,8 @@ def run(ctx: Context) -> Section:
 EXPERIMENT = Experiment(
     name="best configuration", question="What should my compile() and fit() say to train fastest, with every change "
                                         "that pays together?",
-    run=run, applies=lambda subject, options: options.train,
+    run=run, applies=lambda subject, options: options.train and not options.asked.get("no_search"),
+    flags=(flag("--no-search", action="store_true",
+                help="with --train: skip the best-configuration search (the one-switch training race still runs)"),),
     steps=lambda subject, options: [f"best configuration: {row}" for row, _ in rungs(*_ladder(subject, options))]
     + ["best configuration against plain fit", "best configuration, confirmed in a fresh process"])

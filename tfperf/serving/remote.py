@@ -162,8 +162,9 @@ class ServerProcess:
         try:
             self._send(("request", request_id, inputs))
         except (OSError, ValueError):  # the child is gone: the pipe is broken or closed
-            self._pending.pop(request_id, None)
-            future.set_exception(RuntimeError("the server process ended"))
+            # The reader thread may have failed every pending future on the same EOF: whoever pops it answers it.
+            if self._pending.pop(request_id, None) is not None:
+                future.set_exception(RuntimeError("the server process ended"))
         return future
 
     def cpu_s(self) -> float:

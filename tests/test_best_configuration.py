@@ -100,9 +100,9 @@ def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_
     keras.Model(x, keras.layers.Dense(4)(h + keras.layers.Dense(16)(h))).save(tmp_path / "m.keras")
     search = next(e for e in registry.EXPERIMENTS if e.name == "best configuration")
     monkeypatch.setattr(registry, "EXPERIMENTS", (search,))
-    options = Options(batch_sizes=(1,), rounds=6, min_time_s=0.01, train_examples=256, threads=False,
+    options = Options(batch_sizes=(1,), rounds=6, min_time_s=0.01, train_examples=128, threads=False,
                       exported=False, max_extensions=0, train=True, loss="sparse_categorical_crossentropy",
-                      from_logits=True, profile=False)
+                      from_logits=True, profile=False, quick=True)  # epochs sized to --quick's 0.2 s
     d = diagnose(load_subject(str(tmp_path / "m.keras")), options, tmp_path / "work")
     found = d.sections["best configuration"].found
     assert [r.row for r in found.rungs][:4] == ["jit_compile=True", "steps_per_execution=16",

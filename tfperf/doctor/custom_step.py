@@ -290,14 +290,12 @@ def custom_step(subject: Subject, rec, options: Options, progress, batch: tuple)
 
 def first_batch(subject: Subject, options: Options, batch_size: int) -> tuple:
     """The batch the step is timed on: the first of the user's pipeline, or synthetic inputs and targets."""
-    from tfperf.deploy.inputs import make_inputs
-    from tfperf.doctor.targets import synthetic_targets
+    from tfperf.doctor.targets import synthetic_rows
 
     if options.data is not None:
         first = next(iter(options.data.dataset))
         return tuple(first[:2])
-    x = subject.pack(make_inputs(subject, batch_size, seed=options.seed, sample=options.sample))
-    return x, synthetic_targets(subject, options, batch_size)
+    return synthetic_rows(subject, options, batch_size)
 
 
 def prepare(subject: Subject, options: Options) -> Options:

@@ -38,7 +38,7 @@ def _rows(structure: Any, batch: int) -> Any:
 def _training_step(subject: Subject, options: Options) -> Callable[[int], Callable[[], Any]]:
     import keras
 
-    from tfperf.doctor.targets import synthetic_targets, training_loss
+    from tfperf.doctor.targets import synthetic_rows, training_loss
 
     model = subject.fresh(None)
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=training_loss(options.loss, options.from_logits))
@@ -46,8 +46,7 @@ def _training_step(subject: Subject, options: Options) -> Callable[[int], Callab
         first = next(iter(options.data.dataset.take(1)))
         x0, y0 = first[0], first[1]
     else:
-        x0 = subject.pack(make_inputs(subject, 64, seed=options.seed, sample=options.sample))
-        y0 = synthetic_targets(subject, options, 64)
+        x0, y0 = synthetic_rows(subject, options, 64)
 
     def at(batch: int) -> Callable[[], Any]:
         x, y = _rows(x0, batch), _rows(y0, batch)

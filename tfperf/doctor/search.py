@@ -201,15 +201,13 @@ class Rows:
 def training_rows(subject: Subject, options: Options, examples: int | None = None) -> Rows:
     """The user's pipeline (--data), or the doctor's synthetic rows and targets (`examples` of them, default
     options.train_examples)."""
-    from tfperf.deploy.inputs import make_inputs
-    from tfperf.doctor.targets import synthetic_targets, training_loss
+    from tfperf.doctor.targets import synthetic_rows, training_loss
 
     loss = training_loss(options.loss, options.from_logits)
     if options.data is not None:
         return Rows(options.data.dataset, None, loss, options.data.examples, True)
     examples = examples or options.train_examples
-    x = subject.pack(make_inputs(subject, examples, seed=options.seed, sample=options.sample))
-    return Rows(x, synthetic_targets(subject, options, examples), loss, examples, False)
+    return Rows(*synthetic_rows(subject, options, examples), loss, examples, False)
 
 
 def sized_rows(subject: Subject, options: Options) -> Rows:

@@ -92,3 +92,9 @@ def loss_check(row: str, loss: float, plain_loss: float, against: str = "plain f
         note += (" after the same examples: fewer, larger steps change the optimisation; scale the learning rate "
                  "with the batch (linear, or square root) and measure again")
     return False, note
+
+
+def synthetic_rows(subject: Subject, options: Options, examples: int) -> tuple:
+    """`examples` rows of inputs, packed as the model takes them, and their targets (`synthetic_targets`)."""
+    x = subject.pack(make_inputs(subject, examples, seed=options.seed, sample=options.sample))
+    return x, synthetic_targets(subject, options, examples)

@@ -10,14 +10,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tfperf.deploy.errors import first_line
-from tfperf.deploy.inputs import make_inputs
 from tfperf.deploy.loader import Subject, all_layers
 from tfperf.doctor.facts import mfu
 from tfperf.doctor.effect import policy_effect
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, xla_reason
 from tfperf.doctor.options import MIN_GAIN, DoctorError, Finding, Options
-from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code, synthetic_targets, training_loss
+from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code, synthetic_rows, training_loss
 from tfperf.gpus import mixed_policy_here
 
 
@@ -118,8 +117,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
         examples, x, y = data.examples, data.dataset, None
     else:
         examples = options.train_examples
-        x = subject.pack(make_inputs(subject, examples, seed=options.seed, sample=options.sample))
-        y = synthetic_targets(subject, options, examples)
+        x, y = synthetic_rows(subject, options, examples)
     loss_fn = training_loss(options.loss, options.from_logits)
     configs, skipped = training_configs(options, examples, any(i.dtype == "string" for i in subject.inputs),
                                         subject.builds_under_policy)

@@ -10,7 +10,7 @@ import pytest
 
 from tfperf.deploy.loader import load_subject
 from tfperf.doctor import Options, diagnose, registry, summary
-from tfperf.doctor.search import HEADLINE, Climbed, Config, Rung, child, code_lines, rungs
+from tfperf.doctor.search import HEADLINE, Climbed, Config, Rung, change, child, code_lines, knobs
 from tfperf.measure.stats import FASTER, NO_DIFFERENCE, Comparison
 
 
@@ -18,11 +18,14 @@ def compared(ratio: float, verdict: str = FASTER) -> Comparison:
     return Comparison("a", "b", ratio, (ratio * 0.9, ratio * 1.1), verdict, paired=True, units=6)
 
 
-def test_the_ladder_climbs_in_the_cookbooks_order_and_a_config_says_what_it_changes():
-    assert [row for row, _ in rungs("mixed_bfloat16", [64, 128])] == [
-        "jit_compile=True", "steps_per_execution=16", "steps_per_execution=64", "mixed_bfloat16", "batch 64",
-        "batch 128"]
-    assert [row for row, _ in rungs(None, [])][-1] == "steps_per_execution=64"  # no mixed policy here: no rung
+def test_the_knobs_are_raced_in_the_cookbooks_order_and_a_config_says_what_it_changes():
+    assert knobs("mixed_bfloat16", [64, 128]) == [
+        ("steps_per_execution", (1, 16, 64)), ("jit_compile", (False, True)), ("policy", (None, "mixed_bfloat16")),
+        ("batch", (32, 64, 128))]
+    assert [k for k, _ in knobs(None, [], strings=True)] == ["steps_per_execution"]  # no mixed policy, no XLA here
+    assert [change(k, v) for k, v in [("jit_compile", True), ("policy", None), ("batch", 64),
+                                      ("steps_per_execution", 16)]] == [
+        "jit_compile=True", "float32", "batch 64", "steps_per_execution=16"]
     best = Config(jit_compile=True, steps_per_execution=64, policy="mixed_bfloat16", batch=128)
     assert Config().label == "plain fit (batch 32)"
     assert best.label == "jit_compile=True, steps_per_execution=64, mixed_bfloat16, batch 128"
@@ -94,19 +97,22 @@ def test_the_code_block_is_applied_to_the_model_as_the_user_applies_it_and_raced
 
 @pytest.mark.slow
 def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_path, monkeypatch):
+    from tfperf.doctor import search as search_module
+
     keras.utils.set_random_seed(0)
     x = keras.Input((12,))
     h = keras.layers.Dense(16, activation="relu")(x)
     keras.Model(x, keras.layers.Dense(4)(h + keras.layers.Dense(16)(h))).save(tmp_path / "m.keras")
     search = next(e for e in registry.EXPERIMENTS if e.name == "best configuration")
     monkeypatch.setattr(registry, "EXPERIMENTS", (search,))
+    monkeypatch.setattr(search_module, "BATCHES", (128,))  # one batch above the user's: the suite's time
     options = Options(batch_sizes=(1,), rounds=6, min_time_s=0.01, train_examples=128, threads=False,
                       exported=False, max_extensions=0, train=True, loss="sparse_categorical_crossentropy",
                       from_logits=True, profile=False, quick=True)  # epochs sized to --quick's 0.2 s
     d = diagnose(load_subject(str(tmp_path / "m.keras")), options, tmp_path / "work")
     found = d.sections["best configuration"].found
-    assert [r.row for r in found.rungs][:4] == ["jit_compile=True", "steps_per_execution=16",
-                                                  "steps_per_execution=64", "mixed_bfloat16"]
+    assert [r.row for r in found.rungs][:5] == ["steps_per_execution=16", "steps_per_execution=64",
+                                                  "jit_compile=True", "mixed_bfloat16", "batch 128"]
     climb = {r["row"]: r["metrics"] for r in d.recorder.table("best configuration: the climb")}
     assert set(climb) == {r.row for r in found.rungs} and all(m["samples_per_s"] > 0 for m in climb.values())
     text = summary(d)
@@ -120,30 +126,44 @@ def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_
     assert np.isfinite([r.loss for r in found.rungs]).all()
 
 
-def test_the_climb_raises_the_batch_while_it_pays_then_tries_precision_again_on_top(monkeypatch):
-    """The decisions alone, on scripted races: a rung is kept where it is faster with a loss that agrees; the batch
-    stops rising at the first size that does not pay; once it rose, mixed precision and XLA (not kept at batch 32)
-    are tried again on top of it; the best at the user's batch is what the climb held before the batch rose."""
+def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch):
+    """The decisions alone, on scripted races shaped like a small conv net's: a knob's values race together and the
+    fastest that pays with a loss that agrees is kept (jit_compile is faster here, but its loss is not plain fit's);
+    mixed precision, slower at batch 32, is raced again once the batch rose and kept there; a knob is not raced
+    again on a best it was already raced on; the best at the user's batch is the best before the batch rose."""
     from types import SimpleNamespace
 
     from tfperf.doctor import search
 
-    pays = {"steps_per_execution=16", "batch 64", "batch 128", "mixed_bfloat16, again at batch 128"}
-    asked = []
+    def speed(c: Config) -> float:
+        mixed = {32: 0.8, 64: 1.0}.get(c.batch, 1.6) if c.policy else 1.0
+        batch = {32: 1.0, 64: 1.3}.get(c.batch, 1.4)
+        return 100 * {1: 1.0, 16: 1.5, 64: 1.6}[c.steps_per_execution] * (1.1 if c.jit_compile else 1) * mixed * batch
 
-    def scripted(ctx, rows, best, row, candidate, plain_loss, skipped):
-        asked.append((row, best.label))
-        return Rung(row, best.label, compared(1.3 if row in pays else 1.0, FASTER if row in pays else NO_DIFFERENCE),
-                    row in pays, 1.0, 1.0)
+    raced = []
 
-    monkeypatch.setattr(search, "step", scripted)
+    def scripted(ctx, configs, rows, *, rounds, failed=None):
+        raced.append(configs)
+        ms = {c.label: SimpleNamespace(items_per_s=speed(c)) for c in configs}
+        comparisons = {c.label: compared(r := speed(c) / speed(configs[0]), FASTER if r > 1.05 else NO_DIFFERENCE)
+                       for c in configs[1:]}
+        return ms, comparisons, {c.label: 5.0 if c.jit_compile else 1.0 for c in configs}
+
+    monkeypatch.setattr(search, "race", scripted)
     monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", [64, 128, 256, 512]))
-    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()), options=None)
-    best, at_your_batch, tried = search.climb(ctx, SimpleNamespace(batch_given=False), {})
-    assert [row for row, _ in asked] == [
-        "jit_compile=True", "steps_per_execution=16", "steps_per_execution=64", "mixed_bfloat16", "batch 64",
-        "batch 128", "batch 256", "jit_compile=True, again at batch 128", "mixed_bfloat16, again at batch 128"]
-    assert asked[-1][1] == "steps_per_execution=16, batch 128"  # each rung on top of the best so far
-    assert best == Config(steps_per_execution=16, policy="mixed_bfloat16", batch=128)
-    assert at_your_batch == Config(steps_per_execution=16) and [r.row for r in tried if r.kept] == sorted(
-        pays, key=[row for row, _ in asked].index)
+    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()), options=SimpleNamespace(rounds=6),
+                          progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
+    best, at_your_batch, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {})
+    spe64, spe64_128 = Config(steps_per_execution=64), Config(steps_per_execution=64, batch=128)
+    mixed = Config(steps_per_execution=64, policy="mixed_bfloat16", batch=128)
+    assert [configs[0] for configs in raced] == [Config(), spe64, spe64, spe64,  # pass 1: each knob in turn
+                                                 spe64_128, spe64_128, spe64_128, mixed,  # pass 2: mixed pays now
+                                                 mixed, mixed]  # pass 3: changes nothing, and the climb stops
+    assert [c.label for c in raced[3][1:]] == [Config(steps_per_execution=64, batch=b).label for b in (32, 64, 128,
+                                                                                                        256, 512)][1:]
+    assert best == mixed and at_your_batch == spe64
+    kept = [r.row for r in tried if r.kept]
+    assert kept == ["steps_per_execution=64", "batch 128", "mixed_bfloat16, again (pass 2)"]
+    jit = next(r for r in tried if r.row == "jit_compile=True")
+    assert jit.comparison.verdict == FASTER and not jit.kept and "final loss 5 against" in jit.note
+    assert next(r for r in tried if r.row == "steps_per_execution=16").note == "steps_per_execution=64 was faster still"

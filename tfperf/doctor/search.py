@@ -1,11 +1,12 @@
 """Best configuration: "what should my compile() and fit() say to train fastest, with every change that pays?"
 
 The speed is in combinations: one switch raced alone against plain fit misses what two give together. This climbs
-the cookbook's training ladder (recipes/training_ladder.py) on the user's model: from plain `model.fit(x, y)`, each
-rung changes one thing in the best configuration so far (jit_compile, steps_per_execution 16 then 64, the mixed
-policy this hardware supports, then the batch upward while it pays) and is kept only where its interval clears the
-bar on top of what is kept and its loss after the same examples agrees with plain fit's. Every configuration trains
-a fresh copy from the same weights on the same rows. A larger batch changes the optimisation, not only its speed:
+the cookbook's training ladder (recipes/training_ladder.py) on the user's model, one knob at a time: from plain
+`model.fit(x, y)`, each knob's values (steps_per_execution 16 and 64, jit_compile, the mixed policy this hardware
+supports, the batch up to 512) are raced together on top of the best configuration so far, and the fastest is kept
+only where its interval clears the bar and its loss after the same examples agrees; then every knob is raced again on
+a best that changed since, until a pass changes nothing (what one saves depends on the others). Every configuration
+trains a fresh copy from the same weights on the same rows. A larger batch changes the optimisation, not only its speed:
 its loss after the same examples stands beside plain fit's, with the learning rate scaled by the square-root rule
 (as the ladder scales it), and the best configuration at the user's own batch size is raced beside it.
 
@@ -78,14 +79,23 @@ def _ladder(subject: Subject, options: Options) -> tuple[str | None, list[int]]:
     return mixed_policy_here(), batches
 
 
-def rungs(mixed: str | None, batches: Sequence[int]) -> list[tuple[str, Callable[[Config], Config]]]:
-    """The ladder's rungs in order: each changes one thing in the best configuration so far."""
-    found = [("jit_compile=True", lambda c: dataclasses.replace(c, jit_compile=True)),
-             ("steps_per_execution=16", lambda c: dataclasses.replace(c, steps_per_execution=16)),
-             ("steps_per_execution=64", lambda c: dataclasses.replace(c, steps_per_execution=64))]
-    if mixed:
-        found.append((mixed, lambda c: dataclasses.replace(c, policy=mixed)))
-    return found + [(f"batch {b}", lambda c, b=b: dataclasses.replace(c, batch=b)) for b in batches]
+def knobs(mixed: str | None, batches: Sequence[int], strings: bool = False) -> list[tuple[str, tuple]]:
+    """The knobs in the order they are first raced, each with the values it may take: steps_per_execution,
+    jit_compile (not for string inputs: XLA cannot compile string ops), the mixed policy this hardware supports,
+    then the batch (not where --data sets it)."""
+    found: list[tuple[str, tuple]] = [("steps_per_execution", (1, 16, 64))]
+    found += [] if strings else [("jit_compile", (False, True))]
+    found += [("policy", (None, mixed))] if mixed else []
+    return found + ([("batch", (PLAIN_BATCH, *batches))] if batches else [])
+
+
+def change(knob: str, value: Any) -> str:
+    """What setting one knob to a value says, as a row: "jit_compile=True", "batch 128", "float32"."""
+    if knob == "batch":
+        return f"batch {value}"
+    if knob == "policy":
+        return value or "float32"
+    return f"{knob}={value}"
 
 
 def code_lines(config: Config, builds_under_policy: bool) -> list[str]:
@@ -167,9 +177,10 @@ class Climbed:
     def climb_text(self) -> str:
         """Every rung tried, against what, and whether it was kept: the report's own part for the search."""
         lines = ["## Best configuration: the climb", "",
-                 "Each rung changes one thing in the best configuration so far, from the same weights on the same "
-                 "rows; it is kept where its 95% interval clears the bar and its loss after the same examples agrees "
-                 "with plain fit's (a larger batch's loss is said, not held to the bar).", ""]
+                 "Each knob's values are raced together on top of the best configuration so far, from the same "
+                 "weights on the same rows; the fastest is kept where its 95% interval clears the bar and its loss "
+                 "after the same examples agrees with the configuration it changes (a larger batch's loss is said, "
+                 "not held to the bar). A knob is raced again once the others changed.", ""]
         for r in self.rungs:
             lines.append(f"- {r.row}, on top of {r.base}: {r.comparison.describe()}; final loss {r.loss:.4g} (plain "
                          f"fit {r.plain_loss:.4g}): {'**kept**' if r.kept else 'not kept'}"
@@ -242,74 +253,98 @@ def trainer(subject: Subject, config: Config, rows: Rows):
     return timer, losses
 
 
-def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int):
+def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int,
+         failed: dict[str, str] | None = None):
     """Train each configuration an epoch at a time in interleaved rounds: (measurements by label, comparisons of
-    each against the first, final losses by label after the same epochs for every one)."""
+    each against the first, final losses by label after the same epochs for every one). With `failed`, a
+    configuration after the first that cannot train (an XLA refusal, memory) is named there and left out."""
     from tfperf.measure.rounds import race as interleaved
 
-    made = [trainer(ctx.subject, c, rows) for c in configs]
+    made = []
+    for config in configs:
+        try:
+            made.append((config, *trainer(ctx.subject, config, rows)))
+        except Exception as exc:
+            if failed is None or config == configs[0]:
+                raise
+            failed[config.label] = f"{type(exc).__name__}: {first_line(exc)}"
     losses: dict[str, float] = {}
 
     def read(_):
-        losses.update({c.label: made_losses[-1] for c, (_, made_losses) in zip(configs, made)})
+        losses.update({c.label: made_losses[-1] for c, _, made_losses in made})
 
     options = ctx.options
-    ms, comparisons = interleaved([t for t, _ in made], rounds=rounds, samples=rounds, threshold=MIN_GAIN,
+    ms, comparisons = interleaved([t for _, t, _ in made], rounds=rounds, samples=rounds, threshold=MIN_GAIN,
                                   max_extensions=options.max_extensions, warmup=0, seed=options.seed,
                                   on_first_rounds=read)
-    return {m.name: m for m in ms}, dict(zip([c.label for c in configs[1:]], comparisons)), losses
+    return {m.name: m for m in ms}, dict(zip([c.label for c, _, _ in made[1:]], comparisons)), losses
 
 
-def step(ctx: Context, rows: Rows, best: Config, row: str, candidate: Config, plain_loss: float,
-         skipped: dict[str, str]) -> Rung | None:
-    """One rung raced against the best so far and recorded; None where the model cannot take it (said)."""
+def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[Any], plain_loss: float,
+          skipped: dict[str, str], suffix: str = "") -> tuple[list[Rung], Config]:
+    """One knob's other values raced together against the best so far, and recorded: the rungs, and the best after
+    it (the fastest candidate faster than the best with a loss that agrees; a new batch's loss is said, not held)."""
     from tfperf.measure.stats import FASTER
 
-    ctx.progress(f"best configuration: {row}")
-    try:
-        ms, comparisons, losses = race(ctx, [best, candidate], rows, rounds=ctx.options.rounds)
-    except Exception as exc:  # a rung this model cannot take (an XLA refusal, memory): said, and climbed past
-        skipped[f"{CLIMB}: {row}"] = f"{type(exc).__name__}: {first_line(exc)}"
-        return None
+    candidates = {dataclasses.replace(best, **{knob: v}).label: (change(knob, v), dataclasses.replace(
+        best, **{knob: v})) for v in values if v != getattr(best, knob)}
+    ctx.progress(f"best configuration: {knob}{suffix}")
+    failed: dict[str, str] = {}
+    ms, comparisons, losses = race(ctx, [best, *[c for _, c in candidates.values()]], rows,
+                                   rounds=ctx.options.rounds, failed=failed)
     plain_loss = losses[best.label] if best == Config() else plain_loss
-    c, loss = comparisons[candidate.label], losses[candidate.label]
-    if candidate.batch != best.batch:  # a batch's loss is said beside plain fit's, not held to a bar
-        agrees, note = True, loss_check(row, loss, plain_loss)[1]
-    else:  # any other rung changes one thing in the best so far: its loss is held to that configuration's
-        agrees, note = loss_check(row, loss, losses[best.label], best.label)
-    kept = c.verdict == FASTER and agrees
-    ctx.recorder.add(CLIMB, row, {"samples_per_s": ms[candidate.label].items_per_s, "on_top_of": best.label,
-                                  "kept": kept, "final_loss": loss, "plain_fit_loss": plain_loss,
-                                  "batch": candidate.batch, "rows": rows.examples}, primary="samples_per_s",
-                     lower_is_better=False, measurement=ms[candidate.label], comparison=c, versus_first=False)
-    return Rung(row, best.label, c, kept, loss, plain_loss, note)
+    skipped.update({f"{CLIMB}: {candidates[label][0]}{suffix}": why for label, why in failed.items()})
+    found, winner = [], best
+    for label, c in comparisons.items():
+        row, candidate = candidates[label]
+        loss = losses[label]
+        if knob == "batch":  # a batch's loss is said beside plain fit's, not held to a bar
+            agrees, note = True, loss_check(row, loss, plain_loss)[1]
+        else:  # any other knob changes one thing in the best so far: its loss is held to that configuration's
+            agrees, note = loss_check(row, loss, losses[best.label], best.label)
+        found.append(Rung(row + suffix, best.label, c, c.verdict == FASTER and agrees, loss, plain_loss, note))
+        if found[-1].kept and (winner == best or ms[label].items_per_s > ms[winner.label].items_per_s):
+            winner = candidate
+    for rung, (label, c) in zip(found, comparisons.items()):
+        rung.kept = label == winner.label
+        if c.verdict == FASTER and not rung.kept and not rung.note:
+            rung.note = f"{change(knob, getattr(winner, knob))} was faster still"
+        ctx.recorder.add(CLIMB, rung.row, {"samples_per_s": ms[label].items_per_s, "on_top_of": best.label,
+                                           "kept": rung.kept, "final_loss": rung.loss, "plain_fit_loss": plain_loss,
+                                           "batch": candidates[label][1].batch, "rows": rows.examples},
+                         primary="samples_per_s", lower_is_better=False, measurement=ms[label], comparison=c,
+                         versus_first=False)
+    return found, winner
+
+
+MAX_PASSES = 3  # the knobs are raced again while a pass changes the best; mixed precision pays at a larger batch
 
 
 def climb(ctx: Context, rows: Rows, skipped: dict[str, str]) -> tuple[Config, Config, list[Rung]]:
-    """Each rung on top of the best so far, kept where it pays with a loss that agrees; the batch is raised only
-    while it pays. Where the batch rose, the precision and XLA rungs not kept are tried again on top of it: what
-    they save grows with the step (a small MLP's mixed_bfloat16 was 1.14x slower at batch 32, 1.08x faster at 256).
+    """Each knob's values raced together on top of the best so far, the fastest that pays kept; then every knob
+    raced on a best that changed since, until a pass changes nothing: what a rung saves depends on the others (on a
+    small conv net the fastest of 60 combinations was steps_per_execution=64, mixed_bfloat16 and batch 128, where
+    a climb of one rung at a time, each tried once, kept neither mixed precision nor batch 128).
     Returns the best, the best at the user's batch (before the batch rose), and the rungs tried."""
-    ladder = rungs(*_ladder(ctx.subject, ctx.options))
     strings = any(i.dtype == "string" for i in ctx.subject.inputs)  # XLA cannot compile string ops
-    best, tried, plain_loss = Config(), [], math.nan
-    at_your_batch = best
-    for row, change in ladder:
-        if (row.startswith("batch ") and any(r.row.startswith("batch ") and not r.kept for r in tried)) or (
-                strings and row == "jit_compile=True") or row.startswith("batch ") and rows.batch_given:
-            continue
-        found = step(ctx, rows, best, row, change(best), plain_loss, skipped)
-        if found is not None:
-            tried.append(found)
-            plain_loss, best = found.plain_loss, change(best) if found.kept else best
+    ladder = knobs(*_ladder(ctx.subject, ctx.options), strings=strings)
+    if rows.batch_given:
+        ladder = [(knob, values) for knob, values in ladder if knob != "batch"]
+    best, at_your_batch, tried, plain_loss = Config(), Config(), [], math.nan
+    raced_on: dict[str, Config] = {}  # each knob, and the best it was last raced on
+    for turn in range(MAX_PASSES):
+        start = best
+        for knob, values in ladder:
+            if raced_on.get(knob) == best:
+                continue
+            found, best = trial(ctx, rows, best, knob, values, plain_loss, skipped,
+                                f", again (pass {turn + 1})" if turn else "")
+            raced_on[knob] = best  # its values were all raced with the other knobs as they are now
+            plain_loss = found[0].plain_loss if found else plain_loss
+            tried += found
             at_your_batch = best if best.batch == PLAIN_BATCH else at_your_batch
-    if best.batch != PLAIN_BATCH:
-        again = {r.row for r in tried if not r.kept and not r.row.startswith(("batch ", "steps_per_execution"))}
-        for row, change in [(r, c) for r, c in ladder if r in again and c(best) != best]:
-            found = step(ctx, rows, best, f"{row}, again at batch {best.batch}", change(best), plain_loss, skipped)
-            if found is not None:
-                tried.append(found)
-                best = change(best) if found.kept else best
+        if best == start:
+            break
     return best, at_your_batch, tried
 
 
@@ -439,5 +474,5 @@ EXPERIMENT = Experiment(
     run=run, applies=lambda subject, options: options.train and not options.asked.get("no_search"), budgeted=False,
     flags=(flag("--no-search", action="store_true",
                 help="with --train: skip the best-configuration search (the one-switch training race still runs)"),),
-    steps=lambda subject, options: [f"best configuration: {row}" for row, _ in rungs(*_ladder(subject, options))]
+    steps=lambda subject, options: [f"best configuration: {knob}" for knob, _ in knobs(*_ladder(subject, options))]
     + ["best configuration against plain fit", "best configuration, confirmed in a fresh process"])

@@ -156,8 +156,9 @@ def race(path: str, count: int, arms: dict) -> dict:
     return {"compared": said, "examples_per_s": {n: m.items_per_s for n, m in by.items()}}
 
 
-def doctor_block(path: Path, out: Path) -> tuple[list[str], str]:
-    """`tfperf doctor --quick --train` as a user runs it: the code block it printed, and its claim."""
+def doctor_block(path: Path, out: Path) -> tuple[list[str], str, str]:
+    """`tfperf doctor --quick --train` as a user runs it: the code block it printed, its claim, and what its own
+    confirmation in a fresh process said."""
     done = subprocess.run([sys.executable, "-m", "tfperf", "doctor", str(path), "--quick", "--train", "--loss",
                            "sparse_categorical_crossentropy", "--from-logits", "--out", str(out)],
                           capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -165,10 +166,17 @@ def doctor_block(path: Path, out: Path) -> tuple[list[str], str]:
         raise SystemExit(f"doctor failed on {path.name}: {done.stderr.strip().splitlines()[-2:]}")
     answer = done.stdout.split("**Best configuration for training**: ", 1)[1]
     claim = answer.split("\n", 1)[0]
+    confirmed = re.search(r"Confirmed as applied: [^:]*: ([^(]*\([^)]*\))", answer)
     block = re.search(r"```python\n(.*?)\n```", answer, flags=re.S)
     lines = [line.split("  #", 1)[0] for line in block.group(1).splitlines()] if block else [
         "model.compile(optimizer=optimizer, loss=loss)", "model.fit(x, y, batch_size=32)"]
-    return lines, claim
+    return lines, claim, confirmed.group(1) if confirmed else "not confirmed"
+
+
+def ratio(text: str) -> float:
+    """The speedup a describe() line states: "1.43x faster (...)" -> 1.43; "no measurable difference" -> 1."""
+    found = re.search(r"([\d.]+)x (faster|slower)", text)
+    return 1.0 if not found else float(found[1]) if found[2] == "faster" else 1 / float(found[1])
 
 
 def main() -> int:
@@ -191,7 +199,7 @@ def main() -> int:
             path = Path(tmp) / f"{name}.keras"
             subprocess.run([sys.executable, "-c", f"import user_models; user_models.{name}().save({str(path)!r})"],
                            cwd=tmp, check=True, capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-            lines, claim = doctor_block(path, Path(tmp) / f"doctor-{name}")
+            lines, claim, confirmed = doctor_block(path, Path(tmp) / f"doctor-{name}")
             me = [__file__, "--path", str(path), "--rows", str(args.rows)]
             screened = run_json([*me, "--role", "screen"])
             ok = [s for s in screened["screened"] if "error" not in s]
@@ -211,7 +219,10 @@ def main() -> int:
                   f"{gap['describe']}")
             print(f"  the doctor's recommendation reached {doctor['ratio'] / top['ratio']:.2f} of the best's gain "
                   f"over plain fit ({speed['doctor']:,.0f} against {speed[best_name]:,.0f} examples/s; plain fit "
-                  f"{speed['plain fit']:,.0f})", flush=True)
+                  f"{speed['plain fit']:,.0f})")
+            print(f"  the doctor's claim {ratio(claim):.2f}x against {doctor['ratio']:.2f}x measured here: "
+                  f"{ratio(claim) / doctor['ratio'] - 1:+.0%}; its own confirmation in a fresh process said "
+                  f"{confirmed}", flush=True)
     return 0
 
 

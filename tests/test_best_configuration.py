@@ -106,6 +106,7 @@ def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_
     search = next(e for e in registry.EXPERIMENTS if e.name == "best configuration")
     monkeypatch.setattr(registry, "EXPERIMENTS", (search,))
     monkeypatch.setattr(search_module, "BATCHES", (128,))  # one batch above the user's: the suite's time
+    monkeypatch.setattr(search_module, "MAX_GROWTH", 4)
     options = Options(batch_sizes=(1,), rounds=6, min_time_s=0.01, train_examples=128, threads=False,
                       exported=False, max_extensions=0, train=True, loss="sparse_categorical_crossentropy",
                       from_logits=True, profile=False, quick=True)  # epochs sized to --quick's 0.2 s
@@ -116,6 +117,7 @@ def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_
     climb = {r["row"]: r["metrics"] for r in d.recorder.table("best configuration: the climb")}
     assert set(climb) == {r.row for r in found.rungs} and all(m["samples_per_s"] > 0 for m in climb.values())
     text = summary(d)
+    assert d.skipped["training, one switch at a time"].startswith("not run at --quick")  # said, not hidden
     assert text.index("**Best configuration for training**") < text.index("## Best configuration: the climb")
     if found.pays:  # the answer follows the race: a recommendation with its code, confirmed in a fresh process
         assert found.confirmed is not None and "error" not in found.confirmed, found.confirmed
@@ -129,8 +131,8 @@ def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_
 def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch):
     """The decisions alone, on scripted races shaped like a small conv net's: a knob's values race together and the
     fastest that pays with a loss that agrees is kept (jit_compile is faster here, but its loss is not plain fit's);
-    mixed precision, slower at batch 32, is raced again once the batch rose and kept there; a knob is not raced
-    again on a best it was already raced on; the best at the user's batch is the best before the batch rose."""
+    mixed precision, slower at batch 32, is raced again once the batch rose and kept there; a knob is raced again
+    only where a knob it depends on changed; the best at the user's batch is the best before the batch rose."""
     from types import SimpleNamespace
 
     from tfperf.doctor import search
@@ -142,8 +144,9 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
 
     raced = []
 
-    def scripted(ctx, configs, rows, *, rounds, failed=None):
+    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None):
         raced.append(configs)
+        assert extensions == 1 and started is not None  # the climb's races: one extension, trainers kept
         ms = {c.label: SimpleNamespace(items_per_s=speed(c)) for c in configs}
         comparisons = {c.label: compared(r := speed(c) / speed(configs[0]), FASTER if r > 1.05 else NO_DIFFERENCE)
                        for c in configs[1:]}
@@ -151,14 +154,17 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
 
     monkeypatch.setattr(search, "race", scripted)
     monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", [64, 128, 256, 512]))
-    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()), options=SimpleNamespace(rounds=6),
+    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()), options=SimpleNamespace(rounds=6, max_extensions=2),
                           progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
     best, at_your_batch, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {})
     spe64, spe64_128 = Config(steps_per_execution=64), Config(steps_per_execution=64, batch=128)
     mixed = Config(steps_per_execution=64, policy="mixed_bfloat16", batch=128)
     assert [configs[0] for configs in raced] == [Config(), spe64, spe64, spe64,  # pass 1: each knob in turn
-                                                 spe64_128, spe64_128, spe64_128, mixed,  # pass 2: mixed pays now
-                                                 mixed, mixed]  # pass 3: changes nothing, and the climb stops
+                                                 spe64_128, spe64_128, mixed,  # pass 2: mixed pays now
+                                                 mixed]  # pass 3: XLA on mixed; nothing changes, the climb stops
+    # steps_per_execution is not raced again: what it saves, a step's fixed cost, does not depend on the others.
+    assert [r.row for r in tried if r.row.startswith("steps_per_execution")] == [
+        "steps_per_execution=16", "steps_per_execution=64"]
     assert [c.label for c in raced[3][1:]] == [Config(steps_per_execution=64, batch=b).label for b in (32, 64, 128,
                                                                                                         256, 512)][1:]
     assert best == mixed and at_your_batch == spe64
@@ -167,3 +173,44 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
     jit = next(r for r in tried if r.row == "jit_compile=True")
     assert jit.comparison.verdict == FASTER and not jit.kept and "final loss 5 against" in jit.note
     assert next(r for r in tried if r.row == "steps_per_execution=16").note == "steps_per_execution=64 was faster still"
+
+
+def test_plain_fit_and_the_best_train_on_from_race_to_race_and_losses_are_read_after_the_same_epochs(monkeypatch):
+    """A trainer kept in `started` is not built again; its loss is read at the epoch the new ones reached."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import search
+    from tfperf.measure import Timer
+
+    built = []
+
+    def fake_trainer(subject, config, rows):
+        losses: list[float] = []
+        built.append(config.label)
+        timer = Timer(lambda: losses.append(100.0 * len(built) + len(losses)), name=config.label, items_per_call=1)
+        timer.start(warmup=0)
+        return timer, losses
+
+    monkeypatch.setattr(search, "trainer", fake_trainer)
+    ctx = SimpleNamespace(subject=None, options=SimpleNamespace(max_extensions=0, seed=0))
+    plain, spe, jit = Config(), Config(steps_per_execution=16), Config(jit_compile=True)
+    started: dict = {}
+    search.race(ctx, [plain, spe], None, rounds=3, started=started)
+    _, comparisons, losses = search.race(ctx, [plain, jit], None, rounds=3, started=started)
+    assert built == [plain.label, spe.label, jit.label] and set(comparisons) == {jit.label}
+    plain_losses = started[plain.label][1]
+    # each started with its first epoch apart, then 3 rounds a race: plain fit 7 epochs, jit_compile 4
+    assert len(plain_losses) == 7 and losses == {plain.label: plain_losses[3], jit.label: started[jit.label][1][3]}
+
+
+def test_at_quick_the_search_takes_the_place_of_the_one_switch_race_and_says_so():
+    """--quick's 3 minutes do not hold both: the search races each switch on top of the others; the one-switch race
+    runs without --quick, with --no-search, and with --hosts (which reads plain fit's step from it)."""
+    by_name = {e.name: e for e in registry.EXPERIMENTS}
+    ran = lambda options: [name for name in ("training", "best configuration")  # noqa: E731
+                           if by_name[name].applies(None, options)]
+    assert ran(Options.quick_run(train=True, loss="mse")) == ["best configuration"]
+    assert ran(Options(train=True, loss="mse")) == ["training", "best configuration"]
+    assert ran(Options.quick_run(train=True, loss="mse", asked={"no_search": True})) == ["training"]
+    assert ran(Options.quick_run(train=True, loss="mse", hosts=2, link="10gbit")) == ["training", "best configuration"]
+    assert ran(Options.quick_run()) == []  # and a --quick run says what it left out: the test below

@@ -104,6 +104,17 @@ class Options:
     # registry reads its own flags here (options.asked["my_flag"]) without a field of its own.
     asked: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def searches(self) -> bool:
+        """Whether --train's best-configuration search runs (not with --no-search)."""
+        return self.train and not self.asked.get("no_search")
+
+    @property
+    def races_one_switch(self) -> bool:
+        """Whether --train races each switch alone against plain fit: not at --quick where the search runs (it races
+        each on top of the others; --quick's 3 minutes do not hold both), unless --hosts reads plain fit's step."""
+        return self.train and not (self.quick and self.searches and not self.hosts)
+
     @classmethod
     def quick_run(cls, **given: Any) -> "Options":
         """--quick's preset: QUICK's values, then what is given."""

@@ -36,9 +36,10 @@ HEADLINE_ROUNDS = 2  # the headline race takes this many times the rounds: it is
 LEARNING_RATE = 1e-3  # Adam's default, the doctor's optimizer everywhere
 # A plain epoch is made at least this long (rows doubled, up to MAX_GROWTH times the examples asked for): on a
 # small model 512 rows train in 45 ms, and what a larger batch or a lower precision saves per step was lost in
-# what every epoch costs (the MLP's climb stopped at batch 128 where 512 paid 2x in a plain script).
+# what every epoch costs (the MLP's climb stopped at batch 128 where 512 paid 2x in a plain script). Up to 8
+# times: at 4 (2,048 rows) the MLP's best epoch took 55 ms, and its climb's races read 512 against 256 within noise.
 EPOCH_S = {True: 0.2, False: 1.0}  # --quick, and not
-MAX_GROWTH = 4
+MAX_GROWTH = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,34 +255,43 @@ def trainer(subject: Subject, config: Config, rows: Rows):
 
 
 def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int,
-         failed: dict[str, str] | None = None):
+         failed: dict[str, str] | None = None, started: dict[str, tuple] | None = None,
+         extensions: int | None = None):
     """Train each configuration an epoch at a time in interleaved rounds: (measurements by label, comparisons of
-    each against the first, final losses by label after the same epochs for every one). With `failed`, a
-    configuration after the first that cannot train (an XLA refusal, memory) is named there and left out."""
+    each against the first, final losses by label after as many epochs for every one). With `failed`, a
+    configuration after the first that cannot train (an XLA refusal, memory) is named there and left out. With
+    `started`, a configuration's trainer is taken from there where it is (and put there where it is not): going on
+    training the same copy costs an epoch, where a new one is built, compiled and run a first epoch. `extensions`:
+    at most this many rounds more for a comparison its rounds left undecided (default: the options')."""
     from tfperf.measure.rounds import race as interleaved
 
     made = []
     for config in configs:
         try:
-            made.append((config, *trainer(ctx.subject, config, rows)))
+            if started is not None and config.label not in started:
+                started[config.label] = trainer(ctx.subject, config, rows)
+            made.append((config, *(started[config.label] if started is not None else trainer(ctx.subject, config,
+                                                                                              rows))))
         except Exception as exc:
             if failed is None or config == configs[0]:
                 raise
             failed[config.label] = f"{type(exc).__name__}: {first_line(exc)}"
     losses: dict[str, float] = {}
 
-    def read(_):
-        losses.update({c.label: made_losses[-1] for c, _, made_losses in made})
+    def read(_):  # after the same examples for each: a trainer taken from `started` has run more epochs
+        epochs = min(len(made_losses) for _, _, made_losses in made)
+        losses.update({c.label: made_losses[epochs - 1] for c, _, made_losses in made})
 
     options = ctx.options
     ms, comparisons = interleaved([t for _, t, _ in made], rounds=rounds, samples=rounds, threshold=MIN_GAIN,
-                                  max_extensions=options.max_extensions, warmup=0, seed=options.seed,
-                                  on_first_rounds=read)
+                                  max_extensions=options.max_extensions if extensions is None else extensions,
+                                  warmup=0, seed=options.seed, on_first_rounds=read)
     return {m.name: m for m in ms}, dict(zip([c.label for c, _, _ in made[1:]], comparisons)), losses
 
 
 def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[Any], plain_loss: float,
-          skipped: dict[str, str], suffix: str = "") -> tuple[list[Rung], Config]:
+          skipped: dict[str, str], suffix: str = "", started: dict[str, tuple] | None = None
+          ) -> tuple[list[Rung], Config]:
     """One knob's other values raced together against the best so far, and recorded: the rungs, and the best after
     it (the fastest candidate faster than the best with a loss that agrees; a new batch's loss is said, not held)."""
     from tfperf.measure.stats import FASTER
@@ -291,15 +301,16 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
     ctx.progress(f"best configuration: {knob}{suffix}")
     failed: dict[str, str] = {}
     ms, comparisons, losses = race(ctx, [best, *[c for _, c in candidates.values()]], rows,
-                                   rounds=ctx.options.rounds, failed=failed)
+                                   rounds=ctx.options.rounds, failed=failed, started=started,
+                                   extensions=min(CLIMB_EXTENSIONS, ctx.options.max_extensions))
     plain_loss = losses[best.label] if best == Config() else plain_loss
     skipped.update({f"{CLIMB}: {candidates[label][0]}{suffix}": why for label, why in failed.items()})
     found, winner = [], best
     for label, c in comparisons.items():
         row, candidate = candidates[label]
         loss = losses[label]
-        if knob == "batch":  # a batch's loss is said beside plain fit's, not held to a bar
-            agrees, note = True, loss_check(row, loss, plain_loss)[1]
+        if knob == "batch":  # a batch's loss is said beside plain fit's (in the climb's lines), not held to a bar
+            agrees, note = True, ""
         else:  # any other knob changes one thing in the best so far: its loss is held to that configuration's
             agrees, note = loss_check(row, loss, losses[best.label], best.label)
         found.append(Rung(row + suffix, best.label, c, c.verdict == FASTER and agrees, loss, plain_loss, note))
@@ -317,45 +328,60 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
     return found, winner
 
 
+ONE_SWITCH_FOLDED = ("not run at --quick: the best configuration races each switch on top of the others; without "
+                     "--quick (or with --no-search) each is also raced alone against plain fit, with whether mixed "
+                     "precision took effect and, where it is slower, why, kernel by kernel")
+# A climb's race takes at most one extension where its rounds left it undecided (the headline race takes the
+# options' extensions): the climb races ten knobs' worth, and --quick's run is to end within 3 minutes.
+CLIMB_EXTENSIONS = 1
 MAX_PASSES = 3  # the knobs are raced again while a pass changes the best; mixed precision pays at a larger batch
+# What each knob's gain depends on: it is raced again once one of these changed. steps_per_execution saves a step's
+# fixed cost whatever the step does; XLA, the precision and the batch each change the cost of an example's work.
+DEPENDS_ON = {"steps_per_execution": (), "jit_compile": ("policy", "batch"), "policy": ("jit_compile", "batch"),
+              "batch": ("jit_compile", "policy")}
 
 
-def climb(ctx: Context, rows: Rows, skipped: dict[str, str]) -> tuple[Config, Config, list[Rung]]:
-    """Each knob's values raced together on top of the best so far, the fastest that pays kept; then every knob
-    raced on a best that changed since, until a pass changes nothing: what a rung saves depends on the others (on a
-    small conv net the fastest of 60 combinations was steps_per_execution=64, mixed_bfloat16 and batch 128, where
-    a climb of one rung at a time, each tried once, kept neither mixed precision nor batch 128).
-    Returns the best, the best at the user's batch (before the batch rose), and the rungs tried."""
+def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
+          started: dict[str, tuple] | None = None) -> tuple[Config, Config, list[Rung]]:
+    """Each knob's values raced together on top of the best so far, the fastest that pays kept; then each knob
+    raced again on a best whose knobs it depends on changed since, until a pass changes nothing: what a rung saves
+    depends on the others (on a small conv net the fastest of 60 combinations was steps_per_execution=64,
+    mixed_bfloat16 and batch 128, where a climb of one rung at a time, each tried once, kept neither mixed precision
+    nor batch 128). Returns the best, the best at the user's batch (before the batch rose), and the rungs tried;
+    `started` keeps the trainers of plain fit and of those two, trained on from race to race."""
     strings = any(i.dtype == "string" for i in ctx.subject.inputs)  # XLA cannot compile string ops
     ladder = knobs(*_ladder(ctx.subject, ctx.options), strings=strings)
     if rows.batch_given:
         ladder = [(knob, values) for knob, values in ladder if knob != "batch"]
     best, at_your_batch, tried, plain_loss = Config(), Config(), [], math.nan
     raced_on: dict[str, Config] = {}  # each knob, and the best it was last raced on
+    started = {} if started is None else started
     for turn in range(MAX_PASSES):
         start = best
         for knob, values in ladder:
-            if raced_on.get(knob) == best:
+            if knob in raced_on and all(getattr(raced_on[knob], k) == getattr(best, k) for k in DEPENDS_ON[knob]):
                 continue
             found, best = trial(ctx, rows, best, knob, values, plain_loss, skipped,
-                                f", again (pass {turn + 1})" if turn else "")
+                                f", again (pass {turn + 1})" if turn else "", started)
             raced_on[knob] = best  # its values were all raced with the other knobs as they are now
             plain_loss = found[0].plain_loss if found else plain_loss
             tried += found
             at_your_batch = best if best.batch == PLAIN_BATCH else at_your_batch
+            for label in set(started) - {Config().label, best.label, at_your_batch.label}:
+                del started[label]  # a configuration not kept: its model's memory back
         if best == start:
             break
     return best, at_your_batch, tried
 
 
-def headline(ctx: Context, best: Config, at_your_batch: Config,
-             rows: Rows) -> tuple[dict[str, Any], dict[str, float]]:
+def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows,
+             started: dict[str, tuple] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
     """The best configuration against plain fit, in a race of its own with more rounds (and, where it raised the
     batch, the best at the user's batch beside it), recorded: (comparisons against plain fit by label, final losses
     by label)."""
     configs = [Config(), *([at_your_batch] if at_your_batch not in (Config(), best) else []), best]
     ctx.progress("best configuration against plain fit")
-    ms, comparisons, losses = race(ctx, configs, rows, rounds=HEADLINE_ROUNDS * ctx.options.rounds)
+    ms, comparisons, losses = race(ctx, configs, rows, rounds=HEADLINE_ROUNDS * ctx.options.rounds, started=started)
     for config in configs:
         ctx.recorder.add(HEADLINE, config.label, {"samples_per_s": ms[config.label].items_per_s,
                                                   "final_loss": losses[config.label], "batch": config.batch},
@@ -446,9 +472,11 @@ def run(ctx: Context) -> Section:
     if ctx.subject.fresh is None:
         return Section(EXPERIMENT.name, skipped={EXPERIMENT.name: "not run: a SavedModel has no Keras model to "
                                                                   "compile and fit"})
-    rows, skipped = sized_rows(ctx.subject, ctx.options), {}
-    best, at_your_batch, tried = climb(ctx, rows, skipped)
-    comparisons, losses = headline(ctx, best, at_your_batch, rows) if best != Config() else ({}, {})
+    rows, started = sized_rows(ctx.subject, ctx.options), {}
+    skipped = {} if ctx.options.races_one_switch else {"training, one switch at a time": ONE_SWITCH_FOLDED}
+    best, at_your_batch, tried = climb(ctx, rows, skipped, started)
+    comparisons, losses = headline(ctx, best, at_your_batch, rows, started) if best != Config() else ({}, {})
+    started.clear()  # the models' memory back before the confirmation process starts
     found = Climbed(tried, best, at_your_batch, comparisons, code_lines(best, ctx.subject.builds_under_policy),
                     losses=losses)
     findings = []
@@ -471,8 +499,8 @@ EXPERIMENT = Experiment(
                                         "that pays together?",
     # The answer --train asks for is not cut by --budget (as --serve's is not): on MobileNetV2 at --quick the
     # one-switch race alone spent the 150 s, and the search was only listed under "Not measured".
-    run=run, applies=lambda subject, options: options.train and not options.asked.get("no_search"), budgeted=False,
+    run=run, applies=lambda subject, options: options.searches, budgeted=False,
     flags=(flag("--no-search", action="store_true",
-                help="with --train: skip the best-configuration search (the one-switch training race still runs)"),),
+                help="with --train: skip the best-configuration search (at --quick the one-switch race runs instead)"),),
     steps=lambda subject, options: [f"best configuration: {knob}" for knob, _ in knobs(*_ladder(subject, options))]
     + ["best configuration against plain fit", "best configuration, confirmed in a fresh process"])

@@ -214,3 +214,26 @@ def test_at_quick_the_search_takes_the_place_of_the_one_switch_race_and_says_so(
     assert ran(Options.quick_run(train=True, loss="mse", asked={"no_search": True})) == ["training"]
     assert ran(Options.quick_run(train=True, loss="mse", hosts=2, link="10gbit")) == ["training", "best configuration"]
     assert ran(Options.quick_run()) == []  # and a --quick run says what it left out: the test below
+
+
+def test_a_race_that_fails_midway_is_said_and_the_climb_goes_on(monkeypatch):
+    from types import SimpleNamespace
+
+    from tfperf.doctor import search
+
+    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None):
+        if any(c.policy for c in configs):
+            raise MemoryError("out of memory at the third epoch")
+        pays = lambda c: c.steps_per_execution == 16 != configs[0].steps_per_execution  # noqa: E731
+        faster = {c.label: compared(2.0 if pays(c) else 1.0, FASTER if pays(c) else NO_DIFFERENCE)
+                  for c in configs[1:]}
+        return {c.label: SimpleNamespace(items_per_s=1.0) for c in configs}, faster, {c.label: 1.0 for c in configs}
+
+    monkeypatch.setattr(search, "race", scripted)
+    monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", []))
+    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()), options=SimpleNamespace(rounds=6, max_extensions=2),
+                          progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
+    skipped: dict = {}
+    best, _, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=256), skipped)
+    assert best == Config(steps_per_execution=16) and "jit_compile=True" in [r.row for r in tried]
+    assert skipped == {"best configuration: the climb: policy": "MemoryError: out of memory at the third epoch"}

@@ -268,10 +268,12 @@ def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int,
     made = []
     for config in configs:
         try:
-            if started is not None and config.label not in started:
+            if started is None:
+                made.append((config, *trainer(ctx.subject, config, rows)))
+                continue
+            if config.label not in started:
                 started[config.label] = trainer(ctx.subject, config, rows)
-            made.append((config, *(started[config.label] if started is not None else trainer(ctx.subject, config,
-                                                                                              rows))))
+            made.append((config, *started[config.label]))
         except Exception as exc:
             if failed is None or config == configs[0]:
                 raise
@@ -300,9 +302,13 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
         best, **{knob: v})) for v in values if v != getattr(best, knob)}
     ctx.progress(f"best configuration: {knob}{suffix}")
     failed: dict[str, str] = {}
-    ms, comparisons, losses = race(ctx, [best, *[c for _, c in candidates.values()]], rows,
-                                   rounds=ctx.options.rounds, failed=failed, started=started,
-                                   extensions=min(CLIMB_EXTENSIONS, ctx.options.max_extensions))
+    try:
+        ms, comparisons, losses = race(ctx, [best, *[c for _, c in candidates.values()]], rows,
+                                       rounds=ctx.options.rounds, failed=failed, started=started,
+                                       extensions=min(CLIMB_EXTENSIONS, ctx.options.max_extensions))
+    except Exception as exc:  # a configuration that failed mid-race (memory): said, and the climb goes on without
+        skipped[f"{CLIMB}: {knob}{suffix}"] = f"{type(exc).__name__}: {first_line(exc)}"
+        return [], best
     plain_loss = losses[best.label] if best == Config() else plain_loss
     skipped.update({f"{CLIMB}: {candidates[label][0]}{suffix}": why for label, why in failed.items()})
     found, winner = [], best

@@ -489,7 +489,7 @@ def test_mixed_precision_agrees_with_float32_and_on_a_fake_tf32_gpu_runs_float32
     assert list(mixed.measure.__globals__["policy_rows"](False)) == ["float32", "mixed_float16", "mixed_bfloat16"]
     # An Ampere GPU's TF32 (faked: the rows' code runs on this CPU, where TF32 changes nothing).
     monkeypatch.setitem(mixed.measure.__globals__, "tf32_here", lambda: True)
-    args = mixed.parse([*TINY, "--train-steps", "20", "--out", str(tmp_path)])
+    args = mixed.parse([*TINY, "--batch-size", "32", "--train-steps", "20", "--out", str(tmp_path)])
     rec, found = mixed.run(args)
     conclusion = mixed.conclude(args, rec, found)
     assert "mixed_float16 ok, mixed_bfloat16 ok" in conclusion.lines[0] and not conclusion.failure

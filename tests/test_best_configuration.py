@@ -237,3 +237,37 @@ def test_a_race_that_fails_midway_is_said_and_the_climb_goes_on(monkeypatch):
     best, _, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=256), skipped)
     assert best == Config(steps_per_execution=16) and "jit_compile=True" in [r.row for r in tried]
     assert skipped == {"best configuration: the climb: policy": "MemoryError: out of memory at the third epoch"}
+
+
+def test_with_train_the_best_configuration_leads_the_advice_and_the_headline_ahead_of_a_larger_gain(tmp_path):
+    """A LiteRT row 1,000x faster than predict() answers a question --train did not ask: the best configuration
+    comes first, in the advice and in the headline, which says it is what the run was asked; without a section
+    that leads, the largest gain does, and is said to be the largest."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import Diagnosis, Section, write_report
+    from tfperf.doctor.options import Finding
+    from tfperf.records.findings import headline_path, read_headline
+    from tfperf.records.jsonl import Recorder
+
+    litert = Finding("batch 1 latency", "LiteRT interpreter", "predict()", compared(1000.0), "tfperf export ...", "")
+    spe = Config(steps_per_execution=16)
+    best = Finding(HEADLINE, spe.label, Config().label, compared(2.0), "; ".join(code_lines(spe, True)), "")
+    facts = {"kind": "keras", "inputs": [], "outputs": [], "matmul_flops_per_s": 1e9}
+    subject = SimpleNamespace(source="m.keras", name="m")
+    sections = {"inference": Section("inference", [litert]),
+                "best configuration": Section("best configuration", [best], lead="**Best configuration**\n", leads=True)}
+    d = Diagnosis(subject, Recorder("doctor", {}), facts, sections)
+    assert [a.row for a, _ in d.advice] == [spe.label, "LiteRT interpreter"]
+    text = summary(d)
+    assert "Advice, what this run was asked first, then by measured gain" in text
+    assert text.index(f"1. **{spe.label}**") < text.index("2. **LiteRT interpreter**")
+    write_report(d, tmp_path / "asked")
+    assert read_headline(headline_path(tmp_path / "asked", "doctor")).lesson.startswith(
+        f"what this run was asked: {spe.label} instead of plain fit")
+    sections["best configuration"].leads = False  # nothing asked: the largest gain leads, and is said to
+    assert [a.row for a, _ in d.advice] == ["LiteRT interpreter", spe.label]
+    assert "Advice, largest measured gain first" in summary(d)
+    write_report(d, tmp_path / "largest")
+    assert read_headline(headline_path(tmp_path / "largest", "doctor")).lesson.startswith(
+        "the largest gain: LiteRT interpreter")

@@ -79,10 +79,17 @@ class Diagnosis:
         return [(first[0], first[1:]) for first in grouped.values()]
 
     @property
+    def leading(self) -> set[str]:
+        """The questions (tables) whose findings answer what the run was asked (Section.leads)."""
+        return {f.section for s in self.sections.values() if s.leads for f in s.findings}
+
+    @property
     def advice(self) -> list[tuple[Finding, list[Finding]]]:
         """Per question (a table), the largest significant gain on the model as it is used and the other
-        significant ones; questions ranked by their largest gain."""
-        return self._by_question([f for f in self.wins if not f.pitfall])
+        significant ones; the questions the run was asked first, then ranked by their largest gain."""
+        leading = self.leading
+        return sorted(self._by_question([f for f in self.wins if not f.pitfall]),
+                      key=lambda question: question[0].section not in leading)
 
     @property
     def pitfalls(self) -> list[tuple[Finding, list[Finding]]]:
@@ -127,8 +134,9 @@ def _advice_lines(d: Diagnosis) -> list[str]:
     lines = [s.lead for s in d.sections.values() if s.lead]
     advice = d.advice
     if advice:
-        lines += ["Advice, largest measured gain first (each a 95% interval from interleaved rounds that clears "
-                  f"{MIN_GAIN:.0%}):", ""]
+        asked_first = advice[0][0].section in d.leading
+        order = "what this run was asked first, then by measured gain" if asked_first else "largest measured gain first"
+        lines += [f"Advice, {order} (each a 95% interval from interleaved rounds that clears {MIN_GAIN:.0%}):", ""]
         lines += [_item(k, a, also) for k, (a, also) in enumerate(advice, start=1)]
     else:
         lines += ["No change measured here is significantly faster than what the model does now."]
@@ -197,8 +205,8 @@ def write_report(d: Diagnosis, out: Path, *, goal_s: float | None = None) -> Pat
     write_conclusion(out, RECIPE, summary(d, goal_s=goal_s))
     if d.advice:
         top, _ = d.advice[0]
-        headline = Headline.compared(f"the largest gain: {top.row} instead of {top.baseline} ({top.section})",
-                                     top.comparison)
+        said = "what this run was asked" if top.section in d.leading else "the largest gain"
+        headline = Headline.compared(f"{said}: {top.row} instead of {top.baseline} ({top.section})", top.comparison)
     else:
         headline = Headline("changes measured on this model", "none measurably faster with the same answers",
                             "no advice")

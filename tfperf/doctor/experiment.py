@@ -64,6 +64,9 @@ class Section:
     answer: str = ""  # said right after the advice: the answer to a question asked by its own flag (--serve)
     detail: str = ""  # its own part of the report, after the advice (Markdown, its heading included)
     precision: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (what, effect.PolicyEffect)
+    # Its findings answer what the run was asked (--train's best configuration; the input pipeline where training
+    # waits for it): they lead the advice and the headline, ahead of a larger gain to a question not asked.
+    leads: bool = False
 
 
 @dataclasses.dataclass

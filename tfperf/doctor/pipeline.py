@@ -270,7 +270,8 @@ def run(ctx: Context) -> Section:
     """The input pipeline's check, long run and variants as a section; its verdict leads the report."""
     findings, skipped, check = input_pipeline(ctx.subject, ctx.recorder, ctx.options, ctx.progress, ctx.profiler,
                                               ctx.facts, ctx.workdir)
-    return Section(EXPERIMENT.name, findings, skipped, check, lead=check.describe() + "\n")
+    return Section(EXPERIMENT.name, findings, skipped, check, lead=check.describe() + "\n",
+                   leads=check.input_bound)  # training waits for its data: the pipeline's changes are the answer
 
 
 EXPERIMENT = Experiment(

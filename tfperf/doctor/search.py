@@ -497,7 +497,8 @@ def run(ctx: Context) -> Section:
                                 "every change of the code block together" + (
                                     "; a larger batch changes the optimisation: check the loss, scale the learning "
                                     "rate" if best.batch != PLAIN_BATCH else "")))
-    return Section(EXPERIMENT.name, findings, skipped, found, lead=found.describe(), detail=found.climb_text())
+    return Section(EXPERIMENT.name, findings, skipped, found, lead=found.describe(), detail=found.climb_text(),
+                   leads=True)
 
 
 EXPERIMENT = Experiment(

@@ -748,3 +748,19 @@ def test_a_timer_server_reports_the_cores_its_process_kept_busy():
         server.timer("sleep").take(6)
         spinning, sleeping = server.cores_used("spin"), server.cores_used("sleep")
     assert 1.3 < spinning <= 2.2 and sleeping < 0.3, (spinning, sleeping)
+
+
+def test_the_timing_and_the_profiler_are_said_to_agree_only_when_both_decided_the_same():
+    """Issue 73: "The two agree" was printed where the timing said undecided (59% waiting, 95% CI 4-74%)."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor.pipeline import PIPELINE_ALONE, STEP_ALONE, YOURS, InputCheck
+
+    bound = SimpleNamespace(input_share=0.6, input_bound=True, conclusion="HIGHLY input-bound", slowest_stage=None)
+    ms = {YOURS: 10.0, STEP_ALONE: 4.0, PIPELINE_ALONE: 9.0}
+    said = {interval: InputCheck("p:data", 0.59, interval, ms, bound).describe()
+            for interval in [(0.5, 0.7), (0.04, 0.74), (0.01, 0.05)]}
+    assert "**input-bound**" in said[(0.5, 0.7)] and "The two agree." in said[(0.5, 0.7)]
+    assert "**undecided**" in said[(0.04, 0.74)] and "The timing cannot say" in said[(0.04, 0.74)]
+    assert "agree" not in said[(0.04, 0.74)]
+    assert "**not input-bound**" in said[(0.01, 0.05)] and "The two disagree" in said[(0.01, 0.05)]

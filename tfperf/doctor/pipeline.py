@@ -160,8 +160,13 @@ class InputCheck:
             lines.append(f"The profiler: {a.input_share:.0%} of a step waiting for input "
                          f"({'input-bound' if a.input_bound else 'not input-bound'}); XProf says: \"{a.conclusion}\""
                          + (f" Slowest stage: {a.slowest_stage}." if a.slowest_stage else ""))
-            agree = (a.input_bound == (self.timing_verdict == "input-bound")) or self.timing_verdict == "undecided"
-            lines.append("The two agree." if agree else "The two disagree: read the trace to see where the wait is.")
+            if self.timing_verdict == "undecided":  # nothing to agree with: said as such, not as agreement
+                lines.append(f"The timing cannot say (its interval straddles {INPUT_BOUND_SHARE:.0%}); the "
+                             f"profiler's verdict stands.")
+            elif a.input_bound == (self.timing_verdict == "input-bound"):
+                lines.append("The two agree.")
+            else:
+                lines.append("The two disagree: read the trace to see where the wait is.")
         if self.long_run is not None:
             lines.append(self.long_run.describe())
         return " ".join(lines)

@@ -271,3 +271,4 @@ def test_with_train_the_best_configuration_leads_the_advice_and_the_headline_ahe
     write_report(d, tmp_path / "largest")
     assert read_headline(headline_path(tmp_path / "largest", "doctor")).lesson.startswith(
         "the largest gain: LiteRT interpreter")
+

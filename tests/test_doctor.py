@@ -773,3 +773,20 @@ def test_the_timing_and_the_profiler_are_said_to_agree_only_when_both_decided_th
     assert "**undecided**" in said[(0.04, 0.74)] and "The timing cannot say" in said[(0.04, 0.74)]
     assert "agree" not in said[(0.04, 0.74)]
     assert "**not input-bound**" in said[(0.01, 0.05)] and "The two disagree" in said[(0.01, 0.05)]
+
+
+def test_a_row_that_disagrees_without_a_note_says_so_and_no_sentence_dangles():
+    """Issue 73: "...; and " ended a line where a row disagreed and had no note."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import Diagnosis, Section
+    from tfperf.doctor.options import Finding
+    from tfperf.measure.stats import Comparison
+
+    faster = Comparison("a", "b", 3.0, (2.7, 3.3), FASTER, paired=True, units=6)
+    off = Finding("batch 1 latency", "LiteRT interpreter", "predict()", faster, "", "", agrees=False)
+    facts = {"kind": "keras", "inputs": [], "outputs": [], "matmul_flops_per_s": 1e9}
+    text = doctor.summary(Diagnosis(SimpleNamespace(source="m.keras"), None, facts, {"inference": Section("inference",
+                                                                                                            [off])}))
+    line = next(line for line in text.splitlines() if line.startswith("- LiteRT interpreter against predict()"))
+    assert line.endswith("; and its answers or loss disagree")

@@ -174,7 +174,7 @@ def _profile_lines(d: Diagnosis) -> list[str]:
 def _closing_lines(d: Diagnosis, goal_s: float | None) -> list[str]:
     lines = ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
-        why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note}")
+        why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note or 'its answers or loss disagree'}")
         lines.append(f"- {n.row} against {n.baseline} ({n.section}): {why}")
     skipped = d.skipped
     if skipped:

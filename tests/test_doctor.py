@@ -790,3 +790,34 @@ def test_a_row_that_disagrees_without_a_note_says_so_and_no_sentence_dangles():
                                                                                                             [off])}))
     line = next(line for line in text.splitlines() if line.startswith("- LiteRT interpreter against predict()"))
     assert line.endswith("; and its answers or loss disagree")
+
+
+def test_what_a_flag_asked_for_is_neither_cut_by_the_budget_nor_counted_in_it(tmp_path, monkeypatch):
+    """Issue 73: four opt-in flags spent --quick's budget and retracing, a default experiment, was skipped. On a
+    clock the experiments move: the flag's 1,000 s leave the default ones their budget; 200 s of default ones spend
+    it, and the next is skipped, saying why."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import registry
+    from tfperf.doctor import run as run_module
+    from tfperf.doctor.experiment import Experiment, Section
+
+    clock = [0.0]
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def taking(name: str, seconds: float, budgeted: bool = True) -> Experiment:
+        def run(ctx):
+            clock[0] += seconds
+            return Section(name)
+        return Experiment(name, "?", run, budgeted=budgeted)
+
+    keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)], name="tiny").save(tmp_path / "m.keras")
+    subject = load_subject(str(tmp_path / "m.keras"))
+    options = doctor.Options(**{**TINY, "budget_s": 150.0, "profile": False})
+    monkeypatch.setattr(registry, "EXPERIMENTS", (taking("default", 10), taking("asked by a flag", 1000, False),
+                                                  taking("retracing", 5), taking("long default", 200),
+                                                  taking("last default", 1)))
+    d = doctor.diagnose(subject, options, tmp_path / "work")
+    assert list(d.took_s)[1:] == ["default", "asked by a flag", "retracing", "long default"]
+    assert d.skipped == {"last default": "not run: the --budget of 150 s was spent (215 s by the experiments run by "
+                                         "default; what a flag asked for is neither counted nor cut)"}

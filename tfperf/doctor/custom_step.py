@@ -317,7 +317,7 @@ def run(ctx: Context) -> Section:
 
 EXPERIMENT = Experiment(
     name=TABLE, question="Is my custom training loop faster in tf.function or XLA? Why NaN under mixed_float16?",
-    run=run, applies=lambda subject, options: options.step is not None, prepare=prepare,
+    run=run, budgeted=False, applies=lambda subject, options: options.step is not None, prepare=prepare,
     flags=(flag("--train-step", metavar="MODULE:FUNCTION",
                 help="your own training loop's step: a function step(model, optimizer, batch) that trains one batch "
                      "(inputs, targets) and returns the loss (needs --loss for the targets, or --data); timed "

@@ -298,7 +298,7 @@ def _count_rule(args) -> str | None:
 
 EXPERIMENT = Experiment(
     name="devices", question="Why do two devices not give 2x?",
-    run=run, applies=lambda subject, options: bool(options.devices),
+    run=run, budgeted=False, applies=lambda subject, options: bool(options.devices),
     flags=(flag("--devices", type=flags.positive_int, metavar="N",
                 help="why do N devices not give Nx: the model trained under MirroredStrategy on 1 and N devices (GPUs "
                      "where there are N, else logical CPU devices), each in its own process from the same weights "

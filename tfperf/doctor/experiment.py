@@ -105,7 +105,9 @@ class Experiment:
     # Checks and reads what needs the model (a --data pipeline, a --train-step), before anything is measured:
     # the options with what it read, or DoctorError.
     prepare: Callable[[Subject, Options], Options] | None = None
-    budgeted: bool = True  # skipped once --budget is spent; an answer asked for by its own flag (--serve) is not
+    # Skipped once --budget is spent, and its time counted: an answer asked for by its own flag (--train, --serve,
+    # --shapes) is not; a run given four such flags skipped retracing, a default one, noted only under Not measured.
+    budgeted: bool = True
 
     def step_names(self, subject: Subject, options: Options) -> list[str]:
         """The progress steps it takes on this model."""

@@ -238,7 +238,7 @@ def run(ctx: Context) -> Section:
 
 EXPERIMENT = Experiment(
     name="keras stacks", question="Why is my model slower on Keras 3? Which part got slower?",
-    run=run, applies=lambda subject, options: options.keras_stacks,
+    run=run, budgeted=False, applies=lambda subject, options: options.keras_stacks,
     flags=(flag("--keras-stacks", action="store_true",
                 help="why is my model slower on Keras 3: the model under Keras 2 (tf_keras), Keras 3 on TensorFlow "
                      "and Keras 3 on JAX, each in its own process from the same weights (needs --loss): first epoch, "

@@ -234,7 +234,7 @@ def run(ctx: Context) -> Section:
 
 EXPERIMENT = Experiment(
     name=TABLE, question="Why does my SavedModel take so long to load? Is the .h5 faster?",
-    run=run, applies=lambda subject, options: options.load_time,
+    run=run, budgeted=False, applies=lambda subject, options: options.load_time,
     flags=(flag("--load-time", action="store_true",
                 help="why does my model take so long to load: a cold start (import, load, first call) of each form it "
                      "can take (.keras, .h5, SavedModel through tf.saved_model.load and Keras, LiteRT, ONNX), each in "

@@ -96,7 +96,7 @@ def _within_memory(args) -> str | None:
 
 EXPERIMENT = Experiment(
     name="memory budget", question="What is the largest batch that fits in my memory?",
-    run=run, applies=lambda subject, options: bool(options.memory_budget),
+    run=run, budgeted=False, applies=lambda subject, options: bool(options.memory_budget),
     flags=(flag("--memory-budget", type=flags.byte_size, metavar="SIZE",
                 help="find the largest batch whose inference call (with --train: training step) stays within SIZE "
                      "of memory (e.g. 2GB), by trying batch sizes"),),

@@ -282,7 +282,7 @@ def run(ctx: Context) -> Section:
 EXPERIMENT = Experiment(
     name="input pipeline", question="Is training waiting for data? My pipeline starts fast, then crawls: why? "
                                     "Is from_generator slower than from_tensor_slices?",
-    run=run, applies=lambda subject, options: options.data is not None,
+    run=run, budgeted=False, applies=lambda subject, options: options.data is not None,
     steps=lambda subject, options: ["input pipeline", "input over a long run"], prepare=prepare,
     flags=(flag("--data", metavar="MODULE:FUNCTION",
                 help="train on your own input pipeline: a function returning a tf.data.Dataset of (inputs, "

@@ -508,6 +508,7 @@ EXPERIMENT = Experiment(
     # one-switch race alone spent the 150 s, and the search was only listed under "Not measured".
     run=run, applies=lambda subject, options: options.searches, budgeted=False,
     flags=(flag("--no-search", action="store_true",
-                help="with --train: skip the best-configuration search (at --quick the one-switch race runs instead)"),),
+                help="with --train: skip the best-configuration search (at --quick, the one-switch race runs "
+                     "instead)"),),
     steps=lambda subject, options: [f"best configuration: {knob}" for knob, _ in knobs(*_ladder(subject, options))]
     + ["best configuration against plain fit", "best configuration, confirmed in a fresh process"])

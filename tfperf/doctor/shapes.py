@@ -371,7 +371,7 @@ def run(ctx: Context) -> Section:
 EXPERIMENT = Experiment(
     name=TABLE, question="Why is the first call slow every time the image size, sequence length or batch size "
                          "changes?",
-    run=run, applies=lambda subject, options: options.shapes,
+    run=run, budgeted=False, applies=lambda subject, options: options.shapes,
     flags=(flag("--shapes", action="store_true",
                 help="why is the first call slow at every new shape: call the model at new batch sizes (and new "
                      "heights and widths, or lengths, where it leaves them free) through predict(), predict() with "

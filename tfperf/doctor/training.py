@@ -222,7 +222,7 @@ def _loss_without_training(args) -> str | None:
 EXPERIMENT = Experiment(
     name="training", question="Does steps_per_execution, XLA or mixed precision help my fit? Why did mixed "
                               "precision make it slower? Did it take effect?",
-    run=run, applies=lambda subject, options: options.races_one_switch, prepare=prepare,
+    run=run, budgeted=False, applies=lambda subject, options: options.races_one_switch, prepare=prepare,
     flags=(flag("--train", action="store_true", help="also run the training experiments (needs --loss)"),
            flag("--loss", help="Keras loss name for --train, e.g. sparse_categorical_crossentropy"),
            flag("--from-logits", action="store_true", help="the model outputs logits (for the --loss)")),

@@ -320,7 +320,9 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
         else:  # any other knob changes one thing in the best so far: its loss is held to that configuration's
             agrees, note = loss_check(row, loss, losses[best.label], best.label)
         found.append(Rung(row + suffix, best.label, c, c.verdict == FASTER and agrees, loss, plain_loss, note))
-        if found[-1].kept and (winner == best or ms[label].items_per_s > ms[winner.label].items_per_s):
+        # The fastest by its ratio to the best so far, round by round (the figure the climb prints), not by its
+        # median rate: a batch 512 said "1.86x faster" was passed over for a batch 256 said "1.75x faster".
+        if found[-1].kept and (winner == best or c.ratio > comparisons[winner.label].ratio):
             winner = candidate
     for rung, (label, c) in zip(found, comparisons.items()):
         rung.kept = label == winner.label

@@ -10,7 +10,8 @@ import pytest
 
 from tfperf.deploy.loader import load_subject
 from tfperf.doctor import Options, diagnose, registry, summary
-from tfperf.doctor.search import HEADLINE, Climbed, Config, Rung, change, child, code_lines, knobs
+from tfperf.doctor.confirm import child
+from tfperf.doctor.search import HEADLINE, Climbed, Config, Rung, change, code_lines, knobs
 from tfperf.measure.stats import FASTER, NO_DIFFERENCE, Comparison
 
 

@@ -455,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # TensorFlow's and XProf's info logs would bury the progress lines; read when TensorFlow loads.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    args.own_process = argv is None  # the process's own command line: its start is the command's (doctor's time)
     main_thread = threading.current_thread() is threading.main_thread()
     # Ending the process from the handler is for a real command line only, never for a caller's process.
     handler = _stop_handler(args.command, may_exit=argv is None)

@@ -67,7 +67,7 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     if options.profile and profiler is None:
         left_out["profile pass"] = f"not run: {extras.message('xprof', 'the profile pass')}"
     ctx = Context(subject, rec, options, workdir, traces, out or workdir, progress, facts, profiler, say=say)
-    spent = sum(took.values())  # what the budget counts: not what an experiment asked for by its own flag took
+    spent = took[FIRST_STEP]  # what the budget counts: not the start-up, nor what a flag asked for
     for experiment in registry.taken(subject, options):
         if experiment.budgeted and options.budget_s is not None and spent > options.budget_s:
             ctx.sections[experiment.name] = Section(experiment.name, skipped={

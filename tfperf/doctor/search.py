@@ -17,15 +17,14 @@ confirmation: the code block applied as a user applies it, in a fresh process, r
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
+from tfperf.doctor.confirm import LEARNING_RATE, confirm
+from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
 from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code
 
@@ -33,7 +32,6 @@ CLIMB = "best configuration: the climb"
 HEADLINE = "best configuration against plain fit"
 BATCHES = (64, 128, 256, 512)  # the batch is raised through these while it pays, up to the examples trained on
 HEADLINE_ROUNDS = 2  # the headline race takes this many times the rounds: it is the figure the user acts on
-LEARNING_RATE = 1e-3  # Adam's default, the doctor's optimizer everywhere
 # A plain epoch is made at least this long (rows doubled, up to MAX_GROWTH times the examples asked for): on a
 # small model 512 rows train in 45 ms, and what a larger batch or a lower precision saves per step was lost in
 # what every epoch costs (the MLP's climb stopped at batch 128 where 512 paid 2x in a plain script). Up to 8
@@ -398,80 +396,6 @@ def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows,
     return comparisons, losses
 
 
-def confirm(ctx: Context, code: list[str], examples: int) -> dict[str, Any]:
-    """The code block applied as a user applies it, in a fresh process, and raced there against plain fit on the
-    same rows: the child's reply, or {"error": why}."""
-    import os
-
-    from tfperf.doctor.handover import hand_over
-    from tfperf.measure.processes import ChildError, run_child
-
-    subject, options = ctx.subject, ctx.options
-    work = ctx.workdir / "search"
-    hand_over(subject, options, work, examples)
-    (work / "search.json").write_text(json.dumps({
-        "source": subject.source, "loss": options.loss, "from_logits": options.from_logits, "code": code,
-        "plain": code_lines(Config(), subject.builds_under_policy), "rounds": HEADLINE_ROUNDS * options.rounds,
-        "max_extensions": options.max_extensions, "seed": options.seed}))
-    ctx.progress("best configuration, confirmed in a fresh process")
-    try:
-        return run_child(child_command("search", str(work)), who="the confirmation process", timeout=1800,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    except ChildError as exc:
-        return {"error": str(exc)}
-
-
-def applied(code: Sequence[str], spec: dict[str, Any], work: Path):
-    """In the child: the model built and the code block run on it as the user runs it (the user's optimizer and
-    loss stand in as Adam and the doctor's loss; fit() is read for its keywords, then timed an epoch a call)."""
-    import types
-
-    import keras
-
-    import tfperf.precision
-    from tfperf.doctor.handover import build, loss_function, take_over
-    from tfperf.measure import Timer
-    from tfperf.train import fit_epochs
-
-    namespace: dict[str, Any] = {"keras": keras, "tfperf": tfperf}
-    before = [line for line in code if line.startswith("keras.mixed_precision.set_global_policy")]
-    for line in before:  # a policy set before building: for this build only, as a fresh script would
-        exec(line, namespace)
-    model = build(spec["source"], keras)
-    keras.config.set_dtype_policy("float32")
-    x, y = take_over(work, model)
-    namespace.update(model=model, x=x, y=y, optimizer=keras.optimizers.Adam(LEARNING_RATE),
-                     loss=loss_function(keras, spec["loss"], spec["from_logits"]))
-    *setup, fit = [line for line in code if line not in before]
-    for line in setup:
-        exec(line, namespace)
-    model, said = namespace["model"], {}
-    exec(fit, {**namespace, "model": types.SimpleNamespace(fit=lambda *args, **keywords: said.update(keywords))})
-    epoch, _ = fit_epochs(model, x, y, shuffle=False, **said)
-    timer = Timer(epoch, name="recommended" if code != spec["plain"] else "plain fit", items_per_call=len(y))
-    timer.start(warmup=0)
-    return timer
-
-
-def child(argv: list[str]) -> int:
-    """`WORK`: plain fit and the recommendation, each built from its code block, raced; the comparison replied."""
-    from tfperf.measure.processes import reply
-    from tfperf.measure.rounds import race as interleaved
-
-    work = Path(argv[0])
-    spec = json.loads((work / "search.json").read_text())
-    try:
-        timers = [applied(spec["plain"], spec, work), applied(spec["code"], spec, work)]
-        (plain, best), (c,) = interleaved(timers, rounds=spec["rounds"], samples=spec["rounds"], threshold=MIN_GAIN,
-                                          max_extensions=spec["max_extensions"], warmup=0, seed=spec["seed"])
-    except Exception as exc:  # noqa: BLE001  (a block that does not apply is the finding, said in one line)
-        print(reply({"error": f"{type(exc).__name__}: {first_line(exc)}"}), flush=True)
-        return 0
-    print(reply({"describe": c.describe(), "ratio": c.ratio, "ci95": list(c.ci95), "verdict": c.verdict,
-                 "plain_samples_per_s": plain.items_per_s, "best_samples_per_s": best.items_per_s}), flush=True)
-    return 0
-
-
 def run(ctx: Context) -> Section:
     """The climb, the headline race, the code block and its confirmation, as the section that leads the report."""
     if any(getattr(s.found, "input_bound", False) for s in ctx.sections.values()):
@@ -490,7 +414,8 @@ def run(ctx: Context) -> Section:
     findings = []
     if found.pays:
         if not rows.batch_given and hasattr(rows.y, "shape"):  # the rows and one output's targets are handed over
-            found.confirmed = confirm(ctx, found.code, rows.examples)
+            found.confirmed = confirm(ctx, found.code, code_lines(Config(), ctx.subject.builds_under_policy),
+                                      rows.examples, HEADLINE_ROUNDS * ctx.options.rounds)
         else:
             skipped[f"{EXPERIMENT.name}: confirmation"] = ("not run: the fresh process trains on arrays and one "
                                                            "output's targets, not --data or several outputs")

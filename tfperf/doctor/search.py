@@ -296,8 +296,8 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
     it (the fastest candidate faster than the best with a loss that agrees; a new batch's loss is said, not held)."""
     from tfperf.measure.stats import FASTER
 
-    candidates = {dataclasses.replace(best, **{knob: v}).label: (change(knob, v), dataclasses.replace(
-        best, **{knob: v})) for v in values if v != getattr(best, knob)}
+    changed = [(change(knob, v), dataclasses.replace(best, **{knob: v})) for v in values if v != getattr(best, knob)]
+    candidates = {config.label: (row, config) for row, config in changed}
     ctx.progress(f"best configuration: {knob}{suffix}")
     failed: dict[str, str] = {}
     try:

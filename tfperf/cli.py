@@ -18,6 +18,7 @@ from tfperf.deploy import commands as deploy_commands
 from tfperf.doctor import command as doctor_command
 from tfperf.serving import command as load_command
 from tfperf.serving import serve_command
+from tfperf.watch import command as watch_command
 from tfperf.flags import UserError
 from tfperf.recipe import Declaration, declarations
 from tfperf.records.noise import NOISE_FILE
@@ -409,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_command.add_command(sub)
     load_command.add_command(sub)
     serve_command.add_command(sub)
+    watch_command.add_command(sub)
 
     timeline = sub.add_parser("horovod-timeline", help="where a Horovod job's collective time went: negotiation, "
                                                        "waiting for the last rank, all-reduce, waits")
@@ -452,9 +454,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import signal
     import threading
 
+    environ = dict(os.environ)  # the user's, for a program `tfperf watch` runs
     # TensorFlow's and XProf's info logs would bury the progress lines; read when TensorFlow loads.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    args.environ = environ
     args.own_process = argv is None  # the process's own command line: its start is the command's (doctor's time)
     main_thread = threading.current_thread() is threading.main_thread()
     # Ending the process from the handler is for a real command line only, never for a caller's process.

@@ -1,0 +1,247 @@
+"""tfperf watch: each finding's rule on made-up records (every branch that picks a sentence), then the command
+itself on a real script in one process of its own (output, argv, exit code and files left as the program's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tfperf.watch import command as watch_command
+from tfperf.watch import findings as f
+from tfperf.watch.report import markdown
+
+MB = 1024 * 1024
+
+
+def epoch(i, seconds=1.0, steps_s=0.8, steps=100, validation_s=0.0, callbacks=None, traces=0, trace_s=0.0,
+          sample=None, first=None, rss=500 * MB, first_trace=0.0):
+    sample = sample if sample is not None else [steps_s / steps] * min(steps, 50)
+    return {"epoch": i, "seconds": seconds, "steps_s": steps_s, "steps": steps, "batches": steps,
+            "step_sample": sample, "first_step_s": first if first is not None else sample[0],
+            "first_step_trace_s": first_trace, "callbacks": callbacks or {}, "validation_s": validation_s,
+            "traces": traces, "trace_s": trace_s, "rss": rss}
+
+
+def fit(epochs, seconds=None, site="train.py:10", **extra):
+    total = seconds if seconds is not None else sum(e["seconds"] for e in epochs) + 0.1
+    return {"site": site, "seconds": total, "epochs_run": epochs, "callbacks_outside_epochs": {}, "batch_size": 32,
+            "jit_compile": False, **extra}
+
+
+def process(fits=(), traces=(), calls=None, complete=True):
+    return {"pid": 1, "fits": list(fits), "traces": list(traces), "calls": calls or {}, "complete": complete,
+            "imports": {"tensorflow": {"at_s": 0.1, "seconds": 3.0}, "keras": {"at_s": 2.0, "seconds": 1.0}}}
+
+
+def keys(found):
+    return [x.key for x in found]
+
+
+def test_the_split_adds_up_and_imports_are_counted_once():
+    p = process([fit([epoch(0, seconds=2.0, steps_s=1.0, validation_s=0.5, callbacks={"ProgbarLogger": 0.3})],
+                     seconds=2.4)])
+    split = f.fit_split(p["fits"])
+    assert (split.steps, split.validation, split.callbacks["ProgbarLogger"]) == (1.0, 0.5, 0.3)
+    assert split.set_up == pytest.approx(0.4) and split.rest == pytest.approx(0.2)
+    assert f.import_seconds(p) == pytest.approx(3.0)  # keras (2.0-3.0) inside tensorflow's (0.1-3.1): the union
+
+
+def test_a_costly_callback_is_named_with_its_fix_and_a_cheap_one_is_not():
+    split = f.fit_split([fit([epoch(0, seconds=10, callbacks={"ProgbarLogger": 2.0, "Cheap": 0.1})])])
+    found = f.callback_findings(split)
+    assert len(found) == 1 and "ProgbarLogger took 2.0 s" in found[0].text and "verbose=2" in found[0].fix
+    own = f.callback_findings(f.fit_split([fit([epoch(0, seconds=10, callbacks={"Saver": 1.0})])]))
+    assert "on_epoch_end" in own[0].fix
+    threaded = f.fit_split([fit([epoch(0, seconds=10, callbacks={"Saver": 1.0})], callbacks_async=True)])
+    assert "in a thread" in f.callback_findings(threaded)[0].text
+
+
+def test_validation_gets_the_frequency_that_brings_it_under_ten_percent():
+    fits = [fit([epoch(i, seconds=2.0, steps_s=1.0, validation_s=1.0) for i in range(4)])]
+    found = f.validation_finding(fits, f.fit_split(fits))
+    assert keys(found) == ["validation"]
+    # 1 s of validation against ~1.03 s of training an epoch: every 9 epochs keeps it under 10%
+    assert "validation_freq=9" in found[0].fix and "4 runs of 1.0 s" in found[0].text
+    light = [fit([epoch(i, seconds=2.0, steps_s=1.9, validation_s=0.1) for i in range(4)])]
+    assert f.validation_finding(light, f.fit_split(light)) == []
+
+
+def test_a_slow_first_epoch_is_split_into_its_first_step_and_tracing():
+    first = epoch(0, seconds=5.0, traces=3, trace_s=1.5, first=3.0, first_trace=1.2)
+    found = f.first_epoch_findings([fit([first] + [epoch(i) for i in range(1, 4)])])
+    assert keys(found) == ["first epoch"] and "5.0x the others' median 1.0 s" in found[0].text
+    assert "tracing 1.2 s of it" in found[0].text and "tracing outside the first step 300 ms" in found[0].text
+    assert f.first_epoch_findings([fit([epoch(0, seconds=1.2)] + [epoch(i) for i in range(1, 4)])]) == []
+    assert f.first_epoch_findings([fit([epoch(0, seconds=9.0)])]) == []  # one epoch: nothing to compare with
+
+
+def trace(fn, signature, site="train.py:20", seconds=0.2, own=True, defined_at="train.py:5"):
+    return {"name": "step", "function": fn, "defined_at": defined_at, "own": own, "site": site,
+            "seconds": seconds, "signature": signature, "at_s": 1.0}
+
+
+@pytest.mark.parametrize("signatures, same_function, why, fix", [
+    ([[["lr", f"Literal[{v}]"]] for v in (0.1, 0.2, 0.3)], True, "a new Python value for `lr`", "tf.Variable"),
+    ([[["x", f"TensorSpec(shape=({n}, 4), dtype=tf.float32, name=None)"]] for n in (1, 2, 3)], True,
+     "a new shape for `x`", "reduce_retracing"),
+    ([[["x", "TensorSpec(shape=(1, 4), dtype=tf.float32, name=None)"]]] * 3, False, "a new function object",
+     "once, outside the loop"),
+])
+def test_retraces_say_why_from_the_signatures(signatures, same_function, why, fix):
+    traces = [trace(1 if same_function else i, s) for i, s in enumerate(signatures)]
+    found = f.retrace_findings(traces)
+    assert keys(found) == ["retrace"] and why in found[0].text and fix in found[0].fix
+    assert "traced 3 times" in found[0].text and "train.py:20" in found[0].text
+
+
+def test_library_traces_and_a_function_traced_once_are_not_retraces():
+    assert f.retrace_findings([trace(1, [], own=False, defined_at="site-packages/x.py:1")] * 5) == []
+    assert f.retrace_findings([trace(1, [["x", "Literal[1]"]])]) == []
+
+
+def call(kind, calls, seconds, batches, rss=None, site="eval.py:7"):
+    return {f"{kind} {site}": {"kind": kind, "site": site, "calls": calls, "seconds": seconds, "batches": batches,
+                               "rss": rss or [], "first_s": 0.1}}
+
+
+def test_predict_in_a_loop_and_memory_that_grows_per_call():
+    grows = [500 * MB + i * 2 * MB for i in range(40)]
+    found = f.call_findings(process(calls=call("predict", 40, 4.0, 40, rss=grows)))
+    assert keys(found) == ["predict loop", "memory"]
+    assert "40 times at eval.py:7" in found[0].text and "model(x, training=False)" in found[0].fix
+    assert "2 MB per predict() call" in found[1].text
+    assert f.call_findings(process(calls=call("predict", 40, 4.0, 4000))) == []  # big calls: not a loop
+    assert f.call_findings(process(calls=call("predict", 3, 1.0, 3))) == []
+
+
+def test_memory_growth_and_a_decline_over_epochs_are_said_only_from_the_numbers():
+    rising = [epoch(i, rss=(400 + 40 * i) * MB) for i in range(6)]
+    assert keys(f.epoch_findings([fit(rising)])) == ["memory"]
+    flat = [epoch(i, rss=(400 + i) * MB) for i in range(6)]
+    assert f.epoch_findings([fit(flat)]) == []
+    steady = [epoch(i, sample=[0.01 + 0.0001 * (j % 7) for j in range(50)]) for i in range(5)]
+    assert f.epoch_findings([fit(steady)]) == []
+    slowing = steady[:-1] + [epoch(4, sample=[0.02 + 0.0001 * (j % 7) for j in range(50)], steps_s=2.0)]
+    found = f.epoch_findings([fit(slowing)])
+    assert keys(found) == ["decline"] and "epoch 5's ran 1.97x" in found[0].text
+    assert f.epoch_findings([fit(slowing[2:])]) == []  # three epochs: too few to say a decline
+
+
+def test_fit_in_a_loop_is_named_once():
+    fits = [fit([epoch(0, trace_s=0.3)], seconds=1.5) for _ in range(5)]
+    found = f.fit_loop_findings(fits)
+    assert keys(found) == ["fit loop"] and "called 5 times" in found[0].text
+    assert f.fit_loop_findings(fits[:2]) == []
+
+
+def test_a_run_with_no_keras_says_so_and_a_killed_one_says_it_is_partial():
+    empty = f.analyse([], 3.0)
+    assert empty.findings == [] and "only its wall time" in empty.not_measured[0]
+    assert "no Keras or TensorFlow work" in markdown(empty, ["bash", "run.sh"], "exit 0")
+    cut = f.analyse([process([fit([epoch(0)])], complete=False)], 5.0)
+    assert any("before its exit handlers" in n for n in cut.not_measured)
+    quiet = markdown(f.analyse([process([fit([epoch(i) for i in range(3)])])], 5.0), ["python", "t.py"], "exit 0")
+    assert "Nothing in this run crossed a finding's bar" in quiet and "Epochs (3 in 1 fit() call)" in quiet
+
+
+def test_command_helpers():
+    assert watch_command.program_name(["python", "-u", "train.py", "--epochs", "3"]) == "train"
+    assert watch_command.program_name(["python3", "-m", "pkg.train"]) == "pkg-train"
+    assert watch_command.program_name(["./run.sh"]) == "run"
+    env = watch_command.child_environment({"PYTHONPATH": "/theirs"}, "/tmp/x")
+    assert env["PYTHONPATH"] == watch_command.BOOT + os.pathsep + "/theirs" and env["TFPERF_WATCH_DIR"] == "/tmp/x"
+    assert watch_command.ending(143, "SIGTERM") == "stopped by SIGTERM, exit 143"
+    assert watch_command.ending(137, None) == "killed by SIGKILL" and watch_command.ending(3, None) == "exit 3"
+
+
+def test_a_record_cut_midway_is_skipped(tmp_path):
+    (tmp_path / "process-1.json").write_text(json.dumps({"pid": 1}))
+    (tmp_path / "process-2.json").write_text('{"pid": 2, "fi')
+    assert [r["pid"] for r in watch_command.read_records(tmp_path)] == [1]
+
+
+def test_bad_command_lines_are_one_line_errors(capsys):
+    from tfperf.cli import main
+
+    assert main(["watch"]) == 2 and "give the command to watch after --" in capsys.readouterr().err
+    assert main(["watch", "--", "/no/such/program"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run '/no/such/program'" in err and len(err.strip().splitlines()) == 1
+
+
+SCRIPT = """
+import sys
+import numpy as np
+import keras
+import tensorflow as tf
+
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        sum(range(20000))
+
+x = np.random.rand(256, 8).astype("float32"); y = np.random.randint(0, 2, 256)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=32, epochs=int(sys.argv[1]), validation_split=0.25, callbacks=[Slow()], verbose=0)
+
+@tf.function
+def scaled(t, k):
+    return t * k
+
+for i in range(4):
+    scaled(tf.constant(x[:2]), float(i))
+for _ in range(12):
+    model.predict(x[:4], verbose=0)
+open("made_by_the_script.txt", "w").write("ok")
+print("script says", sys.argv[1:])
+sys.exit(3)
+"""
+
+
+def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    out = tmp_path / "report"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "tfperf", "watch", "--out", str(out), "--", sys.executable,
+                           "train.py", "3", "--flag"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 3, done.stderr[-2000:]  # the script's exit code, its output, its files, its cwd
+    assert "script says ['3', '--flag']" in done.stdout and "tfperf" not in done.stdout
+    assert (tmp_path / "made_by_the_script.txt").read_text() == "ok"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["made_by_the_script.txt", "report", "train.py"]
+    record = json.loads((out / "watch.json").read_text())
+    (p,) = [p for p in record["processes"] if p["fits"]]
+    assert len(p["fits"][0]["epochs_run"]) == 3 and p["fits"][0]["batch_size"] == 32
+    assert p["fits"][0]["epochs_run"][1]["callbacks"]["Slow"] > 0 and p["fits"][0]["site"] == "train.py:14"
+    report = (out / "report.md").read_text()
+    assert "(exit 3)" in report and "`scaled` (train.py:16) was traced 4 times" in report
+    assert "a new Python value for `k`" in report and "predict() was called 12 times at train.py:23" in report
+    assert "tfperf watch: `" in done.stderr and str(out / "report.md") in done.stderr
+
+
+def test_sigterm_leaves_a_partial_report_and_the_signal_exit_code(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT.replace("epochs=int(sys.argv[1])", "epochs=10_000"))
+    out, scratch = tmp_path / "report", tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(scratch)}  # where the probe's records go
+    watch = subprocess.Popen([sys.executable, "-m", "tfperf", "watch", "--out", str(out), "--", sys.executable,
+                              "train.py", "1"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any('"epochs_run": [{' in p.read_text(errors="ignore")
+                                                   for p in scratch.glob("tfperf-watch-*/process-*.json")):
+        time.sleep(0.2)
+    watch.send_signal(signal.SIGTERM)
+    _, err = watch.communicate(timeout=60)
+    assert watch.returncode == 143, err[-2000:]
+    report = (out / "report.md").read_text()
+    assert "stopped by SIGTERM" in report and "fit()" in report
+    assert json.loads((out / "watch.json").read_text())["stopped_by"] == "SIGTERM"

@@ -1,0 +1,369 @@
+"""What a watched run's record says: where its time went, and each finding that cost it time or memory, as
+sentences that follow from the recorded numbers (each rule below says when it speaks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+MB = 1024 * 1024
+CALLBACK_SHARE = 0.05  # a callback is named when it took this share of fit's time...
+CALLBACK_MIN_S = 0.2  # ...and at least this long
+VALIDATION_SHARE = 0.15
+VALIDATION_MIN_S = 0.5
+VALIDATION_GOAL = 0.10  # the validation_freq suggested brings validation under this share
+FIRST_EPOCH_RATIO = 1.5  # the first epoch is named when it took this many times the others' median...
+FIRST_EPOCH_MIN_S = 0.5  # ...and this much longer
+RETRACES = 3  # a function of the program's own is named from this many traces...
+RETRACE_MIN_S = 0.5  # ...or when its traces took this long
+LOOP_CALLS = 10  # predict() or evaluate() called this often on a batch or two each is a loop
+LOOP_BATCHES = 2
+FIT_LOOP = 3  # fit() called this often from one line
+GROWTH_MIN = 50 * MB  # memory growth named from this much over the run...
+GROWTH_EPOCHS = 3  # ...over at least this many epochs
+DECLINE_EPOCHS = 4  # a decline is judged over this many epochs at least, against the second
+DECLINE_RATIO = 1.2  # and said when the last epoch's steps are this much slower, the interval's low end above...
+DECLINE_LOW = 1.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One thing the run paid for: what it cost in seconds (for the ranking), what happened, what to try."""
+
+    key: str
+    seconds: float
+    text: str
+    fix: str
+
+
+def seconds(s: float) -> str:
+    """A duration a reader reads: 850 ms, 4.2 s, 3 min 5 s."""
+    if s < 1:
+        return f"{s * 1000:.0f} ms" if s >= 0.001 else f"{s * 1e6:.0f} µs"
+    if s < 100:
+        return f"{s:.1f} s"
+    return f"{int(s // 60)} min {s % 60:.0f} s"
+
+
+def megabytes(n: float) -> str:
+    return f"{n / MB:,.0f} MB" if abs(n) < 1024 * MB else f"{n / MB / 1024:,.2f} GB"
+
+
+def share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def primary(processes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The process the run's Keras work happened in: the one with the most time in fit and calls."""
+    def work(p: Mapping[str, Any]) -> float:
+        fits = sum(f.get("seconds") or 0.0 for f in p.get("fits", []))
+        return fits + sum(c["seconds"] for c in p.get("calls", {}).values()) + len(p.get("traces", []))
+
+    busy = [p for p in processes if work(p) > 0 or p.get("imports")]
+    return max(busy, key=work) if busy else None
+
+
+@dataclasses.dataclass(frozen=True)
+class FitSplit:
+    """Where fit's time went, summed over the run's fit() calls."""
+
+    seconds: float
+    steps: float
+    validation: float
+    callbacks: dict[str, float]
+    set_up: float
+    rest: float
+    callbacks_async: bool
+
+
+def fit_split(fits: Sequence[Mapping[str, Any]]) -> FitSplit:
+    """Steps, validation, each callback, fit's set-up (before the first epoch and after the last), the rest."""
+    total = steps = validation = set_up = rest = 0.0
+    callbacks: dict[str, float] = {}
+    threaded = False
+    for fit in fits:
+        epochs = fit.get("epochs_run", [])
+        fit_s = fit.get("seconds") or sum(e["seconds"] for e in epochs)
+        total += fit_s
+        threaded = threaded or bool(fit.get("callbacks_async"))
+        for e in epochs:
+            steps += e["steps_s"]
+            validation += e["validation_s"]
+            own = sum(e["callbacks"].values())
+            for name, s in e["callbacks"].items():
+                callbacks[name] = callbacks.get(name, 0.0) + s
+            serial = 0.0 if fit.get("callbacks_async") else own
+            rest += max(0.0, e["seconds"] - e["steps_s"] - e["validation_s"] - serial)
+        for name, s in fit.get("callbacks_outside_epochs", {}).items():
+            callbacks[name] = callbacks.get(name, 0.0) + s
+        set_up += max(0.0, fit_s - sum(e["seconds"] for e in epochs))
+    return FitSplit(total, steps, validation, callbacks, set_up, rest, threaded)
+
+
+def import_seconds(process: Mapping[str, Any]) -> float:
+    """Importing TensorFlow and Keras: the union of their import intervals (one may import the other)."""
+    spans = sorted((i["at_s"], i["at_s"] + i["seconds"]) for i in process.get("imports", {}).values())
+    total, end = 0.0, -math.inf
+    for start, stop in spans:
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def callback_findings(split: FitSplit) -> list[Finding]:
+    """A callback that took CALLBACK_SHARE of fit's time."""
+    found = []
+    for name, s in sorted(split.callbacks.items(), key=lambda kv: -kv[1]):
+        if s < CALLBACK_MIN_S or s < CALLBACK_SHARE * split.seconds:
+            continue
+        beside = " (in a thread beside the steps: it competes with them for the CPU)" if split.callbacks_async else ""
+        if name == "ProgbarLogger":
+            fix = ("fit(..., verbose=2) prints one line an epoch instead of updating the bar each batch; "
+                   "steps_per_execution=N calls the callbacks once every N batches")
+        else:
+            fix = (f"do {name}'s work in on_epoch_end, or every N batches (`if batch % N == 0`); "
+                   f"steps_per_execution=N calls batch hooks once every N batches")
+        found.append(Finding("callback", s, f"{name} took {seconds(s)}, {share(s, split.seconds)} of fit's time"
+                             f"{beside}", fix))
+    return found
+
+
+def validation_finding(fits: Sequence[Mapping[str, Any]], split: FitSplit) -> list[Finding]:
+    """Validation at VALIDATION_SHARE of fit's time, with the validation_freq that brings it under the goal."""
+    if split.validation < VALIDATION_MIN_S or split.validation < VALIDATION_SHARE * split.seconds:
+        return []
+    runs = sum(1 for f in fits for e in f.get("epochs_run", []) if e["validation_s"] > 0)
+    per_run = split.validation / max(runs, 1)
+    epochs = sum(len(f.get("epochs_run", [])) for f in fits)
+    per_epoch = (split.seconds - split.validation) / max(epochs, 1)
+    freq = max(2, math.ceil((1 - VALIDATION_GOAL) / VALIDATION_GOAL * per_run / max(per_epoch, 1e-9)))
+    text = (f"validation took {seconds(split.validation)}, {share(split.validation, split.seconds)} of fit's time "
+            f"({runs} runs of {seconds(per_run)}, against {seconds(per_epoch)} for an epoch's training)")
+    fix = (f"validation_freq={freq} validates every {freq} epochs (validation under "
+           f"{100 * VALIDATION_GOAL:.0f}% of fit); validation_steps=N validates on part of the set")
+    return [Finding("validation", split.validation * (1 - 1 / freq), text, fix)]
+
+
+def first_epoch_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """A first epoch FIRST_EPOCH_RATIO times the others', and what the difference was made of."""
+    found = []
+    for fit in fits:
+        epochs = fit.get("epochs_run", [])
+        if len(epochs) < 2:
+            continue
+        first, others = epochs[0]["seconds"], statistics.median(e["seconds"] for e in epochs[1:])
+        extra = first - others
+        if extra < FIRST_EPOCH_MIN_S or first < FIRST_EPOCH_RATIO * others:
+            continue
+        e0 = epochs[0]
+        typical = statistics.median(e0["step_sample"]) if e0["step_sample"] else 0.0
+        first_step = max(0.0, (e0["first_step_s"] or 0.0) - typical)
+        in_step = min(e0.get("first_step_trace_s") or 0.0, first_step)
+        compile_ = " and XLA compiling" if fit.get("jit_compile") else ""
+        parts = [f"the first step took {seconds(first_step)} beyond a typical one (tracing {seconds(in_step)} of it, "
+                 f"the rest building the graph{compile_} and first allocations)"]
+        outside = max(0.0, e0["trace_s"] - in_step)
+        if outside >= 0.001:
+            parts.append(f"tracing outside the first step {seconds(outside)}")
+        text = (f"the first epoch of fit() at {fit.get('site')} took {seconds(first)}, {first / others:.1f}x the "
+                f"others' median {seconds(others)}: {seconds(extra)} more; " + "; ".join(parts))
+        fix = ("paid once per fit() of a new or recompiled model: call fit() once for all epochs "
+               "(not once an epoch), keep one model rather than rebuilding it")
+        found.append(Finding("first epoch", extra, text, fix))
+    return found
+
+
+def fit_loop_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """fit() called FIT_LOOP times from one line: each call pays its set-up again."""
+    by_site: dict[str, list[Mapping[str, Any]]] = {}
+    for fit in fits:
+        by_site.setdefault(str(fit.get("site")), []).append(fit)
+    found = []
+    for site, calls in by_site.items():
+        if len(calls) < FIT_LOOP:
+            continue
+        set_up = fit_split(calls).set_up
+        first_epochs = sum(c["epochs_run"][0]["trace_s"] for c in calls[1:] if c.get("epochs_run"))
+        cost = set_up + first_epochs
+        text = (f"fit() was called {len(calls)} times at {site}: set-up outside epochs {seconds(set_up)} in all, "
+                f"tracing in the later calls' first epochs {seconds(first_epochs)}")
+        fix = "one fit(epochs=N) instead of N calls of fit(epochs=1); per-epoch work belongs in a callback"
+        found.append(Finding("fit loop", cost, text, fix))
+    return found
+
+
+def _differences(before: Sequence[Sequence[str]], after: Sequence[Sequence[str]]) -> list[tuple[str, str, str]]:
+    """(parameter, why, new value) for each parameter traced for something else than last time."""
+    was = dict(map(tuple, before))
+    out = []
+    for name, now in map(tuple, after):
+        old = was.get(name)
+        if old is None or old == now:
+            continue
+        if "Literal[" in now or "Literal[" in old:
+            out.append((name, "a new Python value", now.replace("Literal[", "").rstrip("]")))
+        elif "shape=" in now and old.split("dtype=")[-1] == now.split("dtype=")[-1]:
+            out.append((name, "a new shape", now.split("shape=")[1].split(", dtype")[0]))
+        elif "dtype=" in now:
+            out.append((name, "a new dtype", now.split("dtype=")[1].split(",")[0]))
+        else:
+            out.append((name, "a new argument type", now[:60]))
+    return out
+
+
+RETRACE_FIXES = {
+    "a new Python value": "pass it as a tensor (tf.constant(...)) or read it from a tf.Variable: a Python number "
+                          "is part of the traced signature, a tensor's value is not",
+    "a new shape": "reduce_retracing=True in tf.function, or an input_signature with None for the dimension "
+                   "that changes (or pad inputs to a few fixed lengths)",
+    "a new dtype": "cast the argument to one dtype before the call",
+    "a new argument type": "call it with the same kinds of arguments each time",
+    "a new function object": "make the tf.function once, outside the loop or the function that calls it: a new "
+                             "tf.function (or a new Python function under it) starts with no traces",
+}
+
+
+def retrace_findings(traces: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """A function of the program's own traced RETRACES times, with the line that called it and why."""
+    by_def: dict[str, list[Mapping[str, Any]]] = {}
+    for t in traces:
+        if t.get("own"):
+            by_def.setdefault(str(t.get("defined_at")), []).append(t)
+    found = []
+    for defined_at, ts in by_def.items():
+        total = sum(t["seconds"] for t in ts)
+        if len(ts) < RETRACES and total < RETRACE_MIN_S:
+            continue
+        reasons: dict[str, list[tuple[str, str]]] = {}
+        last: dict[int, Sequence[Sequence[str]]] = {}
+        for t in ts:
+            if t["function"] in last:
+                for param, why, value in _differences(last[t["function"]], t["signature"]) or [
+                        ("", "a new function object", "")]:
+                    reasons.setdefault(why, []).append((param, value))
+            elif last:
+                reasons.setdefault("a new function object", []).append(("", ""))
+            last[t["function"]] = t["signature"]
+        if not reasons:
+            continue
+        why, changes = max(reasons.items(), key=lambda kv: len(kv[1]))
+        sites = sorted({str(t.get("site")) for t in ts})
+        params = sorted({p for p, _ in changes if p})
+        values = [v for p, v in changes if p]
+        named = f" for {', '.join(f'`{p}`' for p in params)}" if params else ""
+        example = f" ({', '.join(values[:3])}{', ...' if len(values) > 3 else ''})" if values else ""
+        text = (f"`{ts[0]['name']}` ({defined_at}) was traced {len(ts)} times, {seconds(total)} in tracing, "
+                f"called from {', '.join(sites[:3])}: {why}{named} {len(changes)} times{example}")
+        found.append(Finding("retrace", total - ts[0]["seconds"], text, RETRACE_FIXES[why]))
+    return found
+
+
+def _slope(values: Sequence[float]) -> float:
+    """Least-squares growth per step of a series."""
+    n = len(values)
+    mean_x, mean_y = (n - 1) / 2, sum(values) / n
+    den = sum((i - mean_x) ** 2 for i in range(n))
+    return sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values)) / den if den else 0.0
+
+
+def call_findings(process: Mapping[str, Any]) -> list[Finding]:
+    """predict() or evaluate() in a loop on a batch or two each; memory that grows call after call."""
+    traces_by_site: dict[str, int] = {}
+    for t in process.get("traces", []):
+        traces_by_site[str(t.get("site"))] = traces_by_site.get(str(t.get("site")), 0) + 1
+    found = []
+    for c in process.get("calls", {}).values():
+        if c["calls"] < LOOP_CALLS:
+            continue
+        per_call = c["seconds"] / c["calls"]
+        traced = traces_by_site.get(str(c["site"]), 0)
+        if c["kind"] in ("predict", "evaluate") and c["batches"] <= LOOP_BATCHES * c["calls"]:
+            what = f", tracing {traced / c['calls']:.1f} functions a call" if traced >= c["calls"] else ""
+            text = (f"{c['kind']}() was called {c['calls']} times at {c['site']} on {c['batches'] / c['calls']:.0f} "
+                    f"batch a call: {seconds(per_call)} a call, {seconds(c['seconds'])} in all{what}")
+            alternative = "model(x, training=False)" if c["kind"] == "predict" else "a compiled metric in a tf.function"
+            fix = (f"{alternative} or model.{c['kind']}_on_batch(x): {c['kind']}() builds a data pipeline and its "
+                   "callbacks on every call")
+            found.append(Finding(f"{c['kind']} loop", c["seconds"] - per_call, text, fix))
+        rss = [r for r in c.get("rss", []) if r]
+        if len(rss) >= LOOP_CALLS and rss[-1] - rss[0] >= GROWTH_MIN and _slope(rss) > 0:
+            text = (f"host memory grew {megabytes(_slope(rss))} per {c['kind']}() call at {c['site']} "
+                    f"({megabytes(rss[0])} to {megabytes(rss[-1])} over {len(rss)} calls)")
+            fix = ("keep no results in a growing Python list (write them out, or keep only what is needed); a "
+                   "tf.function made per call keeps its graphs: make it once")
+            found.append(Finding("memory", 0.0, text, fix))
+    return found
+
+
+def epoch_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """Memory that grows epoch after epoch; steps that slow down epoch after epoch (against the second)."""
+    from tfperf.measure.stats import ratio_ci  # numpy: read only when a report is made
+
+    found = []
+    for fit in fits:
+        epochs = fit.get("epochs_run", [])
+        rss = [e["rss"] for e in epochs[1:] if e.get("rss")]
+        if len(rss) >= GROWTH_EPOCHS and rss[-1] - rss[0] >= GROWTH_MIN and _slope(rss) > 0:
+            text = (f"host memory grew {megabytes(_slope(rss))} an epoch in fit() at {fit.get('site')} "
+                    f"({megabytes(rss[0])} after epoch 2, {megabytes(rss[-1])} after epoch {len(epochs)})")
+            fix = ("look for what keeps each batch: a callback appending tensors or logs to a list, "
+                   "dataset.cache() filling, a new model or tf.function per epoch")
+            found.append(Finding("memory", 0.0, text, fix))
+        if len(epochs) < DECLINE_EPOCHS or len(epochs[1]["step_sample"]) < 5 or len(epochs[-1]["step_sample"]) < 5:
+            continue
+        ratio, (low, high) = ratio_ci(epochs[-1]["step_sample"], epochs[1]["step_sample"])
+        if ratio < DECLINE_RATIO or low <= DECLINE_LOW:
+            continue
+        base = statistics.median(epochs[1]["step_sample"])
+        lost = sum(max(0.0, e["steps_s"] - base * e["steps"]) for e in epochs[2:])
+        text = (f"steps slowed down over fit() at {fit.get('site')}: epoch {len(epochs)}'s ran {ratio:.2f}x as slow "
+                f"as epoch 2's (95% CI {low:.2f}-{high:.2f}x), {seconds(lost)} lost over the epochs after the "
+                f"second")
+        fix = ("look for what grows as training goes: memory (above), a callback's lists, a dataset cache, "
+               "the machine's other work (thermal or shared cores)")
+        found.append(Finding("decline", lost, text, fix))
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    """A watched run read whole: its split, its findings by cost, what could not be measured."""
+
+    wall_s: float
+    process: Mapping[str, Any] | None
+    processes: int
+    imports_s: float
+    fit: FitSplit
+    calls_s: float
+    findings: list[Finding]
+    not_measured: list[str]
+
+
+def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
+    """The split of the run's wall time and every finding, most costly first."""
+    main = primary(processes)
+    fits = list(main.get("fits", [])) if main else []
+    split = fit_split(fits)
+    calls_s = sum(c["seconds"] for c in main.get("calls", {}).values()) if main else 0.0
+    found: list[Finding] = []
+    if main:
+        found = (callback_findings(split) + validation_finding(fits, split) + first_epoch_findings(fits)
+                 + fit_loop_findings(fits) + retrace_findings(main.get("traces", [])) + call_findings(main)
+                 + epoch_findings(fits))
+    not_measured = []
+    if main is None:
+        not_measured.append("no Python process of this run imported TensorFlow or Keras: only its wall time is known")
+    elif fits:
+        not_measured.append("waiting for input is inside each step's time (the train function reads its batch "
+                            "itself): `tfperf doctor MODEL --data module:function` races the pipeline alone")
+    if main is not None and not main.get("complete"):
+        not_measured.append("the process ended before its exit handlers ran (a signal or os._exit): what is "
+                            "here was recorded up to its last epoch or call")
+    if main is not None and main.get("traces_dropped"):
+        not_measured.append(f"{main['traces_dropped']} traces past the first 5,000 were counted, not described")
+    return Analysis(wall_s, main, len(processes), import_seconds(main) if main else 0.0, split, calls_s,
+                    sorted(found, key=lambda f: -f.seconds), not_measured)

@@ -1,0 +1,498 @@
+"""What `tfperf watch` runs inside the watched program: Keras' fit, evaluate and predict, their callbacks, each
+training step, tf.function tracing and the process's memory, recorded into one JSON file per process.
+
+Standard library only, and loaded by file path (tfperf.watch.boot): the watched program's interpreter may not have
+tfperf installed, and nothing of tfperf's may change what the program imports. Nothing is patched until the
+program imports Keras or TensorFlow itself; the record is rewritten at each epoch's end and at exit, so that a run
+stopped midway leaves what it did.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+FOLDER_ENV = "TFPERF_WATCH_DIR"
+SAMPLES = 2000  # step durations kept per epoch (for medians and intervals); sums count every step
+CALL_SAMPLES = 500
+MAX_TRACES = 5000  # traces recorded one by one; beyond, counted  # memory readings kept per call site
+WRITE_EVERY_S = 1.0  # outside epochs (predict in a loop), the record is rewritten at most this often
+CALLBACK_HOOKS = ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin", "on_train_batch_end", "on_train_begin",
+                  "on_train_end", "on_test_batch_begin", "on_test_batch_end", "on_test_begin", "on_test_end",
+                  "on_predict_batch_begin", "on_predict_batch_end", "on_predict_begin", "on_predict_end")
+CALLS = ("evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
+_LIBRARY_PARTS = ("site-packages", "dist-packages", "<frozen", "__autograph_generated", "/keras/src/",
+                  "/tensorflow/python/", "<string>")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_TFPERF = os.path.dirname(_HERE)
+_STDLIB = os.path.dirname(os.__file__)
+
+
+def _clock() -> float:
+    return time.perf_counter()
+
+
+def rss_bytes() -> int | None:
+    """The process's resident memory now (Linux), else None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_library(filename: str) -> bool:
+    return (any(part in filename for part in _LIBRARY_PARTS) or filename.startswith((_TFPERF, _STDLIB))
+            or filename.startswith("<"))
+
+
+def user_site(skip: int = 2) -> str | None:
+    """The file and line of the watched program's own code that led here: the first frame outside libraries."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not _is_library(name):
+            try:
+                name = os.path.relpath(name)
+            except ValueError:
+                pass
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _new_epoch(index: int) -> dict:
+    return {"epoch": index, "seconds": 0.0, "steps_s": 0.0, "steps": 0, "batches": 0, "step_sample": [],
+            "first_step_s": None, "callbacks": {}, "validation_s": 0.0, "traces": 0, "trace_s": 0.0, "rss": None,
+            "started": _clock()}
+
+
+class Recorder:
+    """What one process did, as a JSON-able dict, with the state of the call in progress."""
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, f"process-{os.getpid()}.json")
+        self.lock = threading.RLock()
+        self.t0 = _clock()
+        self.data: dict[str, Any] = {"pid": os.getpid(), "argv": list(sys.argv), "imports": {}, "fits": [],
+                                     "calls": {}, "traces": [], "rss_start": rss_bytes(), "complete": False}
+        self.fit: dict | None = None
+        self.epoch: dict | None = None
+        self.validating = False
+        self.step_started: float | None = None
+        self.tracing = 0
+        self.written = 0.0
+
+    # -- the record --------------------------------------------------------------------------------------------
+    def write(self, *, final: bool = False) -> None:
+        """Rewrite the record (atomically: a reader never sees half a file)."""
+        with self.lock:
+            self.data["seconds"] = _clock() - self.t0
+            self.data["rss_end"] = rss_bytes()
+            self.data["complete"] = final
+            text = json.dumps(self.data)
+            self.written = _clock()
+        tmp = self.path + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # the folder is gone (the watch ended first): nothing to tell
+
+    def maybe_write(self) -> None:
+        if _clock() - self.written > WRITE_EVERY_S:
+            self.write()
+
+    # -- fit, epochs, steps ------------------------------------------------------------------------------------
+    def begin_fit(self, summary: dict) -> None:
+        with self.lock:
+            self.fit = {**summary, "started_s": _clock() - self.t0, "seconds": None, "epochs_run": [],
+                        "callbacks_outside_epochs": {}, "batch_size": None, "batches_per_epoch": None,
+                        "traces": 0, "trace_s": 0.0, "rss_start": rss_bytes()}
+            self.data["fits"].append(self.fit)
+
+    def end_fit(self, started: float) -> None:
+        with self.lock:
+            if self.fit is not None:
+                self.fit["seconds"] = _clock() - started
+                self.fit["rss_end"] = rss_bytes()
+            self.fit, self.epoch = None, None
+        self.write()
+
+    def begin_epoch(self, index: int) -> None:
+        with self.lock:
+            if self.fit is not None:
+                self.epoch = _new_epoch(index)
+
+    def end_epoch(self) -> None:
+        with self.lock:
+            epoch, self.epoch = self.epoch, None
+            if epoch is None or self.fit is None:
+                return
+            epoch["seconds"] = _clock() - epoch.pop("started")
+            epoch["rss"] = rss_bytes()
+            epoch["allocator"] = _allocator_bytes()
+            self.fit["epochs_run"].append(epoch)
+        self.write()
+
+    def step(self, seconds: float, batches: int) -> None:
+        with self.lock:
+            epoch = self.epoch
+            if epoch is None:
+                return
+            if epoch["first_step_s"] is None:
+                epoch["first_step_s"] = seconds
+                epoch["first_step_trace_s"] = epoch["trace_s"] - epoch.get("trace_s_before_step", 0.0)
+            epoch["steps_s"] += seconds
+            epoch["steps"] += 1
+            epoch["batches"] += batches
+            if len(epoch["step_sample"]) < SAMPLES:
+                epoch["step_sample"].append(seconds)
+
+    def callback(self, name: str, seconds: float) -> None:
+        with self.lock:
+            if self.fit is None or self.validating:
+                return  # validation's callbacks are validation's time; evaluate's and predict's are the call's
+            where = self.epoch["callbacks"] if self.epoch is not None else self.fit["callbacks_outside_epochs"]
+            where[name] = where.get(name, 0.0) + seconds
+
+    def trace(self, entry: dict) -> None:
+        with self.lock:
+            if len(self.data["traces"]) < MAX_TRACES:
+                self.data["traces"].append(entry)
+            else:
+                self.data["traces_dropped"] = self.data.get("traces_dropped", 0) + 1
+            for holder in (self.fit, self.epoch):
+                if holder is not None:
+                    holder["traces"] += 1
+                    holder["trace_s"] += entry["seconds"]
+
+    def call(self, kind: str, site: str | None, seconds: float, batches: int | None) -> None:
+        with self.lock:
+            key = f"{kind} {site}"
+            entry = self.data["calls"].setdefault(key, {"kind": kind, "site": site, "calls": 0, "seconds": 0.0,
+                                                        "batches": 0, "rss": [], "first_s": seconds})
+            entry["calls"] += 1
+            entry["seconds"] += seconds
+            entry["batches"] += batches or 0
+            if len(entry["rss"]) < CALL_SAMPLES:
+                entry["rss"].append(rss_bytes())
+        self.maybe_write()
+
+
+RECORDER: Recorder | None = None
+
+
+def _allocator_bytes() -> int | None:
+    """TensorFlow's allocator in use on the first GPU, where there is one (its CPU allocator keeps no count)."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        gpus = tf.config.list_logical_devices("GPU") if tf is not None else []
+        return int(tf.config.experimental.get_memory_info(gpus[0].name)["current"]) if gpus else None
+    except Exception:  # noqa: BLE001 - a reading that cannot be had is left out, never the program's failure
+        return None
+
+
+# -- Keras ---------------------------------------------------------------------------------------------------
+def _fit_summary(model: Any, bound: inspect.BoundArguments) -> dict:
+    """What fit was asked: the arguments and compile settings a report names."""
+    a = bound.arguments
+    callbacks = a.get("callbacks") or []
+    x = a.get("x")
+    return {"site": user_site(3), "model": type(model).__name__, "epochs": a.get("epochs"),
+            "batch_size_arg": a.get("batch_size"), "verbose": a.get("verbose"),
+            "validation": a.get("validation_data") is not None or bool(a.get("validation_split")),
+            "validation_freq": a.get("validation_freq"), "x": type(x).__name__,
+            "rows": len(x) if hasattr(x, "shape") and hasattr(x, "__len__") else None,
+            "validation_split": a.get("validation_split") or 0.0,
+            "user_callbacks": [type(c).__name__ for c in (callbacks if isinstance(callbacks, list) else [])],
+            "steps_per_execution": getattr(model, "steps_per_execution", None),
+            "jit_compile": _safe(lambda: bool(model.jit_compile)),
+            "dtype_policy": _safe(lambda: model.dtype_policy.name)}
+
+
+def _safe(read: Callable[[], Any]) -> Any:
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - a setting this Keras does not have is left out
+        return None
+
+
+def _watch_fit(original: Callable) -> Callable:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        if RECORDER is None or RECORDER.fit is not None:
+            return original(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            summary = _fit_summary(self, bound)
+        except TypeError:
+            summary = {"site": user_site(2), "model": type(self).__name__}
+        started = _clock()
+        RECORDER.begin_fit(summary)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            RECORDER.end_fit(started)
+
+    fit._tfperf_watched = True
+    return fit
+
+
+def _watch_call(kind: str, original: Callable) -> Callable:
+    @functools.wraps(original)
+    def call(self, *args, **kwargs):
+        rec = RECORDER
+        if rec is None:
+            return original(self, *args, **kwargs)
+        if kind == "evaluate" and rec.epoch is not None and not rec.validating:  # fit's validation
+            started = _clock()
+            rec.validating = True
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                rec.validating = False
+                with rec.lock:
+                    if rec.epoch is not None:
+                        rec.epoch["validation_s"] += _clock() - started
+        if rec.fit is not None or rec.validating:
+            return original(self, *args, **kwargs)  # called from inside fit (a callback's predict): fit's time
+        site, started = user_site(2), _clock()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            rec.call(kind, site, _clock() - started, getattr(rec, "last_batches", None))
+            rec.last_batches = None
+
+    call._tfperf_watched = True
+    return call
+
+
+def _timed_hook(name: str, method: Callable) -> Callable:
+    @functools.wraps(method)
+    def hook(*args, **kwargs):
+        started = _clock()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            if RECORDER is not None:
+                RECORDER.callback(name, _clock() - started)
+
+    hook._tfperf_watched = True
+    return hook
+
+
+def _time_callbacks(callback_list: Any, base: type) -> None:
+    """Each callback's own hooks timed, by its class name (instance attributes: the class is left alone)."""
+    for cb in getattr(callback_list, "callbacks", []):
+        for hook_name in CALLBACK_HOOKS:
+            method = getattr(cb, hook_name, None)
+            if method is None or getattr(method, "_tfperf_watched", False):
+                continue
+            if getattr(type(cb), hook_name, None) is getattr(base, hook_name, None):
+                continue  # Keras' empty default: nothing to time, and timing it would cost every step
+            try:
+                setattr(cb, hook_name, _timed_hook(type(cb).__name__, method))
+            except (AttributeError, TypeError):
+                pass  # a callback with __slots__ or a read-only hook stays untimed
+
+
+def _patch_callback_list(module: Any, base: type) -> None:
+    """Steps timed between the batch hooks (the train function's call), epochs between theirs."""
+    cls = module.CallbackList
+    init, batch_begin, batch_end = cls.__init__, cls.on_train_batch_begin, cls.on_train_batch_end
+    epoch_begin, epoch_end = cls.on_epoch_begin, cls.on_epoch_end
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if RECORDER is not None:
+            _time_callbacks(self, base)
+            if RECORDER.fit is not None and not RECORDER.validating:
+                RECORDER.fit["callbacks_async"] = bool(getattr(self, "_async_train", False))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        batch_begin(self, batch, logs)
+        if RECORDER is not None:
+            epoch = RECORDER.epoch
+            if epoch is not None and epoch["first_step_s"] is None:
+                epoch["trace_s_before_step"] = epoch["trace_s"]
+            RECORDER.step_started = (_clock(), batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        ended = _clock()
+        if RECORDER is not None and RECORDER.step_started is not None:
+            started, first = RECORDER.step_started
+            RECORDER.step_started = None
+            RECORDER.step(ended - started, max(1, int(batch) - int(first) + 1))
+        batch_end(self, batch, logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if RECORDER is not None:
+            RECORDER.begin_epoch(int(epoch))
+        epoch_begin(self, epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        epoch_end(self, epoch, logs)
+        if RECORDER is not None:
+            RECORDER.end_epoch()
+
+    for name, fn in [("__init__", __init__), ("on_train_batch_begin", on_train_batch_begin),
+                     ("on_train_batch_end", on_train_batch_end), ("on_epoch_begin", on_epoch_begin),
+                     ("on_epoch_end", on_epoch_end)]:
+        setattr(cls, name, functools.wraps(getattr(cls, name))(fn))
+
+
+def _patch_epoch_iterator(module: Any) -> None:
+    """The batch size and batches an epoch the data adapter found (fit's, or the call's)."""
+    cls = module.EpochIterator
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        rec = RECORDER
+        if rec is None or rec.validating:
+            return
+        adapter = getattr(self, "data_adapter", None)
+        batches = _safe(lambda: adapter.num_batches)
+        if rec.fit is not None and rec.fit["batch_size"] is None:
+            rec.fit["batch_size"] = _safe(lambda: adapter.batch_size)
+            rec.fit["batches_per_epoch"] = batches
+        elif rec.fit is None:
+            rec.last_batches = batches
+
+    cls.__init__ = __init__
+
+
+def patch_keras() -> None:
+    """Keras 3's Model, callbacks and epoch iterator, once."""
+    model_module = sys.modules.get("keras.src.models.model")
+    if model_module is None or getattr(model_module.Model.fit, "_tfperf_watched", False):
+        return
+    from keras.src.callbacks import callback, callback_list  # noqa: PLC0415 - Keras is loaded by now
+    from keras.src.trainers import epoch_iterator  # noqa: PLC0415
+
+    model = model_module.Model
+    model.fit = _watch_fit(model.fit)
+    for kind in CALLS:
+        if hasattr(model, kind):
+            setattr(model, kind, _watch_call(kind, getattr(model, kind)))
+    _patch_callback_list(callback_list, callback.Callback)
+    _patch_epoch_iterator(epoch_iterator)
+
+
+# -- TensorFlow's tracing --------------------------------------------------------------------------------------
+def _describe(function_type: Any) -> list[list[str]]:
+    """Each parameter of a traced signature with what it was traced for (a shape and dtype, or a Python value)."""
+    try:
+        return [[name, str(p.type_constraint)[:200]] for name, p in function_type.parameters.items()]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _defined_at(python_function: Any) -> tuple[str | None, bool]:
+    """Where a traced Python function was written, and whether that is the program's own code."""
+    fn = inspect.unwrap(getattr(python_function, "__func__", python_function))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None, False
+    try:
+        name = os.path.relpath(code.co_filename)
+    except ValueError:
+        name = code.co_filename
+    return f"{name}:{code.co_firstlineno}", not _is_library(code.co_filename)
+
+
+def patch_tracing() -> None:
+    """Every tf.function trace: which function, from which line of the program, for what signature, how long."""
+    module = sys.modules.get("tensorflow.python.eager.polymorphic_function.tracing_compilation")
+    if module is None or getattr(module._create_concrete_function, "_tfperf_watched", False):
+        return
+    original = module._create_concrete_function
+
+    @functools.wraps(original)
+    def create(function_type, type_context, func_graph, tracing_options):
+        rec = RECORDER
+        if rec is None or rec.tracing:  # a function traced inside another's trace is part of that one
+            return original(function_type, type_context, func_graph, tracing_options)
+        started, site = _clock(), user_site(2)
+        rec.tracing += 1
+        try:
+            return original(function_type, type_context, func_graph, tracing_options)
+        finally:
+            rec.tracing -= 1
+            fn = tracing_options.python_function
+            defined_at, own = _defined_at(fn)
+            rec.trace({"name": str(getattr(tracing_options, "name", "function")), "function": id(fn),
+                       "defined_at": defined_at, "own": own, "site": site, "seconds": _clock() - started,
+                       "signature": _describe(function_type) if own else [], "at_s": started - rec.t0})
+
+    create._tfperf_watched = True
+    module._create_concrete_function = create
+
+
+# -- Loading: patch when the program imports Keras or TensorFlow -------------------------------------------------
+class _Loaded:
+    """A loader that runs the real one, then times the import and applies the patches."""
+
+    def __init__(self, loader: Any, name: str):
+        self.loader, self.name = loader, name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.loader, attr)
+
+    def exec_module(self, module) -> None:
+        started = _clock()
+        self.loader.exec_module(module)
+        if RECORDER is not None:
+            RECORDER.data["imports"][self.name] = {"seconds": _clock() - started, "at_s": started - RECORDER.t0}
+        patch_tracing()
+        patch_keras()
+
+
+class _Finder:
+    """Sees the program import `tensorflow` or `keras` and hands their loaders to _Loaded."""
+
+    NAMES = ("tensorflow", "keras")
+
+    def __init__(self):
+        self.busy: set[str] = set()
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.NAMES or name in self.busy:
+            return None
+        import importlib.util  # noqa: PLC0415
+
+        self.busy.add(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy.discard(name)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loaded(spec.loader, name)
+        return spec
+
+
+def install(folder: str) -> None:
+    """Start recording this process into `folder` (once)."""
+    global RECORDER
+    if RECORDER is not None or not os.path.isdir(folder):
+        return
+    RECORDER = Recorder(folder)
+    sys.meta_path.insert(0, _Finder())
+    patch_tracing()  # already imported (a sitecustomize of the program's own did): patch now
+    patch_keras()
+    atexit.register(RECORDER.write, final=True)
+    RECORDER.write()

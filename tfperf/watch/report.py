@@ -1,0 +1,129 @@
+"""A watched run's report: the split of its time and what to change first, then each epoch, trace and call, folded."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from typing import Any, Mapping
+
+from tfperf.watch.findings import Analysis, FitSplit, megabytes, seconds, share
+
+
+def _parts(parts: Sequence[tuple[str, float]], whole: float) -> str:
+    return ", ".join(f"{name} {seconds(s)} ({share(s, whole)})" for name, s in parts if s > 0)
+
+
+def headline(analysis: Analysis, command: Sequence[str], ending: str) -> str:
+    """One sentence: how long the run took and where the time went."""
+    a = analysis
+    known = a.imports_s + a.fit.seconds + a.calls_s
+    parts = [("fit()", a.fit.seconds), ("importing TensorFlow and Keras", a.imports_s),
+             ("evaluate() and predict() outside fit", a.calls_s),
+             ("the rest (start-up and the program's own code)", max(0.0, a.wall_s - known))]
+    name = shlex.join(command)
+    if a.process is None:
+        return f"`{name}` ran {seconds(a.wall_s)} ({ending}); no Keras or TensorFlow work was seen in it."
+    return f"`{name}` ran {seconds(a.wall_s)} ({ending}): {_parts(parts, a.wall_s)}."
+
+
+def fit_sentence(split: FitSplit) -> str:
+    """Of fit's time: steps, validation, callbacks (named), set-up, the rest."""
+    if split.seconds <= 0:
+        return ""
+    named = sorted(split.callbacks.items(), key=lambda kv: -kv[1])
+    callbacks = sum(split.callbacks.values())
+    inner = "; ".join(f"{n} {seconds(s)}" for n, s in named[:3] if s >= 0.001)
+    cb = f"callbacks {seconds(callbacks)} ({share(callbacks, split.seconds)}{': ' + inner if inner else ''})"
+    if split.callbacks_async:
+        cb += " in a thread beside the steps"
+    parts = [("steps (input and compute)", split.steps), ("validation", split.validation),
+             ("set-up before and after the epochs", split.set_up), ("the rest of the epochs", split.rest)]
+    return f"Of fit's {seconds(split.seconds)}: {_parts(parts[:2], split.seconds)}, {cb}, {_parts(parts[2:], split.seconds)}."
+
+
+def advice_lines(analysis: Analysis) -> list[str]:
+    """The findings, most costly first, each with what to try; or why there is none."""
+    if not analysis.findings:
+        if analysis.process is None:
+            return []
+        return ["Nothing in this run crossed a finding's bar (a callback at 5% of fit, validation at 15%, a first "
+                "epoch 1.5x the others, 3 traces of one function, a predict() loop, memory growing 50 MB, steps "
+                "slowing 1.2x)."]
+    lines = []
+    for i, f in enumerate(analysis.findings, 1):
+        cost = f" (cost {seconds(f.seconds)})" if f.seconds >= 0.001 else ""
+        lines.append(f"{i}. **{f.key}**{cost}: {f.text}. Try: {f.fix}.")
+    return lines
+
+
+def _epoch_rows(fits: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = ["| fit | epoch | seconds | steps | batches | throughput | validation | callbacks | traces | RSS |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, fit in enumerate(fits, 1):
+        batch = fit.get("batch_size")
+        for e in fit.get("epochs_run", []):
+            rate = e["batches"] / e["steps_s"] if e["steps_s"] > 0 else 0.0
+            speed = f"{rate * batch:,.0f} examples/s" if batch else f"{rate:,.1f} batches/s"
+            rss = megabytes(e["rss"]) if e.get("rss") else "-"
+            rows.append(f"| {n} | {e['epoch'] + 1} | {seconds(e['seconds'])} | {seconds(e['steps_s'])} | "
+                        f"{e['batches']:,} | {speed} | {seconds(e['validation_s'])} | "
+                        f"{seconds(sum(e['callbacks'].values()))} | {e['traces']} | {rss} |")
+    return rows
+
+
+def _trace_rows(traces: Sequence[Mapping[str, Any]]) -> list[str]:
+    grouped: dict[tuple[str, str], list[float]] = {}
+    for t in traces:
+        key = (str(t["name"]), str(t.get("site")))
+        grouped.setdefault(key, []).append(t["seconds"])
+    rows = ["| function | called from | traces | tracing |", "|---|---|---|---|"]
+    for (name, site), times in sorted(grouped.items(), key=lambda kv: -sum(kv[1])):
+        rows.append(f"| `{name}` | {site} | {len(times)} | {seconds(sum(times))} |")
+    return rows
+
+
+def _call_rows(calls: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    rows = ["| call | at | calls | batches | in all | a call |", "|---|---|---|---|---|---|"]
+    for c in sorted(calls.values(), key=lambda c: -c["seconds"]):
+        rows.append(f"| {c['kind']}() | {c['site']} | {c['calls']:,} | {c['batches']:,} | {seconds(c['seconds'])} | "
+                    f"{seconds(c['seconds'] / c['calls'])} |")
+    return rows
+
+
+def _fold(summary: str, rows: list[str]) -> list[str]:
+    return ["<details><summary>" + summary + "</summary>", "", *rows, "", "</details>", ""]
+
+
+def markdown(analysis: Analysis, command: Sequence[str], ending: str) -> str:
+    """report.md: the answer first, the detail folded."""
+    p = analysis.process or {}
+    lines = ["# tfperf watch", "", "**" + headline(analysis, command, ending) + "**", ""]
+    if analysis.fit.seconds > 0:
+        lines += [fit_sentence(analysis.fit), ""]
+    advice = advice_lines(analysis)
+    if advice:
+        lines += ["## What to change first", "", *advice, ""]
+    fits = p.get("fits", [])
+    if fits:
+        lines += _fold(f"Epochs ({sum(len(f.get('epochs_run', [])) for f in fits)} in {len(fits)} fit() "
+                       f"call{'s' if len(fits) > 1 else ''})", _epoch_rows(fits))
+    if p.get("traces"):
+        lines += _fold(f"tf.function traces ({len(p['traces'])})", _trace_rows(p["traces"]))
+    if p.get("calls"):
+        lines += _fold("evaluate(), predict() and *_on_batch() outside fit", _call_rows(p["calls"]))
+    if analysis.processes > 1:
+        lines += [f"{analysis.processes} Python processes of this run were watched; this report reads the one "
+                  f"with the most Keras work (pid {p.get('pid')}).", ""]
+    if analysis.not_measured:
+        lines += ["## Not measured", "", *[f"- {n}" for n in analysis.not_measured], ""]
+    return "\n".join(lines)
+
+
+def summary(analysis: Analysis, command: Sequence[str], ending: str, report: str) -> str:
+    """What the watch prints on stderr when the run ends: the headline and the findings, one line each."""
+    lines = ["", "tfperf watch: " + headline(analysis, command, ending)]
+    if analysis.fit.seconds > 0:
+        lines.append("  " + fit_sentence(analysis.fit))
+    lines += ["  " + line.replace("**", "") for line in advice_lines(analysis)]
+    lines.append(f"  report: {report}")
+    return "\n".join(lines)

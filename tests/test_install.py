@@ -141,6 +141,7 @@ def test_the_wheel_holds_every_subpackage_and_declares_its_dependencies(wheel):
     held = {".".join(Path(n).parent.parts) for n in names if n.endswith("/__init__.py")}
     assert held == packages_in(REPO, "tfperf") and "tfperf.deploy" in held
     assert {"tfperf/datasets/mnist_5k.npz", "tfperf/datasets/digits.npz"} <= set(names)  # offline data, no extra
+    assert "tfperf/watch/boot/sitecustomize.py" in names  # what `tfperf watch` puts on a program's path
     required = re.findall(r"^Requires-Dist: ([\w-]+)[^;\n]*$", metadata, re.M)
     assert {"tensorflow", "keras", "numpy", "scipy", "psutil"} == set(required)
     assert {"onnx", "litert", "serve", "report", "loadgen", "profile", "jax", "all"} <= set(

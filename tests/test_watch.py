@@ -4,6 +4,7 @@ itself on a real script in one process of its own (output, argv, exit code and f
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -135,6 +136,18 @@ def test_memory_growth_and_a_decline_over_epochs_are_said_only_from_the_numbers(
     assert f.epoch_findings([fit(slowing[2:])]) == []  # three epochs: too few to say a decline
 
 
+def test_a_generator_is_named_when_making_batches_took_a_share_of_the_steps():
+    slow = fit([epoch(0, steps_s=2.0), epoch(1, steps_s=2.0)], input="a Python generator", input_s=3.6,
+               input_batches=200)
+    found = f.input_findings([slow])
+    assert keys(found) == ["input"] and "200 batches (18 ms a batch), 90% of the steps' 4.0 s" in found[0].text
+    assert "can go no faster than it" in found[0].text and "PyDataset with workers" in found[0].fix
+    quick = fit([epoch(0, steps_s=2.0), epoch(1, steps_s=2.0)], input="a Python generator", input_s=0.4,
+                input_batches=200)
+    assert f.input_findings([quick]) == []
+    assert not any("waiting for input" in n for n in f.analyse([process([slow])], 9.0).not_measured)
+
+
 def test_fit_in_a_loop_is_named_once():
     fits = [fit([epoch(0, trace_s=0.3)], seconds=1.5) for _ in range(5)]
     found = f.fit_loop_findings(fits)
@@ -179,6 +192,7 @@ def test_bad_command_lines_are_one_line_errors(capsys):
 
 SCRIPT = """
 import sys
+import time
 import numpy as np
 import keras
 import tensorflow as tf
@@ -200,12 +214,36 @@ for i in range(4):
     scaled(tf.constant(x[:2]), float(i))
 for _ in range(12):
     model.predict(x[:4], verbose=0)
+for i in range(4):  # a new tf.function each time round
+    tf.function(lambda t: t + 1)(tf.constant(1.0))
+
+
+class OwnStep(keras.Model):  # its own train_step, fed by a Python generator that takes its time
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss}
+
+
+def batches():
+    while True:
+        time.sleep(0.006)  # reading and decoding, one batch at a time
+        yield x[:32], y[:32]
+
+
+inputs = keras.Input((8,))
+own = OwnStep(inputs, keras.layers.Dense(2)(inputs))
+own.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+own.fit(batches(), steps_per_epoch=60, epochs=2, verbose=0)
 open("made_by_the_script.txt", "w").write("ok")
 print("script says", sys.argv[1:])
 sys.exit(3)
 """
 
 
+@pytest.mark.slow
 def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     out = tmp_path / "report"
@@ -219,14 +257,20 @@ def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["made_by_the_script.txt", "report", "train.py"]
     record = json.loads((out / "watch.json").read_text())
     (p,) = [p for p in record["processes"] if p["fits"]]
+    assert [f["model"] for f in p["fits"]] == ["Sequential", "OwnStep"]
     assert len(p["fits"][0]["epochs_run"]) == 3 and p["fits"][0]["batch_size"] == 32
-    assert p["fits"][0]["epochs_run"][1]["callbacks"]["Slow"] > 0 and p["fits"][0]["site"] == "train.py:14"
+    assert p["fits"][0]["epochs_run"][1]["callbacks"]["Slow"] > 0 and p["fits"][0]["site"] == "train.py:15"
     report = (out / "report.md").read_text()
-    assert "(exit 3)" in report and "`scaled` (train.py:16) was traced 4 times" in report
-    assert "a new Python value for `k`" in report and "predict() was called 12 times at train.py:23" in report
+    assert "(exit 3)" in report and "`scaled` (train.py:17) was traced 4 times" in report
+    assert "a new Python value for `k`" in report and "predict() was called 12 times at train.py:24" in report
+    assert "was traced 4 times" in report and "a new function object 3 times" in report  # the lambda's line
+    own_fit = next(f for f in p["fits"] if f["model"] == "OwnStep")
+    assert [e["batches"] for e in own_fit["epochs_run"]] == [60, 60] and own_fit["site"] == "train.py:47"
+    assert "the Python generator given to fit() at train.py:47 took" in report and re.search(r"\d+ batches \(\d+ ms a batch\)", report)
     assert "tfperf watch: `" in done.stderr and str(out / "report.md") in done.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_leaves_a_partial_report_and_the_signal_exit_code(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT.replace("epochs=int(sys.argv[1])", "epochs=10_000"))
     out, scratch = tmp_path / "report", tmp_path / "scratch"

@@ -22,6 +22,8 @@ RETRACE_MIN_S = 0.5  # ...or when its traces took this long
 LOOP_CALLS = 10  # predict() or evaluate() called this often on a batch or two each is a loop
 LOOP_BATCHES = 2
 FIT_LOOP = 3  # fit() called this often from one line
+INPUT_SHARE = 0.3  # a generator is named when making batches took this share of the steps' time...
+INPUT_MIN_S = 0.5  # ...and this long
 GROWTH_MIN = 50 * MB  # memory growth named from this much over the run...
 GROWTH_EPOCHS = 3  # ...over at least this many epochs
 DECLINE_EPOCHS = 4  # a decline is judged over this many epochs at least, against the second
@@ -174,6 +176,26 @@ def first_epoch_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
         fix = ("paid once per fit() of a new or recompiled model: call fit() once for all epochs "
                "(not once an epoch), keep one model rather than rebuilding it")
         found.append(Finding("first epoch", extra, text, fix))
+    return found
+
+
+def input_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    """A Python generator whose batches took INPUT_SHARE of the steps' time to make."""
+    found = []
+    for fit in fits:
+        epochs = fit.get("epochs_run", [])
+        made, batches = fit.get("input_s", 0.0), fit.get("input_batches", 0)
+        steps = sum(e["steps_s"] for e in epochs)
+        if not batches or made < INPUT_MIN_S or made < INPUT_SHARE * steps:
+            continue
+        bound = ": the steps can go no faster than it" if made >= 0.8 * steps else ""
+        text = (f"the Python generator given to fit() at {fit.get('site')} took {seconds(made)} to make {batches:,} "
+                f"batches ({seconds(made / batches)} a batch), {share(made, steps)} of the steps' "
+                f"{seconds(steps)}{bound}")
+        fix = ("a keras.utils.PyDataset with workers=N (use_multiprocessing=True for Python-heavy work), or a "
+               "tf.data pipeline: from_tensor_slices or TFRecords, map(..., num_parallel_calls=tf.data.AUTOTUNE), "
+               "prefetch")
+        found.append(Finding("input", made, text, fix))
     return found
 
 
@@ -352,12 +374,13 @@ def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
     found: list[Finding] = []
     if main:
         found = (callback_findings(split) + validation_finding(fits, split) + first_epoch_findings(fits)
-                 + fit_loop_findings(fits) + retrace_findings(main.get("traces", [])) + call_findings(main)
+                 + input_findings(fits) + fit_loop_findings(fits) + retrace_findings(main.get("traces", []))
+                 + call_findings(main)
                  + epoch_findings(fits))
     not_measured = []
     if main is None:
         not_measured.append("no Python process of this run imported TensorFlow or Keras: only its wall time is known")
-    elif fits:
+    elif fits and not any(f.get("input") for f in fits):
         not_measured.append("waiting for input is inside each step's time (the train function reads its batch "
                             "itself): `tfperf doctor MODEL --data module:function` races the pipeline alone")
     if main is not None and not main.get("complete"):

@@ -1,5 +1,6 @@
 """What `tfperf watch` runs inside the watched program: Keras' fit, evaluate and predict, their callbacks, each
-training step, tf.function tracing and the process's memory, recorded into one JSON file per process.
+training step (keras_hooks.py, loaded once Keras is), tf.function tracing and the process's memory, recorded into
+one JSON file per process.
 
 Standard library only, and loaded by file path (tfperf.watch.boot): the watched program's interpreter may not have
 tfperf installed, and nothing of tfperf's may change what the program imports. Nothing is patched until the
@@ -71,6 +72,7 @@ def user_site(skip: int = 2) -> str | None:
 def _new_epoch(index: int) -> dict:
     return {"epoch": index, "seconds": 0.0, "steps_s": 0.0, "steps": 0, "batches": 0, "step_sample": [],
             "first_step_s": None, "callbacks": {}, "validation_s": 0.0, "traces": 0, "trace_s": 0.0, "rss": None,
+            "input_s": 0.0, "input_batches": 0,
             "started": _clock()}
 
 
@@ -157,6 +159,14 @@ class Recorder:
             if len(epoch["step_sample"]) < SAMPLES:
                 epoch["step_sample"].append(seconds)
 
+    def made_batch(self, seconds: float) -> None:
+        """A batch the program's own generator made for training (validation's are validation's time)."""
+        with self.lock:
+            for holder in (self.fit, self.epoch):  # prefetching runs ahead: a batch may be made between epochs
+                if holder is not None and not self.validating:
+                    holder["input_s"] = holder.get("input_s", 0.0) + seconds
+                    holder["input_batches"] = holder.get("input_batches", 0) + 1
+
     def callback(self, name: str, seconds: float) -> None:
         with self.lock:
             if self.fit is None or self.validating:
@@ -201,195 +211,17 @@ def _allocator_bytes() -> int | None:
         return None
 
 
-# -- Keras ---------------------------------------------------------------------------------------------------
-def _fit_summary(model: Any, bound: inspect.BoundArguments) -> dict:
-    """What fit was asked: the arguments and compile settings a report names."""
-    a = bound.arguments
-    callbacks = a.get("callbacks") or []
-    x = a.get("x")
-    return {"site": user_site(3), "model": type(model).__name__, "epochs": a.get("epochs"),
-            "batch_size_arg": a.get("batch_size"), "verbose": a.get("verbose"),
-            "validation": a.get("validation_data") is not None or bool(a.get("validation_split")),
-            "validation_freq": a.get("validation_freq"), "x": type(x).__name__,
-            "rows": len(x) if hasattr(x, "shape") and hasattr(x, "__len__") else None,
-            "validation_split": a.get("validation_split") or 0.0,
-            "user_callbacks": [type(c).__name__ for c in (callbacks if isinstance(callbacks, list) else [])],
-            "steps_per_execution": getattr(model, "steps_per_execution", None),
-            "jit_compile": _safe(lambda: bool(model.jit_compile)),
-            "dtype_policy": _safe(lambda: model.dtype_policy.name)}
-
-
-def _safe(read: Callable[[], Any]) -> Any:
-    try:
-        return read()
-    except Exception:  # noqa: BLE001 - a setting this Keras does not have is left out
-        return None
-
-
-def _watch_fit(original: Callable) -> Callable:
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def fit(self, *args, **kwargs):
-        if RECORDER is None or RECORDER.fit is not None:
-            return original(self, *args, **kwargs)
-        try:
-            bound = signature.bind(self, *args, **kwargs)
-            bound.apply_defaults()
-            summary = _fit_summary(self, bound)
-        except TypeError:
-            summary = {"site": user_site(2), "model": type(self).__name__}
-        started = _clock()
-        RECORDER.begin_fit(summary)
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            RECORDER.end_fit(started)
-
-    fit._tfperf_watched = True
-    return fit
-
-
-def _watch_call(kind: str, original: Callable) -> Callable:
-    @functools.wraps(original)
-    def call(self, *args, **kwargs):
-        rec = RECORDER
-        if rec is None:
-            return original(self, *args, **kwargs)
-        if kind == "evaluate" and rec.epoch is not None and not rec.validating:  # fit's validation
-            started = _clock()
-            rec.validating = True
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                rec.validating = False
-                with rec.lock:
-                    if rec.epoch is not None:
-                        rec.epoch["validation_s"] += _clock() - started
-        if rec.fit is not None or rec.validating:
-            return original(self, *args, **kwargs)  # called from inside fit (a callback's predict): fit's time
-        site, started = user_site(2), _clock()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            rec.call(kind, site, _clock() - started, getattr(rec, "last_batches", None))
-            rec.last_batches = None
-
-    call._tfperf_watched = True
-    return call
-
-
-def _timed_hook(name: str, method: Callable) -> Callable:
-    @functools.wraps(method)
-    def hook(*args, **kwargs):
-        started = _clock()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            if RECORDER is not None:
-                RECORDER.callback(name, _clock() - started)
-
-    hook._tfperf_watched = True
-    return hook
-
-
-def _time_callbacks(callback_list: Any, base: type) -> None:
-    """Each callback's own hooks timed, by its class name (instance attributes: the class is left alone)."""
-    for cb in getattr(callback_list, "callbacks", []):
-        for hook_name in CALLBACK_HOOKS:
-            method = getattr(cb, hook_name, None)
-            if method is None or getattr(method, "_tfperf_watched", False):
-                continue
-            if getattr(type(cb), hook_name, None) is getattr(base, hook_name, None):
-                continue  # Keras' empty default: nothing to time, and timing it would cost every step
-            try:
-                setattr(cb, hook_name, _timed_hook(type(cb).__name__, method))
-            except (AttributeError, TypeError):
-                pass  # a callback with __slots__ or a read-only hook stays untimed
-
-
-def _patch_callback_list(module: Any, base: type) -> None:
-    """Steps timed between the batch hooks (the train function's call), epochs between theirs."""
-    cls = module.CallbackList
-    init, batch_begin, batch_end = cls.__init__, cls.on_train_batch_begin, cls.on_train_batch_end
-    epoch_begin, epoch_end = cls.on_epoch_begin, cls.on_epoch_end
-
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if RECORDER is not None:
-            _time_callbacks(self, base)
-            if RECORDER.fit is not None and not RECORDER.validating:
-                RECORDER.fit["callbacks_async"] = bool(getattr(self, "_async_train", False))
-
-    def on_train_batch_begin(self, batch, logs=None):
-        batch_begin(self, batch, logs)
-        if RECORDER is not None:
-            epoch = RECORDER.epoch
-            if epoch is not None and epoch["first_step_s"] is None:
-                epoch["trace_s_before_step"] = epoch["trace_s"]
-            RECORDER.step_started = (_clock(), batch)
-
-    def on_train_batch_end(self, batch, logs=None):
-        ended = _clock()
-        if RECORDER is not None and RECORDER.step_started is not None:
-            started, first = RECORDER.step_started
-            RECORDER.step_started = None
-            RECORDER.step(ended - started, max(1, int(batch) - int(first) + 1))
-        batch_end(self, batch, logs)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if RECORDER is not None:
-            RECORDER.begin_epoch(int(epoch))
-        epoch_begin(self, epoch, logs)
-
-    def on_epoch_end(self, epoch, logs=None):
-        epoch_end(self, epoch, logs)
-        if RECORDER is not None:
-            RECORDER.end_epoch()
-
-    for name, fn in [("__init__", __init__), ("on_train_batch_begin", on_train_batch_begin),
-                     ("on_train_batch_end", on_train_batch_end), ("on_epoch_begin", on_epoch_begin),
-                     ("on_epoch_end", on_epoch_end)]:
-        setattr(cls, name, functools.wraps(getattr(cls, name))(fn))
-
-
-def _patch_epoch_iterator(module: Any) -> None:
-    """The batch size and batches an epoch the data adapter found (fit's, or the call's)."""
-    cls = module.EpochIterator
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        rec = RECORDER
-        if rec is None or rec.validating:
-            return
-        adapter = getattr(self, "data_adapter", None)
-        batches = _safe(lambda: adapter.num_batches)
-        if rec.fit is not None and rec.fit["batch_size"] is None:
-            rec.fit["batch_size"] = _safe(lambda: adapter.batch_size)
-            rec.fit["batches_per_epoch"] = batches
-        elif rec.fit is None:
-            rec.last_batches = batches
-
-    cls.__init__ = __init__
-
-
 def patch_keras() -> None:
-    """Keras 3's Model, callbacks and epoch iterator, once."""
-    model_module = sys.modules.get("keras.src.models.model")
-    if model_module is None or getattr(model_module.Model.fit, "_tfperf_watched", False):
+    """Keras 3's Model, callbacks and epoch iterator (tfperf/watch/keras_hooks.py, loaded by path as this is)."""
+    if "keras.src.models.model" not in sys.modules or "_tfperf_watch_keras" in sys.modules:
         return
-    from keras.src.callbacks import callback, callback_list  # noqa: PLC0415 - Keras is loaded by now
-    from keras.src.trainers import epoch_iterator  # noqa: PLC0415
+    import importlib.util  # noqa: PLC0415
 
-    model = model_module.Model
-    model.fit = _watch_fit(model.fit)
-    for kind in CALLS:
-        if hasattr(model, kind):
-            setattr(model, kind, _watch_call(kind, getattr(model, kind)))
-    _patch_callback_list(callback_list, callback.Callback)
-    _patch_epoch_iterator(epoch_iterator)
+    spec = importlib.util.spec_from_file_location("_tfperf_watch_keras", os.path.join(_HERE, "keras_hooks.py"))
+    hooks = importlib.util.module_from_spec(spec)
+    sys.modules["_tfperf_watch_keras"] = hooks
+    spec.loader.exec_module(hooks)
+    hooks.patch(sys.modules[__name__])
 
 
 # -- TensorFlow's tracing --------------------------------------------------------------------------------------

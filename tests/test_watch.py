@@ -165,6 +165,14 @@ def test_a_run_with_no_keras_says_so_and_a_killed_one_says_it_is_partial():
     assert "Nothing in this run crossed a finding's bar" in quiet and "Epochs (3 in 1 fit() call)" in quiet
 
 
+def test_under_a_launcher_the_report_reads_rank_0_and_says_so():
+    ranks = [{**process([fit([epoch(i) for i in range(3)])]), "pid": 10 + r, "rank": r} for r in (1, 0)]
+    ranks[0]["fits"][0]["seconds"] = 99.0  # rank 1 worked longer: rank 0 is still the one read
+    analysis = f.analyse(ranks, 20.0)
+    assert analysis.process["rank"] == 0 and analysis.ranks == 2
+    assert "this report reads rank 0 of 2 ranks (pid 10)" in markdown(analysis, ["horovodrun"], "exit 0")
+
+
 def test_command_helpers():
     assert watch_command.program_name(["python", "-u", "train.py", "--epochs", "3"]) == "train"
     assert watch_command.program_name(["python3", "-m", "pkg.train"]) == "pkg-train"

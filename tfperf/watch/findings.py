@@ -65,7 +65,8 @@ def primary(processes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
         return fits + sum(c["seconds"] for c in p.get("calls", {}).values()) + len(p.get("traces", []))
 
     busy = [p for p in processes if work(p) > 0 or p.get("imports")]
-    return max(busy, key=work) if busy else None
+    first = [p for p in busy if p.get("rank") == 0]  # under a launcher: rank 0, as its logs are
+    return max(first or busy, key=work) if busy else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,6 +364,7 @@ class Analysis:
     calls_s: float
     findings: list[Finding]
     not_measured: list[str]
+    ranks: int = 0  # processes a launcher gave a rank
 
 
 def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
@@ -389,4 +391,5 @@ def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
     if main is not None and main.get("traces_dropped"):
         not_measured.append(f"{main['traces_dropped']} traces past the first 5,000 were counted, not described")
     return Analysis(wall_s, main, len(processes), import_seconds(main) if main else 0.0, split, calls_s,
-                    sorted(found, key=lambda f: -f.seconds), not_measured)
+                    sorted(found, key=lambda f: -f.seconds), not_measured,
+                    len({p["rank"] for p in processes if p.get("rank") is not None}))

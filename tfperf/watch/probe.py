@@ -49,6 +49,14 @@ def rss_bytes() -> int | None:
         return None
 
 
+def launcher_rank() -> int | None:
+    """This process's rank where a launcher started it (horovodrun's Gloo or MPI, torchrun-style RANK)."""
+    for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return None
+
+
 def _is_library(filename: str) -> bool:
     return (any(part in filename for part in _LIBRARY_PARTS) or filename.startswith((_TFPERF, _STDLIB))
             or filename.startswith("<"))
@@ -83,7 +91,8 @@ class Recorder:
         self.path = os.path.join(folder, f"process-{os.getpid()}.json")
         self.lock = threading.RLock()
         self.t0 = _clock()
-        self.data: dict[str, Any] = {"pid": os.getpid(), "argv": list(sys.argv), "imports": {}, "fits": [],
+        self.data: dict[str, Any] = {"pid": os.getpid(), "argv": list(sys.argv), "rank": launcher_rank(),
+                                     "imports": {}, "fits": [],
                                      "calls": {}, "traces": [], "rss_start": rss_bytes(), "complete": False}
         self.fit: dict | None = None
         self.epoch: dict | None = None

@@ -112,8 +112,10 @@ def markdown(analysis: Analysis, command: Sequence[str], ending: str) -> str:
     if p.get("calls"):
         lines += _fold("evaluate(), predict() and *_on_batch() outside fit", _call_rows(p["calls"]))
     if analysis.processes > 1:
-        lines += [f"{analysis.processes} Python processes of this run were watched; this report reads the one "
-                  f"with the most Keras work (pid {p.get('pid')}).", ""]
+        which = (f"rank 0 of {analysis.ranks} ranks" if p.get("rank") == 0 else
+                 f"the one with the most Keras work")
+        lines += [f"{analysis.processes} Python processes of this run were watched; this report reads {which} "
+                  f"(pid {p.get('pid')}).", ""]
     if analysis.not_measured:
         lines += ["## Not measured", "", *[f"- {n}" for n in analysis.not_measured], ""]
     return "\n".join(lines)

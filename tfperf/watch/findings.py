@@ -293,6 +293,11 @@ def _slope(values: Sequence[float]) -> float:
     return sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values)) / den if den else 0.0
 
 
+def grows(series: Sequence[float], at_least: int) -> bool:
+    """Memory readings that rose GROWTH_MIN over at least `at_least` readings, the trend upward."""
+    return len(series) >= at_least and series[-1] - series[0] >= GROWTH_MIN and _slope(series) > 0
+
+
 def call_findings(process: Mapping[str, Any]) -> list[Finding]:
     """predict() or evaluate() in a loop on a batch or two each; memory that grows call after call."""
     traces_by_site: dict[str, int] = {}
@@ -313,7 +318,7 @@ def call_findings(process: Mapping[str, Any]) -> list[Finding]:
                    "callbacks on every call")
             found.append(Finding(f"{c['kind']} loop", c["seconds"] - per_call, text, fix))
         rss = [r for r in c.get("rss", []) if r]
-        if len(rss) >= LOOP_CALLS and rss[-1] - rss[0] >= GROWTH_MIN and _slope(rss) > 0:
+        if grows(rss, LOOP_CALLS):
             text = (f"host memory grew {megabytes(_slope(rss))} per {c['kind']}() call at {c['site']} "
                     f"({megabytes(rss[0])} to {megabytes(rss[-1])} over {len(rss)} calls)")
             fix = ("keep no results in a growing Python list (write them out, or keep only what is needed); a "
@@ -330,7 +335,7 @@ def epoch_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
     for fit in fits:
         epochs = fit.get("epochs_run", [])
         rss = [e["rss"] for e in epochs[1:] if e.get("rss")]
-        if len(rss) >= GROWTH_EPOCHS and rss[-1] - rss[0] >= GROWTH_MIN and _slope(rss) > 0:
+        if grows(rss, GROWTH_EPOCHS):
             text = (f"host memory grew {megabytes(_slope(rss))} an epoch in fit() at {fit.get('site')} "
                     f"({megabytes(rss[0])} after epoch 2, {megabytes(rss[-1])} after epoch {len(epochs)})")
             fix = ("look for what keeps each batch: a callback appending tensors or logs to a list, "

@@ -272,6 +272,9 @@ def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp
     assert "(exit 3)" in report and "`scaled` (train.py:17) was traced 4 times" in report
     assert "a new Python value for `k`" in report and "predict() was called 12 times at train.py:24" in report
     assert "was traced 4 times" in report and "a new function object 3 times" in report  # the lambda's line
+    (scaled,) = [fn for fn in p["functions"].values() if fn["name"] == "scaled"]
+    assert scaled["calls"] == 4 and scaled["defined_at"] == "train.py:17" and scaled["site"] == "train.py:22"
+    assert "the program's own tf.functions (their tracing included)" in report
     own_fit = next(f for f in p["fits"] if f["model"] == "OwnStep")
     assert [e["batches"] for e in own_fit["epochs_run"]] == [60, 60] and own_fit["site"] == "train.py:47"
     assert "the Python generator given to fit() at train.py:47 took" in report and re.search(r"\d+ batches \(\d+ ms a batch\)", report)

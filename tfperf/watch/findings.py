@@ -62,7 +62,8 @@ def primary(processes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The process the run's Keras work happened in: the one with the most time in fit and calls."""
     def work(p: Mapping[str, Any]) -> float:
         fits = sum(f.get("seconds") or 0.0 for f in p.get("fits", []))
-        return fits + sum(c["seconds"] for c in p.get("calls", {}).values()) + len(p.get("traces", []))
+        calls = sum(c["seconds"] for c in p.get("calls", {}).values())
+        return fits + calls + sum(fn["seconds"] for fn in p.get("functions", {}).values()) + len(p.get("traces", []))
 
     busy = [p for p in processes if work(p) > 0 or p.get("imports")]
     first = [p for p in busy if p.get("rank") == 0]  # under a launcher: rank 0, as its logs are
@@ -370,6 +371,7 @@ class Analysis:
     findings: list[Finding]
     not_measured: list[str]
     ranks: int = 0  # processes a launcher gave a rank
+    functions_s: float = 0.0  # calls of the program's own tf.functions outside fit (a custom loop), tracing included
 
 
 def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
@@ -397,4 +399,5 @@ def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
         not_measured.append(f"{main['traces_dropped']} traces past the first 5,000 were counted, not described")
     return Analysis(wall_s, main, len(processes), import_seconds(main) if main else 0.0, split, calls_s,
                     sorted(found, key=lambda f: -f.seconds), not_measured,
-                    len({p["rank"] for p in processes if p.get("rank") is not None}))
+                    len({p["rank"] for p in processes if p.get("rank") is not None}),
+                    sum(fn["seconds"] for fn in main.get("functions", {}).values()) if main else 0.0)

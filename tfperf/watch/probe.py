@@ -92,7 +92,7 @@ class Recorder:
         self.lock = threading.RLock()
         self.t0 = _clock()
         self.data: dict[str, Any] = {"pid": os.getpid(), "argv": list(sys.argv), "rank": launcher_rank(),
-                                     "imports": {}, "fits": [],
+                                     "imports": {}, "fits": [], "functions": {},
                                      "calls": {}, "traces": [], "rss_start": rss_bytes(), "complete": False}
         self.fit: dict | None = None
         self.epoch: dict | None = None
@@ -194,6 +194,18 @@ class Recorder:
                     holder["traces"] += 1
                     holder["trace_s"] += entry["seconds"]
 
+    def function_call(self, key: int, describe: Callable[[], dict], seconds: float) -> None:
+        """A call of one of the program's own tf.functions outside fit (a custom training loop's step)."""
+        with self.lock:
+            entry = self.data["functions"].get(str(key))
+            if entry is None:
+                entry = self.data["functions"][str(key)] = {**describe(), "calls": 0, "seconds": 0.0, "sample": []}
+            entry["calls"] += 1
+            entry["seconds"] += seconds
+            if len(entry["sample"]) < SAMPLES:
+                entry["sample"].append(seconds)
+        self.maybe_write()
+
     def call(self, kind: str, site: str | None, seconds: float, batches: int | None) -> None:
         with self.lock:
             key = f"{kind} {site}"
@@ -281,6 +293,38 @@ def patch_tracing() -> None:
 
     create._tfperf_watched = True
     module._create_concrete_function = create
+    _patch_function_calls(sys.modules.get("tensorflow.python.eager.polymorphic_function.polymorphic_function"))
+
+
+def _patch_function_calls(module: Any) -> None:
+    """Calls of the program's own tf.functions timed, outside fit and outside traces (a custom loop's steps; on a
+    GPU, the time to dispatch them)."""
+    if module is None:
+        return
+    original = module.Function.__call__
+    own: dict[int, bool] = {}
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        rec = RECORDER
+        if rec is None or rec.tracing or rec.fit is not None:
+            return original(self, *args, **kwargs)
+        key = id(getattr(self, "_python_function", None))
+        if key not in own:
+            own[key] = _defined_at(getattr(self, "_python_function", None))[1]
+        if not own[key]:
+            return original(self, *args, **kwargs)
+        started = _clock()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            elapsed = _clock() - started
+            fn = getattr(self, "_python_function", None)
+            rec.function_call(key, lambda: {"name": getattr(self, "_name", "function"),
+                                            "defined_at": _defined_at(fn)[0], "site": user_site(3)}, elapsed)
+
+    __call__._tfperf_watched = True
+    module.Function.__call__ = __call__
 
 
 # -- Loading: patch when the program imports Keras or TensorFlow -------------------------------------------------

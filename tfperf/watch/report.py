@@ -16,9 +16,10 @@ def _parts(parts: Sequence[tuple[str, float]], whole: float) -> str:
 def headline(analysis: Analysis, command: Sequence[str], ending: str) -> str:
     """One sentence: how long the run took and where the time went."""
     a = analysis
-    known = a.imports_s + a.fit.seconds + a.calls_s
+    known = a.imports_s + a.fit.seconds + a.calls_s + a.functions_s
     parts = [("fit()", a.fit.seconds), ("importing TensorFlow and Keras", a.imports_s),
              ("evaluate() and predict() outside fit", a.calls_s),
+             ("the program's own tf.functions (their tracing included)", a.functions_s),
              ("the rest (start-up and the program's own code)", max(0.0, a.wall_s - known))]
     name = shlex.join(command)
     if a.process is None:
@@ -90,6 +91,16 @@ def _call_rows(calls: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return rows
 
 
+def _function_rows(functions: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    rows = ["| tf.function | defined at | first called from | calls | in all | median a call |",
+            "|---|---|---|---|---|---|"]
+    for fn in sorted(functions.values(), key=lambda fn: -fn["seconds"]):
+        median = sorted(fn["sample"])[len(fn["sample"]) // 2] if fn["sample"] else 0.0
+        rows.append(f"| `{fn['name']}` | {fn['defined_at']} | {fn['site']} | {fn['calls']:,} | "
+                    f"{seconds(fn['seconds'])} | {seconds(median)} |")
+    return rows
+
+
 def _fold(summary: str, rows: list[str]) -> list[str]:
     return ["<details><summary>" + summary + "</summary>", "", *rows, "", "</details>", ""]
 
@@ -109,6 +120,8 @@ def markdown(analysis: Analysis, command: Sequence[str], ending: str) -> str:
                        f"call{'s' if len(fits) > 1 else ''})", _epoch_rows(fits))
     if p.get("traces"):
         lines += _fold(f"tf.function traces ({len(p['traces'])})", _trace_rows(p["traces"]))
+    if p.get("functions"):
+        lines += _fold("The program's own tf.functions, called outside fit", _function_rows(p["functions"]))
     if p.get("calls"):
         lines += _fold("evaluate(), predict() and *_on_batch() outside fit", _call_rows(p["calls"]))
     if analysis.processes > 1:

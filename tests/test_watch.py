@@ -17,7 +17,7 @@ import pytest
 
 from tfperf.watch import command as watch_command
 from tfperf.watch import findings as f
-from tfperf.watch.report import markdown
+from tfperf.watch.report import doctor_lines, markdown
 
 MB = 1024 * 1024
 
@@ -183,6 +183,112 @@ def test_command_helpers():
     assert watch_command.ending(137, None) == "killed by SIGKILL" and watch_command.ending(3, None) == "exit 3"
 
 
+def test_the_doctor_command_from_what_was_kept_or_why_not(tmp_path):
+    kept = {"model": "model.keras", "loss": "mean_squared_error", "from_logits": False, "sample": "sample.npz",
+            "sample_rows": 2048, "batch_size": 64}
+    cmd, why = watch_command.doctor_command(kept, tmp_path / "capture", tmp_path)
+    assert cmd[:9] == ["tfperf", "doctor", str(tmp_path / "capture" / "model.keras"), "--quick", "--train",
+                       "--loss", "mean_squared_error", "--no-threads", "--sample"] and "2,048 of your rows and targets" in why
+    no_rows = {**kept, "sample": None, "sample_error": "TypeError: fit() was given generator"}
+    del no_rows["sample"]
+    cmd, why = watch_command.doctor_command(no_rows, tmp_path, tmp_path)
+    assert "--sample" not in cmd and "rows the doctor makes up (yours could not be kept: TypeError" in why
+    assert watch_command.doctor_command(None, tmp_path, tmp_path)[0] is None
+    assert "could not be saved" in watch_command.doctor_command({"model_error": "x"}, tmp_path, tmp_path)[1]
+    assert "--loss NAME" in watch_command.doctor_command({"model": "m", "loss": None}, tmp_path, tmp_path)[1]
+    analysis = f.analyse([process([fit([epoch(0)])])], 5.0)
+    said = "Model ...\n\n**Best configuration for training**: batch 256: 2.0x\n```python\ncode\n```\nAdvice, ...\n1. x"
+    ran = markdown(analysis, ["python", "t.py"], "exit 0", doctor_lines(
+        {"command": cmd, "why": why, "captured": kept, "exit_code": 0, "said": said}))
+    assert "searched on your model and rows the doctor makes up" in ran
+    assert "**Best configuration for training**: batch 256: 2.0x\n```python\ncode\n```\n" in ran
+    assert "Advice, " not in ran and "Model ..." not in ran
+    failed = doctor_lines({"command": cmd, "why": why, "captured": kept, "exit_code": 2, "said": "error: x\n"})
+    assert "```text" in failed and "error: x" in failed
+    told = markdown(analysis, ["python", "t.py"], "exit 0", doctor_lines({"command": cmd, "why": why,
+                                                                          "captured": kept}))
+    assert "To search the best configuration" in told and "```bash\ntfperf doctor" in told
+
+
+def doctor_records(folder, best_metrics, label="steps_per_execution=16, batch 128"):
+    (folder / "doctor").mkdir(parents=True)
+    rows = [{"table": "best configuration against plain fit", "row": "plain fit (batch 32)",
+             "metrics": {"batch": 32, "steps_per_execution": 1, "jit_compile": False, "policy": "float32"}},
+            {"table": "best configuration against plain fit", "row": label, "ratio": 2.4, "metrics": best_metrics}]
+    (folder / "doctor" / "doctor.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+
+
+def test_apply_reads_the_doctors_best_and_refuses_what_it_cannot_use(tmp_path):
+    from tfperf.flags import UserError
+    from tfperf.watch import confirm
+
+    with pytest.raises(UserError, match="no doctor's records there"):
+        confirm.best_configuration(tmp_path)
+    doctor_records(tmp_path, {"batch": 128, "steps_per_execution": 16, "jit_compile": False, "policy": "float32"})
+    best = confirm.best_configuration(tmp_path)
+    assert (best["label"], best["claim"], best["batch"], best["steps_per_execution"]) == (
+        "steps_per_execution=16, batch 128", 2.4, 128, 16)
+    assert json.loads(confirm.apply_environment(best)) == {"steps_per_execution": 16, "jit_compile": False,
+                                                           "policy": "float32", "batch": 128}
+    with pytest.raises(UserError, match="no watch.json there"):
+        confirm.earlier_run(tmp_path)
+
+
+def test_the_confirmation_compares_epoch_for_epoch_and_says_what_did_not_apply(tmp_path):
+    from tfperf.watch import confirm
+
+    before = fit([epoch(i, seconds=2.0, steps_s=1.5, steps=100, sample=[0.015] * 50) for i in range(3)],
+                 steps_per_execution=1, dtype_policy="float32")
+    faster = fit([epoch(i, seconds=0.5, steps_s=0.3, steps=25, sample=[0.012] * 25) for i in range(2)],
+                 batch_size=128, steps_per_execution=1, dtype_policy="float32")
+    for e, loss in zip(before["epochs_run"] + faster["epochs_run"], (0.9, 0.8, 0.7, 0.95, 0.85)):
+        e["loss"] = loss
+    after = {**process([faster]), "applied": {"not_applied": ["policy: kept float32"], "learning_rate": 0.002,
+                                              "batch_size": 128}}
+    best = {"label": "batch 128", "claim": 2.4}
+    lines = "\n".join(confirm.confirmation_lines(before, [after], best, tmp_path))
+    # epoch 2 only (the shorter run's count): 100 x 32 examples in 2.0 s against 25 x 128 in 0.5 s
+    assert "1,600 examples/s over epoch 2" in lines and "6,400 examples/s, **4.00x**" in lines
+    assert "The steps alone, per example: 5.00x" in lines and "Not applied: policy: kept float32." in lines
+    assert "learning rate scaled to 0.002" in lines
+    assert "Loss after epoch 2: 0.8 as configured, 0.85 with the change (a larger batch" in lines
+    missing = confirm.confirmation_lines(before, [process()], best, tmp_path)
+    assert "Not confirmed: this run ran no fit()" in "\n".join(missing)
+
+
+def test_apply_puts_the_knobs_on_the_first_fit():
+    import inspect as inspect_
+
+    import keras
+    import numpy as np
+
+    from tfperf.watch.keras_hooks import apply_to_fit
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    bound = inspect_.signature(keras.Model.fit).bind(model, np.zeros((64, 4)), np.zeros((64, 2)), batch_size=32)
+    done = apply_to_fit(model, bound, {"steps_per_execution": 16, "jit_compile": False, "batch": 128})
+    assert model.steps_per_execution == 16 and bound.arguments["batch_size"] == 128 and done["batch_size"] == 128
+    assert done["learning_rate"] == pytest.approx(2e-3) and float(model.optimizer.learning_rate) == pytest.approx(2e-3)
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((np.zeros((64, 4)), np.zeros((64, 2)))).batch(32)
+    bound = inspect_.signature(keras.Model.fit).bind(model, data)
+    done = apply_to_fit(model, bound, {"steps_per_execution": 16, "jit_compile": False, "batch": 128})
+    assert "batch 128: fit() was given" in done["not_applied"][0] and "batch_size" not in done
+
+
+def test_the_loss_is_named_as_the_doctor_takes_it():
+    import keras
+
+    from tfperf.watch.keras_hooks import _loss_name
+
+    assert _loss_name(keras.losses.SparseCategoricalCrossentropy(from_logits=True)) == (
+        "sparse_categorical_crossentropy", True)
+    assert _loss_name("mse") == ("mse", False)
+    assert _loss_name(keras.losses.mean_squared_error) == ("mean_squared_error", False)
+
+
 def test_a_record_cut_midway_is_skipped(tmp_path):
     (tmp_path / "process-1.json").write_text(json.dumps({"pid": 1}))
     (tmp_path / "process-2.json").write_text('{"pid": 2, "fi')
@@ -256,9 +362,9 @@ def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp
     (tmp_path / "train.py").write_text(SCRIPT)
     out = tmp_path / "report"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-m", "tfperf", "watch", "--out", str(out), "--", sys.executable,
-                           "train.py", "3", "--flag"], cwd=tmp_path, capture_output=True, text=True, env=env,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-m", "tfperf", "watch", "--capture", "--out", str(out), "--",
+                           sys.executable, "train.py", "3", "--flag"], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=300)
     assert done.returncode == 3, done.stderr[-2000:]  # the script's exit code, its output, its files, its cwd
     assert "script says ['3', '--flag']" in done.stdout and "tfperf" not in done.stdout
     assert (tmp_path / "made_by_the_script.txt").read_text() == "ok"
@@ -279,6 +385,34 @@ def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp
     assert [e["batches"] for e in own_fit["epochs_run"]] == [60, 60] and own_fit["site"] == "train.py:47"
     assert "the Python generator given to fit() at train.py:47 took" in report and re.search(r"\d+ batches \(\d+ ms a batch\)", report)
     assert "tfperf watch: `" in done.stderr and str(out / "report.md") in done.stderr
+    # --capture: the first fit's model, 192 training rows (256 less the validation split) and its settings
+    assert json.loads((out / "capture" / "capture.json").read_text())["sample_rows"] == 256
+    assert (f"tfperf doctor {out}/capture/model.keras --quick --train --loss sparse_categorical_crossentropy "
+            f"--no-threads --from-logits --sample {out}/capture/sample.npz --out {out}/doctor") in report
+    assert "Your first fit() ran at batch 32, steps_per_execution 1, jit_compile False, float32" in report
+
+
+@pytest.mark.slow
+def test_apply_runs_the_doctors_best_in_the_users_own_fit_and_compares(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    watch = [sys.executable, "-m", "tfperf", "watch"]
+    first = subprocess.run([*watch, "--capture", "--out", "run", "--", sys.executable, "train.py", "3"],
+                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 3, first.stderr[-2000:]
+    doctor_records(tmp_path / "run", {"batch": 64, "steps_per_execution": 4, "jit_compile": False,
+                                      "policy": "float32"}, label="steps_per_execution=4, batch 64")
+    applied = subprocess.run([*watch, "--apply", "run", "--", sys.executable, "train.py", "3"], cwd=tmp_path,
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert applied.returncode == 3, applied.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "applied" / "watch.json").read_text())
+    (p,) = [p for p in record["processes"] if p["fits"]]
+    assert p["fits"][0]["steps_per_execution"] == 4 and p["fits"][0]["batch_size"] == 64  # the first fit only:
+    assert p["fits"][1]["steps_per_execution"] == 1  # the program's other models are left as they are
+    report = (tmp_path / "run" / "applied" / "report.md").read_text()
+    assert "## The doctor's best configuration, confirmed in your run" in report
+    assert "it ran at batch 64, steps_per_execution 4" in report and re.search(r"\*\*\d+\.\d\dx\*\*", report)
+    assert "Loss after epoch 3:" in report
 
 
 @pytest.mark.slow

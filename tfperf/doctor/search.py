@@ -389,8 +389,12 @@ def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows,
     ctx.progress("best configuration against plain fit")
     ms, comparisons, losses = race(ctx, configs, rows, rounds=HEADLINE_ROUNDS * ctx.options.rounds, started=started)
     for config in configs:
+        # The knobs as values too: `tfperf watch --apply` reads them to apply the best to the user's own run.
         ctx.recorder.add(HEADLINE, config.label, {"samples_per_s": ms[config.label].items_per_s,
-                                                  "final_loss": losses[config.label], "batch": config.batch},
+                                                  "final_loss": losses[config.label], "batch": config.batch,
+                                                  "steps_per_execution": config.steps_per_execution,
+                                                  "jit_compile": config.jit_compile,
+                                                  "policy": config.policy or "float32"},
                          primary="samples_per_s", lower_is_better=False, measurement=ms[config.label],
                          comparison=comparisons.get(config.label), versus_first=False)
     return comparisons, losses

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import os
+import re
 from typing import Any, Callable
 
 probe: Any = None  # the probe module, set by patch()
+CAPTURE_ROWS = 2048  # rows of the first fit's data kept for the doctor
 
 
 # -- Keras ---------------------------------------------------------------------------------------------------
@@ -17,7 +21,7 @@ def _fit_summary(model: Any, bound: inspect.BoundArguments) -> dict:
     a = bound.arguments
     callbacks = a.get("callbacks") or []
     x = a.get("x")
-    return {"site": probe.user_site(3), "model": type(model).__name__, "epochs": a.get("epochs"),
+    return {"site": probe.user_site(3), "model": type(model).__name__, "model_id": id(model), "epochs": a.get("epochs"),
             "batch_size_arg": a.get("batch_size"), "verbose": a.get("verbose"),
             "validation": a.get("validation_data") is not None or bool(a.get("validation_split")),
             "validation_freq": a.get("validation_freq"), "x": type(x).__name__,
@@ -36,6 +40,130 @@ def _safe(read: Callable[[], Any]) -> Any:
         return None
 
 
+def _loss_name(loss: Any) -> tuple[str | None, bool]:
+    """A Keras loss by the name the doctor takes (`sparse_categorical_crossentropy`), and whether on logits."""
+    if isinstance(loss, str):
+        return loss, False
+    config = _safe(lambda: loss.get_config()) or {}
+    name = type(loss).__name__ if hasattr(loss, "get_config") else getattr(loss, "__name__", None)
+    if name is None or name in ("LossFunctionWrapper", "function"):
+        name = config.get("fn") if isinstance(config.get("fn"), str) else None
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower() if name else None
+    return snake, bool(config.get("from_logits", False))
+
+
+def _rows(x: Any, take: int) -> Any:
+    """The first `take` rows of an array, a dict or a tuple of arrays, or of a tf.data dataset's batches."""
+    import numpy as np  # noqa: PLC0415 - the program has it: Keras does
+
+    if hasattr(x, "element_spec"):  # a tf.data.Dataset: iterate a few batches of it again
+        batches, rows = [], 0
+        for batch in x:
+            batches.append(batch)
+            rows += len(np.asarray(_first_leaf(batch)))
+            if rows >= take:
+                break
+        joined = [np.concatenate([np.asarray(leaf) for leaf in leaves]) for leaves in zip(*map(_leaves, batches))]
+        return _pack(batches[0], [j[:take] for j in joined])
+    if isinstance(x, dict):
+        return {k: np.asarray(v)[:take] for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(np.asarray(v)[:take] for v in x)
+    return np.asarray(x)[:take]
+
+
+def _leaves(batch: Any) -> list:
+    if isinstance(batch, dict):
+        return [batch[k] for k in sorted(batch)]
+    if isinstance(batch, (list, tuple)):
+        return [leaf for part in batch for leaf in _leaves(part)]
+    return [batch]
+
+
+def _first_leaf(batch: Any) -> Any:
+    return _leaves(batch)[0]
+
+
+def _pack(like: Any, leaves: list) -> Any:
+    """`leaves` back into the structure of `like` (the inverse of _leaves)."""
+    it = iter(leaves)
+
+    def build(part):
+        if isinstance(part, dict):
+            return {k: build(part[k]) for k in sorted(part)}
+        if isinstance(part, (list, tuple)):
+            return type(part)(build(p) for p in part)
+        return next(it)
+
+    return build(like)
+
+
+def capture(model: Any, arguments: dict, batch_size: int | None, folder: str) -> dict:
+    """What the doctor needs to search on the user's own fit: the model file, a sample of the rows with their
+    targets (sample.npz, as `tfperf doctor --sample` reads it) and the compile settings; what could not be had, said."""
+    import numpy as np  # noqa: PLC0415
+
+    said: dict[str, Any] = {"loss": None, "from_logits": False, "batch_size": batch_size,
+                            "steps_per_execution": getattr(model, "steps_per_execution", None),
+                            "jit_compile": _safe(lambda: bool(model.jit_compile)),
+                            "dtype_policy": _safe(lambda: model.dtype_policy.name),
+                            "optimizer": type(getattr(model, "optimizer", None)).__name__,
+                            "learning_rate": _safe(lambda: float(model.optimizer.learning_rate))}
+    said["loss"], said["from_logits"] = _loss_name(getattr(model, "loss", None))
+    try:
+        model.save(os.path.join(folder, "model.keras"))
+        said["model"] = "model.keras"
+    except Exception as exc:  # noqa: BLE001 - said in the report, never the program's failure
+        said["model_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    x, y = arguments.get("x"), arguments.get("y")
+    try:
+        if hasattr(x, "element_spec"):
+            x, y = _rows(x, CAPTURE_ROWS)[:2]
+        elif not hasattr(x, "__len__") or isinstance(x, str):
+            raise TypeError(f"fit() was given {type(x).__name__}, which cannot be read twice")
+        x, y = _rows(x, CAPTURE_ROWS), _rows(y, CAPTURE_ROWS) if y is not None else None
+        arrays = x if isinstance(x, dict) else {"x": x} if not isinstance(x, (list, tuple)) else {
+            getattr(t, "name", f"input_{i}"): a for i, (t, a) in enumerate(zip(model.inputs, x))}
+        if y is not None and not isinstance(y, (dict, list, tuple)):
+            arrays = {**arrays, "y": y}
+        np.savez(os.path.join(folder, "sample.npz"), **arrays)
+        said["sample"], said["sample_rows"] = "sample.npz", int(len(next(iter(arrays.values()))))
+    except Exception as exc:  # noqa: BLE001
+        said["sample_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    with open(os.path.join(folder, "capture.json"), "w") as f:
+        json.dump(said, f, indent=1)
+    return said
+
+
+def apply_to_fit(model: Any, bound: inspect.BoundArguments, knobs: dict, first: bool = True) -> dict:
+    """`tfperf watch --apply`: the doctor's best configuration put on the model of the program's first fit (compile's
+    steps_per_execution and jit_compile, and the learning rate scaled by the square-root rule, once; fit's batch at
+    each of its fit() calls); what took, and what could not, said. The mixed policy was set when Keras loaded."""
+    done: dict[str, Any] = {"not_applied": []}
+    if first:
+        if knobs.get("steps_per_execution"):
+            model.steps_per_execution = int(knobs["steps_per_execution"])
+        if knobs.get("jit_compile") is not None:
+            model.jit_compile = bool(knobs["jit_compile"])
+        model.train_function = None  # built again at fit() with the settings above
+    done.update(steps_per_execution=getattr(model, "steps_per_execution", None),
+                jit_compile=_safe(lambda: bool(model.jit_compile)), policy=_safe(lambda: model.dtype_policy.name))
+    batch, x = knobs.get("batch"), bound.arguments.get("x")
+    given = bound.arguments.get("batch_size") or 32  # Keras' default
+    if batch and batch != given:
+        if hasattr(x, "element_spec") or not hasattr(x, "__len__"):
+            done["not_applied"].append(f"batch {batch}: fit() was given {type(x).__name__}, whose batches are its "
+                                       "own (batch it there)")
+        else:
+            bound.arguments["batch_size"] = int(batch)
+            done["batch_size"] = int(batch)
+            rate = _safe(lambda: float(model.optimizer.learning_rate))
+            if first and rate is not None and _safe(lambda: setattr(model.optimizer, "learning_rate",
+                                                                    rate * (batch / given) ** 0.5)) is None:
+                done["learning_rate"] = rate * (batch / given) ** 0.5
+    return done
+
+
 def _watch_fit(original: Callable) -> Callable:
     signature = inspect.signature(original)
 
@@ -43,18 +171,30 @@ def _watch_fit(original: Callable) -> Callable:
     def fit(self, *args, **kwargs):
         if probe.RECORDER is None or probe.RECORDER.fit is not None:
             return original(self, *args, **kwargs)
+        arguments: dict = {}
         try:
             bound = signature.bind(self, *args, **kwargs)
             bound.apply_defaults()
+            arguments = dict(bound.arguments)
             summary = _fit_summary(self, bound)
         except TypeError:
             summary = {"site": probe.user_site(2), "model": type(self).__name__}
+        rec = probe.RECORDER
+        if rec.apply and arguments and rec.data.get("applied_to", id(self)) == id(self):
+            done = apply_to_fit(self, bound, rec.apply, first="applied" not in rec.data)
+            rec.data.setdefault("applied", done)
+            rec.data["applied_to"] = id(self)  # the first fit's model, at each of its fit() calls
+            args, kwargs = bound.args[1:], bound.kwargs
+            summary.update(steps_per_execution=self.steps_per_execution, batch_size_arg=bound.arguments["batch_size"],
+                           jit_compile=_safe(lambda: bool(self.jit_compile)))
         started = probe._clock()
-        probe.RECORDER.begin_fit(summary)
+        rec.begin_fit(summary)
+        if rec.capture_to and not rec.captured:
+            rec.capture_target = (self, arguments)
         try:
             return original(self, *args, **kwargs)
         finally:
-            probe.RECORDER.end_fit(started)
+            rec.end_fit(started)
 
     fit._tfperf_watched = True
     return fit
@@ -154,8 +294,15 @@ def _patch_callback_list(module: Any, base: type) -> None:
 
     def on_epoch_end(self, epoch, logs=None):
         epoch_end(self, epoch, logs)
-        if probe.RECORDER is not None:
-            probe.RECORDER.end_epoch()
+        rec = probe.RECORDER
+        if rec is not None:
+            rec.end_epoch(logs)
+            if rec.capture_to and not rec.captured and getattr(rec, "capture_target", None) is not None:
+                rec.captured = True  # once, after the first epoch: the model is built and its data known
+                model, arguments = rec.capture_target
+                rec.capture_target = None
+                batch = rec.data["fits"][-1].get("batch_size") if rec.data["fits"] else None
+                rec.data["capture"] = capture(model, arguments, batch, rec.capture_to)
 
     for name, fn in [("__init__", __init__), ("on_train_batch_begin", on_train_batch_begin),
                      ("on_train_batch_end", on_train_batch_end), ("on_epoch_begin", on_epoch_begin),
@@ -215,6 +362,11 @@ def patch(probe_module: Any) -> None:
     if getattr(Model.fit, "_tfperf_watched", False):
         return
     probe = probe_module
+    policy = (probe.RECORDER.apply or {}).get("policy") if probe.RECORDER is not None else None
+    if policy and policy != "float32":  # --apply: before the program builds its model, as the doctor's code says
+        from keras.src.dtype_policies.dtype_policy import set_dtype_policy  # noqa: PLC0415
+
+        set_dtype_policy(policy)
     model = Model
     model.fit = _watch_fit(model.fit)
     for kind in probe.CALLS:

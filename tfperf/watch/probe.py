@@ -21,6 +21,8 @@ import time
 from typing import Any, Callable
 
 FOLDER_ENV = "TFPERF_WATCH_DIR"
+CAPTURE_ENV = "TFPERF_WATCH_CAPTURE"  # a folder: keep the first fit's model, rows and settings there
+APPLY_ENV = "TFPERF_WATCH_APPLY"  # JSON: the doctor's best configuration, put on the first fit
 SAMPLES = 2000  # step durations kept per epoch (for medians and intervals); sums count every step
 CALL_SAMPLES = 500
 MAX_TRACES = 5000  # traces recorded one by one; beyond, counted  # memory readings kept per call site
@@ -100,6 +102,10 @@ class Recorder:
         self.step_started: float | None = None
         self.tracing = 0
         self.written = 0.0
+        self.capture_to = os.environ.get(CAPTURE_ENV) or None
+        self.apply = json.loads(os.environ.get(APPLY_ENV) or "{}")
+        self.captured = False
+        self.capture_target: Any = None
 
     # -- the record --------------------------------------------------------------------------------------------
     def write(self, *, final: bool = False) -> None:
@@ -143,11 +149,16 @@ class Recorder:
             if self.fit is not None:
                 self.epoch = _new_epoch(index)
 
-    def end_epoch(self) -> None:
+    def end_epoch(self, logs: Any = None) -> None:
         with self.lock:
             epoch, self.epoch = self.epoch, None
             if epoch is None or self.fit is None:
                 return
+            for name in ("loss", "val_loss"):  # the losses the epoch ended on (an applied change is judged by them)
+                try:
+                    epoch[name] = float(logs[name])  # a number, a NumPy scalar or a scalar tensor
+                except (KeyError, TypeError, ValueError):
+                    epoch[name] = None
             epoch["seconds"] = _clock() - epoch.pop("started")
             epoch["rss"] = rss_bytes()
             epoch["allocator"] = _allocator_bytes()

@@ -101,11 +101,43 @@ def _function_rows(functions: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return rows
 
 
+def doctor_lines(doctor: Mapping[str, Any] | None) -> list[str]:
+    """What the doctor made of the first fit the watch kept: its command, and what it said once it ran."""
+    if not doctor:
+        return []
+    lines = ["## The doctor on what the watch caught", ""]
+    c = doctor.get("captured") or {}
+    if c:
+        lines += [f"Your first fit() ran at batch {c.get('batch_size')}, steps_per_execution "
+                  f"{c.get('steps_per_execution')}, jit_compile {c.get('jit_compile')}, {c.get('dtype_policy')} "
+                  f"({c.get('optimizer')}, learning rate {c.get('learning_rate') or 0:.3g}).", ""]
+    if not doctor.get("command"):
+        return lines + [f"Not searched: {doctor['why']}.", ""]
+    cmd = shlex.join(doctor["command"])
+    if "said" not in doctor:
+        return lines + [f"To search the best configuration (steps_per_execution, XLA, mixed precision, the batch) "
+                        f"{doctor['why']}:", "", "```bash", cmd, "```", ""]
+    return lines + [f"`{cmd}` searched {doctor['why']} (exit {doctor['exit_code']}); its figures are against plain "
+                    f"fit at batch 32 on those rows; its whole report is in {doctor['command'][-1]}:", "",
+                    *training_answer(doctor["said"]), ""]
+
+
+def training_answer(said: str) -> list[str]:
+    """The doctor's answer about training, from what it printed: its best configuration, the code, the
+    confirmation; up to its list of advice. The whole of it when that paragraph is not there (an error)."""
+    text = said.strip().splitlines()
+    start = next((i for i, line in enumerate(text) if line.startswith("**Best configuration for training**")), None)
+    if start is None:
+        return ["```text", *text[-20:], "```"]
+    end = next((i for i in range(start, len(text)) if text[i].startswith("Advice, ")), len(text))
+    return text[start:end]
+
+
 def _fold(summary: str, rows: list[str]) -> list[str]:
     return ["<details><summary>" + summary + "</summary>", "", *rows, "", "</details>", ""]
 
 
-def markdown(analysis: Analysis, command: Sequence[str], ending: str) -> str:
+def markdown(analysis: Analysis, command: Sequence[str], ending: str, sections: Sequence[str] = ()) -> str:
     """report.md: the answer first, the detail folded."""
     p = analysis.process or {}
     lines = ["# tfperf watch", "", "**" + headline(analysis, command, ending) + "**", ""]
@@ -124,6 +156,7 @@ def markdown(analysis: Analysis, command: Sequence[str], ending: str) -> str:
         lines += _fold("The program's own tf.functions, called outside fit", _function_rows(p["functions"]))
     if p.get("calls"):
         lines += _fold("evaluate(), predict() and *_on_batch() outside fit", _call_rows(p["calls"]))
+    lines += list(sections)
     if analysis.processes > 1:
         which = (f"rank 0 of {analysis.ranks} ranks" if p.get("rank") == 0 else
                  f"the one with the most Keras work")
@@ -134,11 +167,12 @@ def markdown(analysis: Analysis, command: Sequence[str], ending: str) -> str:
     return "\n".join(lines)
 
 
-def summary(analysis: Analysis, command: Sequence[str], ending: str, report: str) -> str:
+def summary(analysis: Analysis, command: Sequence[str], ending: str, report: str, sections: Sequence[str] = ()) -> str:
     """What the watch prints on stderr when the run ends: the headline and the findings, one line each."""
     lines = ["", "tfperf watch: " + headline(analysis, command, ending)]
     if analysis.fit.seconds > 0:
         lines.append("  " + fit_sentence(analysis.fit))
     lines += ["  " + line.replace("**", "") for line in advice_lines(analysis)]
+    lines += ["  " + line.replace("**", "") for line in sections if line and not line.startswith(("```", "## "))]
     lines.append(f"  report: {report}")
     return "\n".join(lines)

@@ -81,6 +81,9 @@ def test_a_slow_first_epoch_is_split_into_its_first_step_and_tracing():
     assert keys(found) == ["first epoch"] and "5.0x the others' median 1.0 s" in found[0].text
     assert "tracing 1.2 s of it" in found[0].text and "tracing outside the first step 300 ms" in found[0].text
     assert f.first_epoch_findings([fit([epoch(0, seconds=1.2)] + [epoch(i) for i in range(1, 4)])]) == []
+    one_step = epoch(0, seconds=5.0, steps=1, sample=[3.0], traces=2, trace_s=1.5, first_trace=1.2)
+    found = f.first_epoch_findings([fit([one_step] + [epoch(i) for i in range(1, 4)])])
+    assert "1 step(s) an epoch, so its first step cannot be told" in found[0].text and "tracing 1.5 s" in found[0].text
     assert f.first_epoch_findings([fit([epoch(0, seconds=9.0)])]) == []  # one epoch: nothing to compare with
 
 
@@ -250,6 +253,7 @@ def test_the_confirmation_compares_epoch_for_epoch_and_says_what_did_not_apply(t
     # epoch 2 only (the shorter run's count): 100 x 32 examples in 2.0 s against 25 x 128 in 0.5 s
     assert "1,600 examples/s over epoch 2" in lines and "6,400 examples/s, **4.00x**" in lines
     assert "The steps alone, per example: 5.00x" in lines and "Not applied: policy: kept float32." in lines
+    assert "Its epochs took 6.0 s in all as configured (3 epochs) and 1.0 s with the change (2 epochs)" in lines
     assert "learning rate scaled to 0.002" in lines
     assert "Loss after epoch 2: 0.8 as configured, 0.85 with the change (a larger batch" in lines
     missing = confirm.confirmation_lines(before, [process()], best, tmp_path)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf.flags import UserError
-from tfperf.watch.findings import primary
+from tfperf.watch.findings import primary, seconds
 
 HEADLINE_TABLE = "best configuration against plain fit"  # the doctor's race of its best against plain fit
 
@@ -98,6 +98,8 @@ def confirmation_lines(before: Mapping[str, Any], processes: Sequence[Mapping[st
     lines.append(f"Your run as configured ({folder}/watch.json, {a.settings}): {a.examples_per_s:,.0f} examples/s "
                  f"over {which}, whole epochs (steps, callbacks, validation); with the change: "
                  f"{b.examples_per_s:,.0f} examples/s, **{b.examples_per_s / a.examples_per_s:.2f}x**.")
+    lines.append(f"Its epochs took {seconds(fit_seconds(before))} in all as configured ({len(before['epochs_run'])} "
+                 f"epochs) and {seconds(fit_seconds(after))} with the change ({len(after['epochs_run'])} epochs).")
     if len(a.per_example_steps) >= 5 and len(b.per_example_steps) >= 5:
         ratio, (low, high) = ratio_ci(a.per_example_steps, b.per_example_steps)
         lines.append(f"The steps alone, per example: {ratio:.2f}x (95% CI {low:.2f}-{high:.2f}x; two runs one after "
@@ -107,6 +109,11 @@ def confirmation_lines(before: Mapping[str, Any], processes: Sequence[Mapping[st
                      + (" (a larger batch changes the optimisation: judge it by your own metric)."
                         if "batch" in best["label"] else "."))
     return lines + [""]
+
+
+def fit_seconds(fit: Mapping[str, Any]) -> float:
+    """The seconds of the epochs first_fit gathered (each fit()'s set-up aside)."""
+    return sum(e["seconds"] for e in fit["epochs_run"])
 
 
 def apply_environment(best: Mapping[str, Any]) -> str:

@@ -164,15 +164,19 @@ def first_epoch_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
         if extra < FIRST_EPOCH_MIN_S or first < FIRST_EPOCH_RATIO * others:
             continue
         e0 = epochs[0]
-        typical = statistics.median(e0["step_sample"]) if e0["step_sample"] else 0.0
-        first_step = max(0.0, (e0["first_step_s"] or 0.0) - typical)
-        in_step = min(e0.get("first_step_trace_s") or 0.0, first_step)
         compile_ = " and XLA compiling" if fit.get("jit_compile") else ""
-        parts = [f"the first step took {seconds(first_step)} beyond a typical one (tracing {seconds(in_step)} of it, "
-                 f"the rest building the graph{compile_} and first allocations)"]
+        if len(e0["step_sample"]) < 3:  # a step or two an epoch: no typical step to hold the first against
+            in_step, parts = 0.0, [f"{len(e0['step_sample'])} step(s) an epoch, so its first step cannot be told "
+                                   f"from a typical one (tracing, building the graph{compile_}, first allocations)"]
+        else:
+            typical = statistics.median(e0["step_sample"])
+            first_step = max(0.0, (e0["first_step_s"] or 0.0) - typical)
+            in_step = min(e0.get("first_step_trace_s") or 0.0, first_step)
+            parts = [f"the first step took {seconds(first_step)} beyond a typical one (tracing {seconds(in_step)} of "
+                     f"it, the rest building the graph{compile_} and first allocations)"]
         outside = max(0.0, e0["trace_s"] - in_step)
         if outside >= 0.001:
-            parts.append(f"tracing outside the first step {seconds(outside)}")
+            parts.append(f"tracing {seconds(outside)}" + (" outside the first step" if in_step else ""))
         text = (f"the first epoch of fit() at {fit.get('site')} took {seconds(first)}, {first / others:.1f}x the "
                 f"others' median {seconds(others)}: {seconds(extra)} more; " + "; ".join(parts))
         fix = ("paid once per fit() of a new or recompiled model: call fit() once for all epochs "

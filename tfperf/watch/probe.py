@@ -390,5 +390,19 @@ def install(folder: str) -> None:
     sys.meta_path.insert(0, _Finder())
     patch_tracing()  # already imported (a sitecustomize of the program's own did): patch now
     patch_keras()
-    atexit.register(RECORDER.write, final=True)
+    atexit.register(_write_final)
+    if hasattr(os, "register_at_fork"):  # a forked worker records into a file of its own, from nothing
+        os.register_at_fork(after_in_child=_forked)
     RECORDER.write()
+
+
+def _write_final() -> None:
+    if RECORDER is not None:
+        RECORDER.write(final=True)
+
+
+def _forked() -> None:
+    """In a forked child: a record of its own (the parent's, copied by the fork, stays the parent's)."""
+    global RECORDER
+    if RECORDER is not None:
+        RECORDER = Recorder(os.path.dirname(RECORDER.path))

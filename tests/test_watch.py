@@ -79,7 +79,7 @@ def test_a_slow_first_epoch_is_split_into_its_first_step_and_tracing():
     first = epoch(0, seconds=5.0, traces=3, trace_s=1.5, first=3.0, first_trace=1.2)
     found = f.first_epoch_findings([fit([first] + [epoch(i) for i in range(1, 4)])])
     assert keys(found) == ["first epoch"] and "5.0x the others' median 1.0 s" in found[0].text
-    assert "tracing 1.2 s of it" in found[0].text and "tracing outside the first step 300 ms" in found[0].text
+    assert "tracing 1.2 s of it" in found[0].text and "tracing 300 ms outside the first step" in found[0].text
     assert f.first_epoch_findings([fit([epoch(0, seconds=1.2)] + [epoch(i) for i in range(1, 4)])]) == []
     one_step = epoch(0, seconds=5.0, steps=1, sample=[3.0], traces=2, trace_s=1.5, first_trace=1.2)
     found = f.first_epoch_findings([fit([one_step] + [epoch(i) for i in range(1, 4)])])
@@ -191,7 +191,8 @@ def test_the_doctor_command_from_what_was_kept_or_why_not(tmp_path):
             "sample_rows": 2048, "batch_size": 64}
     cmd, why = watch_command.doctor_command(kept, tmp_path / "capture", tmp_path)
     assert cmd[:9] == ["tfperf", "doctor", str(tmp_path / "capture" / "model.keras"), "--quick", "--train",
-                       "--loss", "mean_squared_error", "--no-threads", "--sample"] and "2,048 of your rows and targets" in why
+                       "--loss", "mean_squared_error", "--no-threads", "--sample"]
+    assert "2,048 of your rows and targets" in why
     no_rows = {**kept, "sample": None, "sample_error": "TypeError: fit() was given generator"}
     del no_rows["sample"]
     cmd, why = watch_command.doctor_command(no_rows, tmp_path, tmp_path)
@@ -280,6 +281,33 @@ def test_apply_puts_the_knobs_on_the_first_fit():
     bound = inspect_.signature(keras.Model.fit).bind(model, data)
     done = apply_to_fit(model, bound, {"steps_per_execution": 16, "jit_compile": False, "batch": 128})
     assert "batch 128: fit() was given" in done["not_applied"][0] and "batch_size" not in done
+
+
+def test_a_session_watches_a_block_in_this_process_and_puts_everything_back(tmp_path):
+    import keras
+    import numpy as np
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function, tracing_compilation
+
+    from tfperf.watch import probe, session
+
+    patched = (keras.Model.fit, keras.Model.predict, tracing_compilation._create_concrete_function,
+               polymorphic_function.Function.__call__, keras.callbacks.CallbackList.on_epoch_end)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    x, y = np.zeros((64, 4), "float32"), np.zeros((64, 2), "float32")
+    with session(out=tmp_path / "w") as seen:
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        for _ in range(12):
+            model.predict(x[:2], verbose=0)
+    assert [len(f["epochs_run"]) for f in seen.record["fits"]] == [2] and seen.record["fits"][0]["batch_size"] == 16
+    assert "predict loop" in keys(seen.findings) and "test_watch.py" in seen.record["fits"][0]["site"]
+    assert "`with tfperf.watch.session()` ran" in (tmp_path / "w" / "report.md").read_text()
+    assert probe.RECORDER is None and patched == (
+        keras.Model.fit, keras.Model.predict, tracing_compilation._create_concrete_function,
+        polymorphic_function.Function.__call__, keras.callbacks.CallbackList.on_epoch_end)
+    with session() as again:  # a second session patches again
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert len(again.record["fits"]) == 1 and again.report is None
 
 
 def test_the_loss_is_named_as_the_doctor_takes_it():
@@ -387,7 +415,8 @@ def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp
     assert "the program's own tf.functions (their tracing included)" in report
     own_fit = next(f for f in p["fits"] if f["model"] == "OwnStep")
     assert [e["batches"] for e in own_fit["epochs_run"]] == [60, 60] and own_fit["site"] == "train.py:47"
-    assert "the Python generator given to fit() at train.py:47 took" in report and re.search(r"\d+ batches \(\d+ ms a batch\)", report)
+    assert "the Python generator given to fit() at train.py:47 took" in report
+    assert re.search(r"\d+ batches \(\d+ ms a batch\)", report)
     assert "tfperf watch: `" in done.stderr and str(out / "report.md") in done.stderr
     # --capture: the first fit's model, 192 training rows (256 less the validation split) and its settings
     assert json.loads((out / "capture" / "capture.json").read_text())["sample_rows"] == 256

@@ -4,3 +4,7 @@
 `findings` reads what it recorded into sentences that follow from the numbers; `command` runs the program and
 writes the report.
 """
+
+from tfperf.watch.session import session
+
+__all__ = ["session"]

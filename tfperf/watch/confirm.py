@@ -90,9 +90,9 @@ def confirmation_lines(before: Mapping[str, Any], processes: Sequence[Mapping[st
     epochs = min(len(before["epochs_run"]), len(after["epochs_run"]))
     a, b = side(before, epochs), side(after, epochs)
     calls = f" ({after['fits']} fit() calls of its model)" if after.get("fits", 1) > 1 else ""
-    lines.append(f"Applied to the first fit(){calls}: {best['label']} (the doctor claimed {best['claim'] or 0:.2f}x against "
-                 f"plain fit); it ran at {b.settings}" + (f"; learning rate scaled to {applied['learning_rate']:.3g}"
-                                                            if applied.get("learning_rate") else "") + ".")
+    rate = f"; learning rate scaled to {applied['learning_rate']:.3g}" if applied.get("learning_rate") else ""
+    lines.append(f"Applied to the first fit(){calls}: {best['label']} (the doctor claimed {best['claim'] or 0:.2f}x "
+                 f"against plain fit); it ran at {b.settings}{rate}.")
     lines += [f"Not applied: {n}." for n in applied.get("not_applied", [])]
     which = f"epochs 2-{epochs}" if epochs > 2 else "epoch 2" if epochs == 2 else "its one epoch (first-call costs in)"
     lines.append(f"Your run as configured ({folder}/watch.json, {a.settings}): {a.examples_per_s:,.0f} examples/s "

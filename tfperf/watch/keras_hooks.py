@@ -307,7 +307,7 @@ def _patch_callback_list(module: Any, base: type) -> None:
     for name, fn in [("__init__", __init__), ("on_train_batch_begin", on_train_batch_begin),
                      ("on_train_batch_end", on_train_batch_end), ("on_epoch_begin", on_epoch_begin),
                      ("on_epoch_end", on_epoch_end)]:
-        setattr(cls, name, functools.wraps(getattr(cls, name))(fn))
+        probe.replace(cls, name, functools.wraps(getattr(cls, name))(fn))
 
 
 def _timed_generator(make: Callable) -> Callable:
@@ -349,7 +349,7 @@ def _patch_epoch_iterator(module: Any) -> None:
         elif rec.fit is None:
             rec.last_batches = batches
 
-    cls.__init__ = __init__
+    probe.replace(cls, "__init__", __init__)
 
 
 def patch(probe_module: Any) -> None:
@@ -368,9 +368,9 @@ def patch(probe_module: Any) -> None:
 
         set_dtype_policy(policy)
     model = Model
-    model.fit = _watch_fit(model.fit)
+    probe.replace(model, "fit", _watch_fit(model.fit))
     for kind in probe.CALLS:
         if hasattr(model, kind):
-            setattr(model, kind, _watch_call(kind, getattr(model, kind)))
+            probe.replace(model, kind, _watch_call(kind, getattr(model, kind)))
     _patch_callback_list(callback_list, callback.Callback)
     _patch_epoch_iterator(epoch_iterator)

@@ -231,6 +231,16 @@ class Recorder:
 
 
 RECORDER: Recorder | None = None
+_PATCHES: list[tuple[Any, str, Any]] = []  # (owner, name, what it held: _MISSING where it inherited) to undo
+_MISSING = object()
+_REGISTERED = False  # the exit and fork handlers, registered once a process
+
+
+def replace(owner: Any, name: str, new: Any) -> None:
+    """setattr, remembered so that uninstall() can put back what was there (or the inherited one)."""
+    _PATCHES.append((owner, name, vars(owner).get(name, _MISSING) if isinstance(owner, type) else
+                     getattr(owner, name)))
+    setattr(owner, name, new)
 
 
 def _allocator_bytes() -> int | None:
@@ -245,15 +255,17 @@ def _allocator_bytes() -> int | None:
 
 def patch_keras() -> None:
     """Keras 3's Model, callbacks and epoch iterator (tfperf/watch/keras_hooks.py, loaded by path as this is)."""
-    if "keras.src.models.model" not in sys.modules or "_tfperf_watch_keras" in sys.modules:
+    if "keras.src.models.model" not in sys.modules:
         return
-    import importlib.util  # noqa: PLC0415
+    hooks = sys.modules.get("_tfperf_watch_keras")
+    if hooks is None:
+        import importlib.util  # noqa: PLC0415
 
-    spec = importlib.util.spec_from_file_location("_tfperf_watch_keras", os.path.join(_HERE, "keras_hooks.py"))
-    hooks = importlib.util.module_from_spec(spec)
-    sys.modules["_tfperf_watch_keras"] = hooks
-    spec.loader.exec_module(hooks)
-    hooks.patch(sys.modules[__name__])
+        spec = importlib.util.spec_from_file_location("_tfperf_watch_keras", os.path.join(_HERE, "keras_hooks.py"))
+        hooks = importlib.util.module_from_spec(spec)
+        sys.modules["_tfperf_watch_keras"] = hooks
+        spec.loader.exec_module(hooks)
+    hooks.patch(sys.modules[__name__])  # once: it returns at once where fit() is already watched
 
 
 # -- TensorFlow's tracing --------------------------------------------------------------------------------------
@@ -303,7 +315,7 @@ def patch_tracing() -> None:
                        "signature": _describe(function_type) if own else [], "at_s": started - rec.t0})
 
     create._tfperf_watched = True
-    module._create_concrete_function = create
+    replace(module, "_create_concrete_function", create)
     _patch_function_calls(sys.modules.get("tensorflow.python.eager.polymorphic_function.polymorphic_function"))
 
 
@@ -335,7 +347,7 @@ def _patch_function_calls(module: Any) -> None:
                                             "defined_at": _defined_at(fn)[0], "site": user_site(3)}, elapsed)
 
     __call__._tfperf_watched = True
-    module.Function.__call__ = __call__
+    replace(module.Function, "__call__", __call__)
 
 
 # -- Loading: patch when the program imports Keras or TensorFlow -------------------------------------------------
@@ -387,13 +399,35 @@ def install(folder: str) -> None:
     if RECORDER is not None or not os.path.isdir(folder):
         return
     RECORDER = Recorder(folder)
-    sys.meta_path.insert(0, _Finder())
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
     patch_tracing()  # already imported (a sitecustomize of the program's own did): patch now
     patch_keras()
-    atexit.register(_write_final)
-    if hasattr(os, "register_at_fork"):  # a forked worker records into a file of its own, from nothing
-        os.register_at_fork(after_in_child=_forked)
+    global _REGISTERED
+    if not _REGISTERED:  # once a process, whatever the sessions
+        _REGISTERED = True
+        atexit.register(_write_final)
+        if hasattr(os, "register_at_fork"):  # a forked worker records into a file of its own, from nothing
+            os.register_at_fork(after_in_child=_forked)
     RECORDER.write()
+
+
+def uninstall() -> dict | None:
+    """Stop recording (tfperf.watch.session's end): the record written whole, every patch put back, the finder
+    removed; the record returned."""
+    global RECORDER
+    rec, RECORDER = RECORDER, None
+    while _PATCHES:
+        owner, name, held = _PATCHES.pop()
+        if held is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, held)
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+    if rec is None:
+        return None
+    rec.write(final=True)
+    return rec.data
 
 
 def _write_final() -> None:

@@ -13,7 +13,7 @@ def _parts(parts: Sequence[tuple[str, float]], whole: float) -> str:
     return ", ".join(f"{name} {seconds(s)} ({share(s, whole)})" for name, s in parts if s > 0)
 
 
-def headline(analysis: Analysis, command: Sequence[str], ending: str) -> str:
+def headline(analysis: Analysis, command: Sequence[str] | str, ending: str) -> str:
     """One sentence: how long the run took and where the time went."""
     a = analysis
     known = a.imports_s + a.fit.seconds + a.calls_s + a.functions_s
@@ -21,7 +21,7 @@ def headline(analysis: Analysis, command: Sequence[str], ending: str) -> str:
              ("evaluate() and predict() outside fit", a.calls_s),
              ("the program's own tf.functions (their tracing included)", a.functions_s),
              ("the rest (start-up and the program's own code)", max(0.0, a.wall_s - known))]
-    name = shlex.join(command)
+    name = command if isinstance(command, str) else shlex.join(command)  # a session's name is said as it is
     if a.process is None:
         return f"`{name}` ran {seconds(a.wall_s)} ({ending}); no Keras or TensorFlow work was seen in it."
     return f"`{name}` ran {seconds(a.wall_s)} ({ending}): {_parts(parts, a.wall_s)}."
@@ -39,7 +39,8 @@ def fit_sentence(split: FitSplit) -> str:
         cb += " in a thread beside the steps"
     parts = [("steps (input and compute)", split.steps), ("validation", split.validation),
              ("set-up before and after the epochs", split.set_up), ("the rest of the epochs", split.rest)]
-    return f"Of fit's {seconds(split.seconds)}: {_parts(parts[:2], split.seconds)}, {cb}, {_parts(parts[2:], split.seconds)}."
+    head, tail = _parts(parts[:2], split.seconds), _parts(parts[2:], split.seconds)
+    return f"Of fit's {seconds(split.seconds)}: {head}, {cb}, {tail}."
 
 
 def advice_lines(analysis: Analysis) -> list[str]:
@@ -137,7 +138,7 @@ def _fold(summary: str, rows: list[str]) -> list[str]:
     return ["<details><summary>" + summary + "</summary>", "", *rows, "", "</details>", ""]
 
 
-def markdown(analysis: Analysis, command: Sequence[str], ending: str, sections: Sequence[str] = ()) -> str:
+def markdown(analysis: Analysis, command: Sequence[str] | str, ending: str, sections: Sequence[str] = ()) -> str:
     """report.md: the answer first, the detail folded."""
     p = analysis.process or {}
     lines = ["# tfperf watch", "", "**" + headline(analysis, command, ending) + "**", ""]
@@ -167,7 +168,8 @@ def markdown(analysis: Analysis, command: Sequence[str], ending: str, sections: 
     return "\n".join(lines)
 
 
-def summary(analysis: Analysis, command: Sequence[str], ending: str, report: str, sections: Sequence[str] = ()) -> str:
+def summary(analysis: Analysis, command: Sequence[str], ending: str, report: str,
+            sections: Sequence[str] = ()) -> str:
     """What the watch prints on stderr when the run ends: the headline and the findings, one line each."""
     lines = ["", "tfperf watch: " + headline(analysis, command, ending)]
     if analysis.fit.seconds > 0:

@@ -1,0 +1,58 @@
+"""`with tfperf.watch.session(out="watch/notebook") as run:` the watch inside this process, around any code (a
+notebook's cells, a custom loop): the same record, findings and report as `tfperf watch -- COMMAND`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass
+class Session:
+    """What a session saw, filled in when its block ends: the record, the analysis, the report's path."""
+
+    record: dict[str, Any] | None = None
+    analysis: Any = None
+    report: Path | None = None
+
+    @property
+    def findings(self) -> list:
+        return list(self.analysis.findings) if self.analysis is not None else []
+
+
+@contextlib.contextmanager
+def session(out: str | Path | None = None, name: str = "with tfperf.watch.session()") -> Iterator[Session]:
+    """Watch the block's Keras and TensorFlow work; at its end put every patch back, and write report.md and
+    watch.json to `out` (when given). One session at a time in a process."""
+    from tfperf.watch import probe
+    from tfperf.watch.findings import analyse
+    from tfperf.watch.report import markdown
+
+    if probe.RECORDER is not None:
+        raise RuntimeError("a tfperf watch is already recording this process: end it first")
+    folder = tempfile.mkdtemp(prefix="tfperf-watch-")
+    seen = Session()
+    started = time.perf_counter()
+    probe.install(folder)
+    try:
+        yield seen
+    finally:
+        seen.record = probe.uninstall()
+        wall = time.perf_counter() - started
+        shutil.rmtree(folder, ignore_errors=True)
+        seen.analysis = analyse([seen.record] if seen.record else [], wall)
+        if out is not None:
+            folder_out = Path(out)
+            folder_out.mkdir(parents=True, exist_ok=True)
+            seen.report = folder_out / "report.md"
+            seen.report.write_text(markdown(seen.analysis, name, "the block ended"))
+            (folder_out / "watch.json").write_text(json.dumps(
+                {"command": [name], "wall_s": wall, "processes": [seen.record] if seen.record else [],
+                 "findings": [dataclasses.asdict(f) for f in seen.analysis.findings]}, indent=1))

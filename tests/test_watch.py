@@ -321,6 +321,27 @@ def test_the_loss_is_named_as_the_doctor_takes_it():
     assert _loss_name(keras.losses.mean_squared_error) == ("mean_squared_error", False)
 
 
+def test_the_programs_own_sitecustomize_still_runs_and_without_the_watch_nothing_is_loaded(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS'] = 'ran'\n")
+    check = ("import os, sys; print(os.environ.get('THEIRS'), "
+             "getattr(sys.modules.get('_tfperf_watch_probe'), 'RECORDER', None) is not None)")
+    env = watch_command.child_environment({**os.environ, "PYTHONPATH": str(theirs)}, str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["ran", "True"], done.stderr
+    env = watch_command.child_environment({**os.environ, "PYTHONPATH": str(theirs)}, str(tmp_path / "gone"))
+    done = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["ran", "False"], done.stderr  # no folder to record into: nothing recorded
+
+
+def test_apply_refuses_to_write_over_the_run_it_compares_with(tmp_path, capsys):
+    from tfperf.cli import main
+
+    assert main(["watch", "--apply", str(tmp_path), "--out", str(tmp_path), "--", "python", "t.py"]) == 2
+    assert "its watch.json would be overwritten" in capsys.readouterr().err
+
+
 def test_a_record_cut_midway_is_skipped(tmp_path):
     (tmp_path / "process-1.json").write_text(json.dumps({"pid": 1}))
     (tmp_path / "process-2.json").write_text('{"pid": 2, "fi')

@@ -178,6 +178,9 @@ def parsed_command(args: argparse.Namespace) -> tuple[list[str], Path]:
         raise UserError("--apply runs the doctor's advice from an earlier --doctor run: give it alone")
     default = Path(args.apply) / "applied" if args.apply else Path("watch") / program_name(command)
     out = Path(args.out) if args.out else default
+    if args.apply and out.resolve() == Path(args.apply).resolve():
+        raise UserError(f"--out {out} is the run --apply compares with: its watch.json would be overwritten; give "
+                        f"another folder (default {default})")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: give a folder for report.md and watch.json")
     return command, out

@@ -274,6 +274,9 @@ def test_apply_puts_the_knobs_on_the_first_fit():
     bound = inspect_.signature(keras.Model.fit).bind(model, np.zeros((64, 4)), np.zeros((64, 2)), batch_size=32)
     done = apply_to_fit(model, bound, {"steps_per_execution": 16, "jit_compile": False, "batch": 128})
     assert model.steps_per_execution == 16 and bound.arguments["batch_size"] == 128 and done["batch_size"] == 128
+    assert done["not_applied"] == []
+    mixed = apply_to_fit(model, bound, {"policy": "mixed_bfloat16"})  # set when Keras loads: this model predates it
+    assert "mixed_bfloat16: the model runs float32" in mixed["not_applied"][0]
     assert done["learning_rate"] == pytest.approx(2e-3) and float(model.optimizer.learning_rate) == pytest.approx(2e-3)
     import tensorflow as tf
 

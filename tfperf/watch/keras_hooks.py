@@ -148,6 +148,11 @@ def apply_to_fit(model: Any, bound: inspect.BoundArguments, knobs: dict, first: 
         model.train_function = None  # built again at fit() with the settings above
     done.update(steps_per_execution=getattr(model, "steps_per_execution", None),
                 jit_compile=_safe(lambda: bool(model.jit_compile)), policy=_safe(lambda: model.dtype_policy.name))
+    wanted = knobs.get("policy") or "float32"
+    if first and done["policy"] != wanted:
+        done["not_applied"].append(f"{wanted}: the model runs {done['policy']} (one loaded from a file keeps the "
+                                   f"dtypes it was saved with: build it under the policy, or tfperf.precision."
+                                   f"under_policy)")
     batch, x = knobs.get("batch"), bound.arguments.get("x")
     given = bound.arguments.get("batch_size") or 32  # Keras' default
     if batch and batch != given:

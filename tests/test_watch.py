@@ -151,6 +151,16 @@ def test_a_generator_is_named_when_making_batches_took_a_share_of_the_steps():
     assert not any("waiting for input" in n for n in f.analyse([process([slow])], 9.0).not_measured)
 
 
+def test_an_epochs_last_execution_counts_only_the_batches_it_held():
+    # Records from before the probe capped them: 36 batches an epoch (4,500 rows at 128), steps_per_execution 64
+    old = fit([epoch(0, steps=1, sample=[0.5]), epoch(1, steps=1, sample=[0.5])], batch_size=128,
+              batches_per_epoch=36, steps_per_execution=64, rows=4500, validation_split=0.0)
+    for e in old["epochs_run"]:
+        e["batches"] = 64
+    assert f.epoch_batches(old, old["epochs_run"][1]) == (36, [36])
+    assert f.epoch_examples(old, old["epochs_run"][1]) == 4500  # not 64 x 128, nor 36 x 128
+
+
 def test_fit_in_a_loop_is_named_once():
     fits = [fit([epoch(0, trace_s=0.3)], seconds=1.5) for _ in range(5)]
     found = f.fit_loop_findings(fits)
@@ -308,9 +318,12 @@ def test_a_session_watches_a_block_in_this_process_and_puts_everything_back(tmp_
     assert probe.RECORDER is None and patched == (
         keras.Model.fit, keras.Model.predict, tracing_compilation._create_concrete_function,
         polymorphic_function.Function.__call__, keras.callbacks.CallbackList.on_epoch_end)
+    model.compile("adam", "mse", steps_per_execution=3)
     with session() as again:  # a second session patches again
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     assert len(again.record["fits"]) == 1 and again.report is None
+    (e,) = again.record["fits"][0]["epochs_run"]  # 4 batches: Keras names 0-2 and 3-5, the second holds one
+    assert (e["batches"], e["step_batches"]) == (4, [3, 1])
 
 
 def test_the_loss_is_named_as_the_doctor_takes_it():

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf.flags import UserError
-from tfperf.watch.findings import primary, seconds
+from tfperf.watch.findings import epoch_batches, epoch_examples, primary, seconds
 
 HEADLINE_TABLE = "best configuration against plain fit"  # the doctor's race of its best against plain fit
 
@@ -70,8 +70,10 @@ def side(fit: Mapping[str, Any], epochs: int) -> Side:
     timed = run[1:] or run
     batch = fit.get("batch_size") or fit.get("batch_size_arg") or 32
     spe = fit.get("steps_per_execution") or 1
-    examples = sum(e["batches"] for e in timed) * batch
-    per_example = [s / (spe * batch) for e in timed for s in e["step_sample"]]
+    sized = {**fit, "batch_size": batch}
+    examples = sum(epoch_examples(sized, e) or 0 for e in timed)
+    per_example = [s / (n * batch) for e in timed
+                   for s, n in zip(e["step_sample"], epoch_batches(sized, e)[1]) if n > 0]
     settings = (f"batch {batch}, steps_per_execution {spe}, jit_compile {fit.get('jit_compile')}, "
                 f"{fit.get('dtype_policy')}")
     return Side(examples / max(sum(e["seconds"] for e in timed), 1e-9), per_example, run[-1].get("loss"), settings)

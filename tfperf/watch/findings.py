@@ -58,6 +58,26 @@ def share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
 
 
+def epoch_batches(fit: Mapping[str, Any], e: Mapping[str, Any]) -> tuple[int, list[int]]:
+    """The batches an epoch ran, and each sampled step's: Keras names steps_per_execution batches for an epoch's
+    last execution, which holds only what is left (records written before the probe capped them are capped here)."""
+    known, spe = fit.get("batches_per_epoch"), fit.get("steps_per_execution") or 1
+    total = min(e["batches"], known) if isinstance(known, int) and known > 0 else e["batches"]
+    per_step = e.get("step_batches") or [max(1, min(spe, total - i * spe)) for i in range(len(e["step_sample"]))]
+    return total, per_step
+
+
+def epoch_examples(fit: Mapping[str, Any], e: Mapping[str, Any]) -> int | None:
+    """The examples an epoch trained on: its batches times the batch, no more than the training rows where fit()
+    was given arrays (the last batch is short); None where the batch is unknown."""
+    batch = fit.get("batch_size") or fit.get("batch_size_arg")
+    if not batch:
+        return None
+    examples = epoch_batches(fit, e)[0] * batch
+    rows = fit.get("rows")
+    return min(examples, int(rows * (1 - (fit.get("validation_split") or 0.0)))) if rows else examples
+
+
 def primary(processes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The process the run's Keras work happened in: the one with the most time in fit and calls."""
     def work(p: Mapping[str, Any]) -> float:

@@ -170,6 +170,9 @@ class Recorder:
             epoch = self.epoch
             if epoch is None:
                 return
+            known = self.fit.get("batches_per_epoch") if self.fit is not None else None
+            if isinstance(known, int) and known > 0:  # Keras names steps_per_execution batches for an epoch's last
+                batches = max(0, min(batches, known - epoch["batches"]))  # execution, which holds what is left
             if epoch["first_step_s"] is None:
                 epoch["first_step_s"] = seconds
                 epoch["first_step_trace_s"] = epoch["trace_s"] - epoch.get("trace_s_before_step", 0.0)
@@ -178,6 +181,7 @@ class Recorder:
             epoch["batches"] += batches
             if len(epoch["step_sample"]) < SAMPLES:
                 epoch["step_sample"].append(seconds)
+                epoch.setdefault("step_batches", []).append(batches)
 
     def made_batch(self, seconds: float) -> None:
         """A batch the program's own generator made for training (validation's are validation's time)."""

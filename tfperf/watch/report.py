@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any, Mapping
 
-from tfperf.watch.findings import Analysis, FitSplit, megabytes, seconds, share
+from tfperf.watch.findings import Analysis, FitSplit, epoch_batches, epoch_examples, megabytes, seconds, share
 
 
 def _parts(parts: Sequence[tuple[str, float]], whole: float) -> str:
@@ -62,13 +62,13 @@ def _epoch_rows(fits: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = ["| fit | epoch | seconds | steps | batches | throughput | validation | callbacks | traces | RSS |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for n, fit in enumerate(fits, 1):
-        batch = fit.get("batch_size")
         for e in fit.get("epochs_run", []):
-            rate = e["batches"] / e["steps_s"] if e["steps_s"] > 0 else 0.0
-            speed = f"{rate * batch:,.0f} examples/s" if batch else f"{rate:,.1f} batches/s"
+            batches, examples = epoch_batches(fit, e)[0], epoch_examples(fit, e)
+            per_s = (examples if examples is not None else batches) / e["steps_s"] if e["steps_s"] > 0 else 0.0
+            speed = f"{per_s:,.0f} examples/s" if examples is not None else f"{per_s:,.1f} batches/s"
             rss = megabytes(e["rss"]) if e.get("rss") else "-"
             rows.append(f"| {n} | {e['epoch'] + 1} | {seconds(e['seconds'])} | {seconds(e['steps_s'])} | "
-                        f"{e['batches']:,} | {speed} | {seconds(e['validation_s'])} | "
+                        f"{batches:,} | {speed} | {seconds(e['validation_s'])} | "
                         f"{seconds(sum(e['callbacks'].values()))} | {e['traces']} | {rss} |")
     return rows
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import os
 import signal
 import subprocess
@@ -426,18 +427,27 @@ sys.exit(3)
 """
 
 
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """One watched run of SCRIPT with --capture (the smoke test reads it; the --apply test compares with it)."""
+    folder = tmp_path_factory.mktemp("watched")
+    (folder / "train.py").write_text(SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "tfperf", "watch", "--capture", "--out", "report", "--",
+                           sys.executable, "train.py", "3", "--flag"], cwd=folder, capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
+    listing = sorted(p.name for p in folder.iterdir())
+    return folder, done, listing
+
+
 @pytest.mark.slow
-def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp_path):
-    (tmp_path / "train.py").write_text(SCRIPT)
+@pytest.mark.xdist_group("watch")  # the two tests of the captured run on one worker: it runs once
+def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(captured):
+    tmp_path, done, listing = captured
     out = tmp_path / "report"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-m", "tfperf", "watch", "--capture", "--out", str(out), "--",
-                           sys.executable, "train.py", "3", "--flag"], cwd=tmp_path, capture_output=True, text=True,
-                          env=env, timeout=300)
     assert done.returncode == 3, done.stderr[-2000:]  # the script's exit code, its output, its files, its cwd
     assert "script says ['3', '--flag']" in done.stdout and "tfperf" not in done.stdout
     assert (tmp_path / "made_by_the_script.txt").read_text() == "ok"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["made_by_the_script.txt", "report", "train.py"]
+    assert listing == ["made_by_the_script.txt", "report", "train.py"]
     record = json.loads((out / "watch.json").read_text())
     (p,) = [p for p in record["processes"] if p["fits"]]
     assert [f["model"] for f in p["fits"]] == ["Sequential", "OwnStep"]
@@ -454,26 +464,25 @@ def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(tmp
     assert [e["batches"] for e in own_fit["epochs_run"]] == [60, 60] and own_fit["site"] == "train.py:47"
     assert "the Python generator given to fit() at train.py:47 took" in report
     assert re.search(r"\d+ batches \(\d+ ms a batch\)", report)
-    assert "tfperf watch: `" in done.stderr and str(out / "report.md") in done.stderr
+    assert "tfperf watch: `" in done.stderr and "report: report/report.md" in done.stderr
     # --capture: the first fit's model, 192 training rows (256 less the validation split) and its settings
     assert json.loads((out / "capture" / "capture.json").read_text())["sample_rows"] == 256
-    assert (f"tfperf doctor {out}/capture/model.keras --quick --train --loss sparse_categorical_crossentropy "
-            f"--no-threads --from-logits --sample {out}/capture/sample.npz --out {out}/doctor") in report
+    assert ("tfperf doctor report/capture/model.keras --quick --train --loss sparse_categorical_crossentropy "
+            "--no-threads --from-logits --sample report/capture/sample.npz --out report/doctor") in report
     assert "Your first fit() ran at batch 32, steps_per_execution 1, jit_compile False, float32" in report
 
 
 @pytest.mark.slow
-def test_apply_runs_the_doctors_best_in_the_users_own_fit_and_compares(tmp_path):
+@pytest.mark.xdist_group("watch")
+def test_apply_runs_the_doctors_best_in_the_users_own_fit_and_compares(captured, tmp_path):
+    first, _, _ = captured
+    shutil.copytree(first / "report", tmp_path / "run")  # the earlier run, as --doctor would have left it
     (tmp_path / "train.py").write_text(SCRIPT)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    watch = [sys.executable, "-m", "tfperf", "watch"]
-    first = subprocess.run([*watch, "--capture", "--out", "run", "--", sys.executable, "train.py", "3"],
-                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
-    assert first.returncode == 3, first.stderr[-2000:]
     doctor_records(tmp_path / "run", {"batch": 64, "steps_per_execution": 4, "jit_compile": False,
                                       "policy": "float32"}, label="steps_per_execution=4, batch 64")
-    applied = subprocess.run([*watch, "--apply", "run", "--", sys.executable, "train.py", "3"], cwd=tmp_path,
-                             capture_output=True, text=True, env=env, timeout=300)
+    applied = subprocess.run([sys.executable, "-m", "tfperf", "watch", "--apply", "run", "--", sys.executable,
+                              "train.py", "3"], cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
     assert applied.returncode == 3, applied.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "applied" / "watch.json").read_text())
     (p,) = [p for p in record["processes"] if p["fits"]]

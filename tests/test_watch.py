@@ -369,6 +369,8 @@ def test_bad_command_lines_are_one_line_errors(capsys):
     from tfperf.cli import main
 
     assert main(["watch"]) == 2 and "give the command to watch after --" in capsys.readouterr().err
+    assert main(["watch", "--out", __file__, "--", "true"]) == 2
+    assert capsys.readouterr().err.startswith("tfperf watch: error: --out ")  # the command's name, not its argv
     assert main(["watch", "--", "/no/such/program"]) == 2
     err = capsys.readouterr().err
     assert "cannot run '/no/such/program'" in err and len(err.strip().splitlines()) == 1

@@ -42,7 +42,7 @@ def add_command(sub) -> None:
                    help="the --out folder of an earlier `watch --doctor`: put the doctor's best configuration on "
                         "this run's first fit() and compare it with that run's, epoch for epoch (report in "
                         "DIR/applied)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="the command line to run, after --")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="the command line to run, after --")
     p.set_defaults(func=cmd_watch)
 
 
@@ -169,7 +169,7 @@ def doctor_section(processes: Sequence[Mapping[str, Any]], out: Path, run: bool)
 
 def parsed_command(args: argparse.Namespace) -> tuple[list[str], Path]:
     """The command after --, and the folder the report goes to."""
-    command = list(args.command)
+    command = list(args.program)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:

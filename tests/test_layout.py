@@ -2,6 +2,7 @@
 TensorFlow imported in one module of tfperf.measure only (the rest of it reads samples with NumPy)."""
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,20 @@ def test_reading_records_and_the_command_line_do_not_start_tensorflow():
             "tfperf.measure.processes, tfperf.deploy, tfperf.doctor; print('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
+
+
+def test_the_gpu_benchmarks_import_without_tensorflow():
+    """A lent GPU cannot hold TensorFlow's CUDA build: what benchmarks/*_on_gpu.py run there under Keras 3 on JAX
+    (the doctor's search and trainer, tfperf's timing and kernel grouping) must import with TensorFlow absent."""
+    benchmarks = PACKAGE.parent / "benchmarks"
+    names = sorted(p.stem for p in benchmarks.glob("*_on_gpu.py"))
+    assert "best_configuration_on_gpu" in names
+    code = (f"import sys; sys.modules['tensorflow'] = None; sys.path[:0] = [{str(benchmarks)!r}]\n"
+            + "".join(f"import {name}\n" for name in names)
+            + "import tfperf.train\n")  # the doctor's trainer imports it when it first trains
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert done.returncode == 0, done.stderr[-2000:]
 
 def test_every_name_the_faces_offer_resolves():
     import importlib

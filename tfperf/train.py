@@ -1,4 +1,7 @@
-"""Training: `fit` timed epoch by epoch, and a custom loop that checkpoints as it goes and resumes after a crash."""
+"""Training: `fit` timed epoch by epoch, and a custom loop that checkpoints as it goes and resumes after a crash.
+
+TensorFlow is imported where it is used: `fit_epochs` (the doctor's trainer) runs under any Keras backend, on a GPU
+machine that has JAX and no TensorFlow too (benchmarks/best_configuration_on_gpu.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ from pathlib import Path
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from tfperf.measure import Elapsed
 from tfperf.data import Arrays, to_dataset
@@ -71,6 +73,8 @@ class StepMarker(keras.callbacks.Callback):
         self._steps = 0  # numbered across epochs: the profiler merges steps that share a number
 
     def on_train_batch_begin(self, batch, logs=None):
+        import tensorflow as tf
+
         self._step = tf.profiler.experimental.Trace("train", step_num=self._steps, _r=1)
         self._step.__enter__()
         self._steps += 1
@@ -105,6 +109,8 @@ def fit_epochs(model, x, y=None, *, keras_module=None, callbacks: Sequence = (),
 
 def make_train_step(model, optimizer, loss_fn, *, jit_compile: bool = False) -> Callable:
     """One optimizer step on a batch, as a tf.function returning the loss (loss-scaled under a LossScaleOptimizer)."""
+    import tensorflow as tf
+
 
     @tf.function(jit_compile=jit_compile)
     def train_step(x, y):
@@ -128,6 +134,8 @@ def accuracy(model, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> floa
 
 def restore_weights(model, path: Path | str) -> str:
     """Load model weights from a training checkpoint (a folder or a checkpoint prefix)."""
+    import tensorflow as tf
+
     path = str(path)
     prefix = tf.train.latest_checkpoint(path) if Path(path).is_dir() else path
     if not prefix or not Path(prefix + ".index").exists():
@@ -155,6 +163,8 @@ def train(
     The checkpoint holds the model, the optimizer's slots and step count, the step counter and the
     input iterator's position, so a restarted run continues the same sequence of batches.
     """
+    import tensorflow as tf
+
     if steps < 1 or batch_size < 1 or checkpoint_every < 1 or keep < 1:
         raise ValueError(f"steps, batch_size, checkpoint_every and keep must be positive, got "
                          f"{steps}, {batch_size}, {checkpoint_every}, {keep}")

@@ -25,7 +25,7 @@ import numpy as np
 from tfperf import flags
 from tfperf.cluster.errors import ClusterError
 from tfperf.cluster.processes import LocalCluster, free_ports, launch, tf_config
-from tfperf.cluster.ring import exposed_t2, ring_t2
+from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, exposed_t2, fixed_cost, ring_t2
 from tfperf.measure.processes import last_reply, rank0_replies, reply
 from tfperf.recipe import Conclusion, Headline, Recipe
 
@@ -121,18 +121,21 @@ def build(name: str, shape, classes: int):
 
 
 def allreduce_sweep(sizes: list[int], reps: int) -> list[dict]:
-    """Horovod's all-reduce of float32 tensors of each size, timed on every rank (rank 0's kept)."""
+    """Horovod's all-reduce of float32 tensors of each size, timed on every rank (rank 0's kept). A small one
+    (SMALL_ALLREDUCE_BYTES) comes last, with twice the repetitions: what it takes beyond the link's share is a
+    collective's fixed cost. (Taken first, before any other collective, it read 5.6-8.1 ms where a 64 KiB one took
+    4.0-5.7 ms right after.)"""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from tfperf.measure import Timer
 
     rows = []
-    for size in sizes:
+    for size, small in [*((size, False) for size in sizes), (SMALL_ALLREDUCE_BYTES, True)] if sizes else []:
         t = tf.ones([max(1, size // 4)], tf.float32)
-        m = Timer(lambda: hvd.allreduce(t, op=hvd.Sum, name=f"sweep_{size}"), name=f"{size}",
-                  sync_fn=lambda r: r.numpy()).measure(reps, warmup=2)
-        rows.append({"bytes": size, "samples_s": list(m.samples_s)})
+        m = Timer(lambda: hvd.allreduce(t, op=hvd.Sum, name=f"sweep_{size}_{small}"), name=f"{size}",
+                  sync_fn=lambda r: r.numpy()).measure(2 * reps if small else reps, warmup=2)
+        rows.append({"bytes": size, "samples_s": list(m.samples_s), **({"small": True} if small else {})})
     return rows
 
 
@@ -344,12 +347,22 @@ def measure(args, rec) -> Found:
     return Found(found_links, jobs, shared)
 
 
-def predicted(t1: float, gradient_bytes: int, link: dict, *, fp16: bool = False, accumulate: int = 1) -> float:
-    """Seconds per example on 2 hosts by the scaling model: t1 (compute per example, local batches) plus the ring
-    all-reduce of the gradients over the measured link (half the bytes in float16), once per `accumulate`."""
-    alpha = link["rtt_s"] / 2  # one message's latency: half a round trip
-    beta = link["bits_per_s"] / 8
-    return t1 + ring_t2(2, gradient_bytes / (2 if fp16 else 1), alpha, beta)
+def ring(link: dict) -> tuple[float, float]:
+    """The ring model's alpha and beta for a measured link: one message's latency (half a round trip), bytes/s."""
+    return link["rtt_s"] / 2, link["bits_per_s"] / 8
+
+
+def fixed_of(job: dict, link: dict) -> float:
+    """A collective's fixed cost on this link's job: its small all-reduce beyond the link's share (0 without one)."""
+    small = next((row for row in job["allreduce"] if row.get("small")), None)
+    return 0.0 if small is None else fixed_cost(float(np.median(small["samples_s"])), 2, *ring(link))
+
+
+def predicted(t1: float, gradient_bytes: int, link: dict, fixed_s: float = 0.0) -> float:
+    """A step's seconds on 2 hosts by the scaling model: t1 (compute, the local batch) plus the ring all-reduce of
+    the gradients over the measured link, fused into one message (Horovod's fusion buffer) paying the fixed cost
+    once."""
+    return t1 + ring_t2(2, gradient_bytes, *ring(link), fixed_s)
 
 
 def measured_t2(allreduce: list[dict], size: float) -> float | None:
@@ -366,19 +379,23 @@ def record(rec, links: dict, jobs: dict) -> None:
     from tfperf.measure import Measurement
     from tfperf.measure.stats import compare_times, median_ci
 
+    fixed = {text: fixed_of(job, links[text]) for text, job in jobs.items()}
     for text, link in links.items():
         asked = {"asked_mbit_s": link["asked"] / 1e6, "delivered": link["bits_per_s"] / link["asked"]} if link[
             "asked"] else {}
         rec.add(LINKS, text, {**asked, "measured_mbit_s": link["bits_per_s"] / 1e6, "rtt_us": link["rtt_s"] * 1e6,
-                              "addresses": ", ".join(link["addresses"])},
+                              "fixed_cost_ms": fixed.get(text, 0.0) * 1e3, "addresses": ", ".join(link["addresses"])},
                 primary="measured_mbit_s", lower_is_better=False, versus_first=False)
     for text, job in jobs.items():
         link = links[text]
         for row in job["allreduce"]:
+            if row.get("small"):  # it gave the fixed cost: no test of the model
+                continue
             m = Measurement(f"{text}, {row['bytes']} B", tuple(row["samples_s"]))
-            model = ring_t2(2, row["bytes"], link["rtt_s"] / 2, link["bits_per_s"] / 8)
+            model, link_only = (ring_t2(2, row["bytes"], *ring(link), f) for f in (fixed[text], 0.0))
             rec.add(ALLREDUCE, f"{text}, {row['bytes'] / 2**20:.2f} MiB",
-                    {"ms": m.median_s * 1e3, "ring_model_ms": model * 1e3, "error": model / m.median_s - 1},
+                    {"ms": m.median_s * 1e3, "ring_model_ms": model * 1e3, "error": model / m.median_s - 1,
+                     "link_only_ms": link_only * 1e3, "error_link_only": link_only / m.median_s - 1},
                     primary="ms", lower_is_better=True, versus_first=False, measurement=m)
         for name, result in job["models"].items():
             shown = f"{MODELS.get(name, os.path.basename(name))}, {text}"
@@ -388,7 +405,8 @@ def record(rec, links: dict, jobs: dict) -> None:
             step = float(np.median(plain))
             low, high = median_ci(plain)
             batch = result["batch"]
-            model_s = predicted(t1 * batch, result["gradient_bytes"], link) / batch
+            model_s = predicted(t1 * batch, result["gradient_bytes"], link, fixed[text]) / batch
+            link_only_s = predicted(t1 * batch, result["gradient_bytes"], link) / batch
             # The same sum with t2 as Horovod's all-reduce took at the gradients' size in this job: what is left of
             # the error is the sum's (overlap, contention), not the link model's.
             swept = measured_t2(job["allreduce"], result["gradient_bytes"])
@@ -397,7 +415,7 @@ def record(rec, links: dict, jobs: dict) -> None:
             # Wait-free backpropagation: each gradient all-reduced as soon as it exists, under the rest of the pass.
             overlap = {}
             if result.get("readiness"):
-                exposed = exposed_t2(t1 * batch, result["readiness"], 2, link["rtt_s"] / 2, link["bits_per_s"] / 8)
+                exposed = exposed_t2(t1 * batch, result["readiness"], 2, *ring(link), fixed_s=fixed[text])
                 overlap_s = t1 + exposed / batch
                 overlap = {"t2_exposed_ms": exposed * 1e3, "predicted_overlap_samples_s": 2 / overlap_s,
                            "error_overlap": step / overlap_s - 1,
@@ -407,7 +425,8 @@ def record(rec, links: dict, jobs: dict) -> None:
                 "gradient_mb": result["gradient_bytes"] / 1e6, "communication_share": 1 - t1 / model_s,
                 "measured_samples_s": 2 / step, "predicted_samples_s": 2 / model_s,
                 "speedup_vs_1_host": 2 * t1 / step, "error": step / model_s - 1,
-                "error_ci95": [low / model_s - 1, high / model_s - 1], **overlap, **with_swept},
+                "error_ci95": [low / model_s - 1, high / model_s - 1], "fixed_cost_ms": fixed[text] * 1e3,
+                "error_link_only": step / link_only_s - 1, **overlap, **with_swept},
                 primary="measured_samples_s", lower_is_better=False, versus_first=False,
                 measurement=Measurement(f"{name} {text}", tuple(plain)))
             # The two engines, each doing plain data parallelism over the same link: separate jobs, not paired.
@@ -450,6 +469,10 @@ def conclude(args, rec, found: Found) -> Conclusion:
     shown = lambda r: (f"{r['row'].rsplit(', ', 1)[1]} in {r['metrics']['ms']:.1f} ms, the model "  # noqa: E731
                        f"{r['metrics']['ring_model_ms']:.1f} ms ({r['metrics']['error']:+.0%})")
     sweep = "; ".join(f"{link}: {shown(large)}, {shown(small)}" for link, (small, large) in ends.items())
+    fixed = ", ".join(f"{r['row']} {r['metrics']['fixed_cost_ms']:.1f} ms" for r in links if "fixed_cost_ms" in r[
+        "metrics"])
+    link_only = "; ".join(f"{link}: {small['metrics']['error_link_only']:+.0%} at {small['row'].rsplit(', ', 1)[1]}"
+                          for link, (small, _) in ends.items() if "error_link_only" in small["metrics"])
     scaling = rec.table(SCALING)
     bound = [r for r in scaling if r["metrics"]["communication_share"] >= 0.5]
     within = [r for r in bound if all(abs(e) <= GOAL for e in r["metrics"]["error_ci95"])]
@@ -493,14 +516,18 @@ def conclude(args, rec, found: Found) -> Conclusion:
     text = (f"{where} and measured with a plain socket: {delivered}."
             + (f" {', '.join(short)} could not be delivered through one core: a preset the machine cannot reach is "
                f"measured, not assumed, and the figures on it are the machine's, not the preset's." if short else "")
-            + f" Horovod's all-reduce across them against the ring model 2(N-1)/N S/B + 2(N-1) latency, from the "
-            f"link as measured, at the largest and smallest sizes: {sweep}. Large tensors go at the link's rate; small "
-            f"ones pay Horovod's own overhead, a negotiation per tensor on a background cycle (HOROVOD_CYCLE_TIME, "
-            f"1 ms by default), which the model leaves out. "
+            + f" Every all-reduce has a fixed cost whatever its size, read from a {SMALL_ALLREDUCE_BYTES // 1024} KiB "
+            f"one beyond the link's share: {fixed or 'not measured'} (Horovod's negotiation on its background cycle, "
+            f"HOROVOD_CYCLE_TIME, and the engine's threads waking on a host's core). Horovod's all-reduce against the "
+            f"ring model 2(N-1)/N S/B + 2(N-1) latency + that fixed cost, from the link as measured, at the largest "
+            f"and smallest sizes: {sweep}" + (f" (the link alone: {link_only})" if link_only else "") + ". "
+            f"The model charges the fixed cost once per fused message: on a fast link a step's all-reduces cost their "
+            f"count times it, which fusion (one message for many tensors) buys back. "
             f"Where communication took half of a step or more ({len(bound)} of {len(scaling)} cases), the scaling "
-            f"model t1 + t2, from t1 measured on one host and t2 from the measured link and the gradients' bytes, "
-            f"was within the +-{GOAL:.0%} goal by its 95% interval in {len(within)}.{swept_text}{overlap_text} What helps when the link is "
-            f"slow, each against plain data parallelism on the same link with the same weights and an accuracy check: "
+            f"model t1 + t2, from t1 measured on one host and t2 from the measured link, the fixed cost and the "
+            f"gradients' bytes, was within the +-{GOAL:.0%} goal by its 95% interval in {len(within)}."
+            f"{swept_text}{overlap_text} What helps when the link is slow, each against plain data parallelism on "
+            f"the same link with the same weights and an accuracy check: "
             f"{stop}. fp16 halves the bytes on the wire; accumulating k batches per all-reduce divides the trips by "
             f"k; a larger batch per rank does the same for the price of a different optimisation; fusion merges the "
             f"per-tensor messages into few; all of them pay only where t2 is a large share of the step. "

@@ -3,6 +3,7 @@ taken down whatever ends the run (its end, an error, SIGTERM; after SIGKILL, the
 Horovod across two hosts through the recipe. Needs root and iproute2 (CI has both); skipped elsewhere."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,12 +38,24 @@ def test_the_ring_model_on_known_timings():
     assert ring_t2(2, 16e6, 50e-6, 1e9 / 8) == pytest.approx(0.128 + 2 * 50e-6)
     assert ring_t2(4, 16e6, 0.0, 1e9 / 8) == pytest.approx(2 * 3 / 4 * 0.128)  # 2(N-1)/N S/B
     assert ring_t2(1, 16e6, 1.0, 1.0) == 0.0
+    # A collective's fixed cost is paid once per all-reduce, whatever its size, and read back from a small one.
+    from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, fixed_cost
+
+    assert ring_t2(2, 16e6, 50e-6, 1e9 / 8, fixed_s=0.004) == pytest.approx(0.128 + 2 * 50e-6 + 0.004)
+    small = ring_t2(2, SMALL_ALLREDUCE_BYTES, 50e-6, 1e10 / 8, fixed_s=0.004)
+    assert fixed_cost(small, 2, 50e-6, 1e10 / 8) == pytest.approx(0.004)
+    assert fixed_cost(1e-6, 2, 50e-6, 1e10 / 8) == 0.0  # never below nothing
     sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
-    from across_hosts import measured_t2, predicted
+    from across_hosts import fixed_of, measured_t2, predicted
 
     link = {"bits_per_s": 1e9, "rtt_s": 100e-6}
     assert predicted(0.01, 16e6, link) == pytest.approx(0.01 + 0.128 + 100e-6)
-    assert predicted(0.01, 16e6, link, fp16=True) == pytest.approx(0.01 + 0.064 + 100e-6)
+    assert predicted(0.01, 16e6, link, 0.004) == pytest.approx(0.01 + 0.128 + 100e-6 + 0.004)
+    # The recipe's fixed cost: its small all-reduce (the sweep's first row) beyond the link's share; none without.
+    small = ring_t2(2, SMALL_ALLREDUCE_BYTES, 50e-6, 1e9 / 8, 0.004)
+    job = {"allreduce": [{"bytes": SMALL_ALLREDUCE_BYTES, "samples_s": [small] * 3, "small": True},
+                         {"bytes": 1e6, "samples_s": [0.02]}]}
+    assert fixed_of(job, link) == pytest.approx(0.004) and fixed_of({"allreduce": job["allreduce"][1:]}, link) == 0
     sweep = [{"bytes": 1e6, "samples_s": [0.01, 0.01]}, {"bytes": 4e6, "samples_s": [0.04, 0.05, 0.04]}]
     assert measured_t2(sweep, 2e6) == pytest.approx(0.02) and measured_t2(sweep, 8e6) is None  # log-log, inside
 
@@ -100,6 +113,9 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     link = rec.table(LINKS)[0]["metrics"]
     assert 0.5 < link["delivered"] <= 1.05 and link["addresses"] == "10.77.0.1, 10.77.0.2"
     assert len(rec.table(ALLREDUCE)) == 2 and all(r["metrics"]["ms"] > 0 for r in rec.table(ALLREDUCE))
+    # A collective's fixed cost, read from the small all-reduce (issue 74), in the model beside the link alone.
+    assert link["fixed_cost_ms"] > 0 and all(r["metrics"]["ring_model_ms"] > r["metrics"]["link_only_ms"]
+                                             for r in rec.table(ALLREDUCE))
     scaling = rec.table(SCALING)[0]["metrics"]
     assert scaling["gradient_mb"] > 7 and scaling["t1_ms"] > 0 and scaling["measured_samples_s"] > 0
     assert scaling["predicted_overlap_samples_s"] >= scaling["predicted_samples_s"]  # overlap only hides t2
@@ -109,6 +125,8 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     assert mwms["metrics"]["samples_per_s"] > 0 and mwms["metrics"]["addresses"].startswith("10.77.0.1:")
     conclusion = RECIPE.conclude(args, rec, found)
     assert "ring model" in conclusion.text and "MultiWorkerMirroredStrategy" in conclusion.text
+    assert re.search(r"Every all-reduce has a fixed cost whatever its size, read from a 4 KiB one beyond the link's "
+                     r"share: 200mbit \d+\.\d ms", conclusion.text), conclusion.text
     assert conclusion.headline is not None
     assert stale() == [] and time.perf_counter() - started < 300
 
@@ -161,6 +179,15 @@ def test_the_doctors_speedup_on_hosts_is_the_ring_model_over_a_measured_step(tmp
     assert found["predicted_speedup"] < overlapped["predicted_speedup_overlap"] < 4
     assert overlapped["predicted_speedup_overlap_fp16"] >= overlapped["predicted_speedup_overlap"]
     assert "a ceiling of **" in scaling.describe(overlapped)
+    # A collective's fixed cost (issue 74), charged once per fused message, and said with where it came from.
+    from tfperf.cluster.collective import FixedCost
+
+    fixed = FixedCost(0.004, "measured with a 4 KiB all-reduce on Horovod's Gloo between two processes here", True)
+    charged = scaling.predict(hosts=4, batch=32, samples_per_s=3200.0, gradient_bytes=8_000_000,
+                              link_bits_per_s=1e9, rtt_s=None, fixed=fixed)
+    assert charged["t2_s"] == pytest.approx(t2 + 0.004) and charged["fixed_cost_s"] == 0.004
+    assert "a fixed cost of 4.0 ms per all-reduce, measured with a 4 KiB all-reduce" in scaling.describe(charged)
+    assert "a fixed cost of 0.0 ms per all-reduce, none charged" in text
 
 
 def test_overlap_hides_the_all_reduce_of_gradients_made_early_in_backpropagation():
@@ -177,6 +204,12 @@ def test_overlap_hides_the_all_reduce_of_gradients_made_early_in_backpropagation
     assert exposed_t2(0.09, [early, late], 2, alpha, beta) == pytest.approx(first_done + ring_t2(2, 4e6, alpha, beta)
                                                                            - 0.09)
     assert exposed_t2(1.0, [(0.0, 8e6)], 2, alpha, beta) == 0.0  # a long step hides it all
+    # Each fused message pays the fixed cost: two messages pay it twice, one message of everything once.
+    fixed = 0.004
+    two = exposed_t2(0.09, [early, late], 2, alpha, beta, fixed_s=fixed)
+    assert two == pytest.approx(0.03 + ring_t2(2, 4e6, alpha, beta, fixed) + ring_t2(2, 4e6, alpha, beta, fixed) - 0.09)
+    assert exposed_t2(0.09, [(1.0, 8e6)], 2, alpha, beta, fixed_s=fixed) == pytest.approx(
+        ring_t2(2, 8e6, alpha, beta, fixed))
 
 
 def test_gradient_readiness_follows_backpropagation_from_the_last_layer_with_each_layers_flops():

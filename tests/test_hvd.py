@@ -240,3 +240,24 @@ def test_a_horovod_timeline_is_read_into_negotiation_the_last_ranks_wait_and_the
         assert main(["horovod-timeline", str(tmp_path / bad)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0] and "--timeline-filename" in err[0], err
+
+
+def test_a_collectives_fixed_cost_is_measured_between_two_processes_or_said_to_be_none(monkeypatch):
+    """What `tfperf doctor --hosts` charges each fused message (issue 74): a small all-reduce between two processes
+    here, or none, said with why."""
+    from tfperf.cluster import collective
+    from tfperf.cluster.errors import ClusterError
+
+    found = collective.measure_fixed_cost()
+    assert found.measured and 0 < found.seconds < 1.0 and found.source.startswith("measured with a 4 KiB all-reduce")
+
+    def fails(*args, **kwargs):
+        raise ClusterError("horovodrun ... exited 1:\nno Gloo")
+
+    monkeypatch.setattr("tfperf.cluster.processes.launch", fails)
+    broken = collective.measure_fixed_cost()
+    assert not broken.measured and broken.seconds == 0.0
+    assert broken.source.startswith("none charged: the small all-reduce could not be measured (horovodrun")
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    missing = collective.measure_fixed_cost()
+    assert not missing.measured and "Horovod is not installed" in missing.source

@@ -488,11 +488,12 @@ def conclude(args, rec, found: Found) -> Conclusion:
                <= max(r["metrics"]["error"], r["metrics"]["error_overlap"])]
     overlap_text = (f" The same sum with only the t2 left after backpropagation, each layer's gradients all-reduced as "
                     f"soon as they exist (Horovod's wait-free overlap; the backward pass two thirds of t1, spread over "
-                    f"the layers by their FLOPs), is a ceiling where t1 + t2 is a floor: the measured rate fell between "
-                    f"the two in {len(between)} of {len(overlapped)} cases (" + ", ".join(
-                        f"{r['row']}: {r['metrics']['error']:+.0%} and {r['metrics']['error_overlap']:+.0%}"
-                        for r in overlapped) + "). It matters where compute and communication are alike; where one "
-                    f"dominates, the floor and the ceiling meet." if overlapped else "")
+                    f"the layers by their FLOPs, each message paying the fixed cost), hides t2 under the pass but sends "
+                    f"more messages: it predicts the faster step where hiding saves more than those cost, the slower on "
+                    f"a fast link. The measured rate fell between the two in {len(between)} of {len(overlapped)} cases ("
+                    + ", ".join(f"{r['row']}: {r['metrics']['error']:+.0%} and {r['metrics']['error_overlap']:+.0%}"
+                                for r in overlapped) + "). It matters where compute and communication are alike; where "
+                    f"one dominates, the two meet." if overlapped else "")
     pays = {}
     for r in rec.table(HELPS):
         label, _, link = r["row"].rpartition(", ")

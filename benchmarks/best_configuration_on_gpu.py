@@ -163,8 +163,9 @@ def one_model(name: str, options: Options, gpus: list, deadline: float, say: Cal
         "not_screened": [k for k, (_, rate) in searched.items() if rate is None],
         "examples_per_s": {label: m.items_per_s for label, m in ms.items()},
         "against_plain": {k: dict(ratio=c.ratio, ci95=c.ci95) for k, c in against_plain.items()},
-        "climb_against_exhaustive": (dict(ratio=climb_vs_top.ratio, ci95=climb_vs_top.ci95, verdict=climb_vs_top.verdict)
-                                     if climb_vs_top else "the same configuration" if top else "no search: budget"),
+        "climb_against_exhaustive": (
+            dict(ratio=climb_vs_top.ratio, ci95=climb_vs_top.ci95, verdict=climb_vs_top.verdict) if climb_vs_top
+            else "the same configuration" if top else "no search: budget"),
         "final_loss": losses,
     }
 
@@ -187,8 +188,9 @@ def printed(name: str, found: dict) -> str:
     lines.append(f"every combination ({len(ranked)} screened, {len(found['not_screened'])} not: budget); top 5:")
     lines += [f"  {label}: {rate:,.0f} examples/s" for label, rate in ranked[:5]]
     lines.append("race:")
+    against = found["against_plain"]
     lines += [f"  {label}: {rate:,.0f} examples/s, loss {found['final_loss'][label]:.3f}"
-              + (f", {ratio(found['against_plain'][label])} against plain fit" if label in found["against_plain"] else "")
+              + (f", {ratio(against[label])} against plain fit" if label in against else "")
               for label, rate in found["examples_per_s"].items()]
     c = found["climb_against_exhaustive"]
     lines.append(f"the climb's best against the exhaustive best: {c if isinstance(c, str) else ratio(c)}")

@@ -489,8 +489,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
     overlap_text = (f" The same sum with only the t2 left after backpropagation, each layer's gradients all-reduced as "
                     f"soon as they exist (Horovod's wait-free overlap; the backward pass two thirds of t1, spread over "
                     f"the layers by their FLOPs, each message paying the fixed cost), hides t2 under the pass but sends "
-                    f"more messages: it predicts the faster step where hiding saves more than those cost, the slower on "
-                    f"a fast link. The measured rate fell between the two in {len(between)} of {len(overlapped)} cases ("
+                    f"more messages: it predicts the faster step where hiding saves more than those cost, else the "
+                    f"slower. The measured rate fell between the two in {len(between)} of {len(overlapped)} cases ("
                     + ", ".join(f"{r['row']}: {r['metrics']['error']:+.0%} and {r['metrics']['error_overlap']:+.0%}"
                                 for r in overlapped) + "). It matters where compute and communication are alike; where "
                     f"one dominates, the two meet." if overlapped else "")
@@ -518,8 +518,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
             + (f" {', '.join(short)} could not be delivered through one core: a preset the machine cannot reach is "
                f"measured, not assumed, and the figures on it are the machine's, not the preset's." if short else "")
             + f" Every all-reduce has a fixed cost whatever its size, read from a {SMALL_ALLREDUCE_BYTES // 1024} KiB "
-            f"one beyond the link's share: {fixed or 'not measured'} (Horovod's negotiation on its background cycle, "
-            f"HOROVOD_CYCLE_TIME, and the engine's threads waking on a host's core). Horovod's all-reduce against the "
+            f"one beyond the link's share: {fixed or 'not measured'} (the engine's own work per collective, not the "
+            f"link's). Horovod's all-reduce against the "
             f"ring model 2(N-1)/N S/B + 2(N-1) latency + that fixed cost, from the link as measured, at the largest "
             f"and smallest sizes: {sweep}" + (f" (the link alone: {link_only})" if link_only else "") + ". "
             f"The model charges the fixed cost once per fused message: on a fast link a step's all-reduces cost their "

@@ -42,10 +42,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import jax  # noqa: E402
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
 import tfperf.gpus  # noqa: E402
-from best_configuration import MODELS  # noqa: E402  (the three models, written the way users write them)
+from best_configuration import MODELS, rows as rows_for  # noqa: E402  (the models users write, their rows)
 from tfperf.doctor import search  # noqa: E402
 from tfperf.doctor.experiment import Context  # noqa: E402
 from tfperf.doctor.options import Options  # noqa: E402
@@ -89,15 +88,6 @@ def gpus_here() -> list[tfperf.gpus.Gpu]:
             for d in found]
 
 
-def synthetic(model: keras.Model, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Rows the model takes (token ids below the vocabulary for the Transformer) and class ids for its outputs."""
-    rng = np.random.default_rng(seed)
-    shape = (count, *model.inputs[0].shape[1:])
-    x = (rng.integers(0, 1000, shape).astype("int32") if "int" in model.inputs[0].dtype
-         else rng.normal(size=shape).astype("float32"))
-    return x, rng.integers(0, model.outputs[0].shape[-1], count)
-
-
 def patch_doctor(gpus: list) -> None:
     """Point the doctor's search at JAX: the mixed policy for these GPUs (as on a CPU without), no jit_compile knob."""
     tfperf.gpus.mixed_policy_here = lambda: tfperf.gpus.mixed_policy(gpus) if gpus else "mixed_bfloat16"
@@ -109,7 +99,7 @@ def synthetic_rows_of(base: keras.Model) -> None:
     """The doctor's rows for this model: synthetic inputs and class ids, as many as it asks for."""
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     search.training_rows = lambda subject, options, examples=None: search.Rows(
-        *synthetic(base, examples or options.train_examples, options.seed), loss,
+        *rows_for(base, examples or options.train_examples, options.seed), loss,
         examples or options.train_examples, False)
 
 

@@ -23,7 +23,7 @@ def records(path, ms):
 
 def test_compare_prints_the_ratio(tmp_path, tfperf_cli):
     out = tfperf_cli("compare", records(tmp_path / "a.jsonl", 3.0), records(tmp_path / "b.jsonl", 1.0)).stdout
-    assert "| demo: t | a | ms | 3 | 1 | 3.000x | - | - | not judged (no samples) |" in out
+    assert "| demo: t | a | ms | 3 ms | 1 ms | 3.000x | - | - | not judged (no samples) |" in out
 
 
 @pytest.mark.parametrize("argv, message", [

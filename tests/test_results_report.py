@@ -247,7 +247,7 @@ def test_the_report_shows_the_spread_and_verdicts_across_reruns():
     table = markdown_table(first, reruns=[run(9.0, "faster"), run(10.0, "no measurable difference")])
     assert "ms across 3 runs" in table
     line = next(l for l in table.splitlines() if l.startswith("| b |"))
-    assert "8-10 (spread 22%)" in line and "faster 2/3, no measurable difference 1/3" in line
+    assert "8-10 ms (spread 22%)" in line and "faster 2/3, no measurable difference 1/3" in line
 
 
 def test_report_html_in_a_browser_opens_with_the_findings_sorts_and_unfolds(tmp_path, browser):
@@ -284,3 +284,29 @@ def test_report_html_in_a_browser_opens_with_the_findings_sorts_and_unfolds(tmp_
     browser.evaluate("document.querySelector('a[href=\"#beta\"]').click()")
     assert browser.evaluate("document.getElementById('beta').open") is True
     assert browser.errors() == []
+
+
+def test_a_table_writes_each_metric_in_the_unit_its_name_says_without_exponents():
+    """Issue 73: `mfu 3.944e-04`, `first_call_s 0.5991`, `tolerance 1.000e-04` left the reader to convert."""
+    from tfperf.records.report import fmt
+    from tfperf.records.units import span
+
+    said = {("first_call_s", 0.5991): "599.1 ms", ("t2_s", 1.23e-5): "12.3 µs", ("wall_s", 75.0): "75 s",
+            ("p99_ms", 12.3): "12.3 ms", ("p99_ms", 1500.0): "1.5 s", ("server_us", 250.0): "250 µs",
+            ("gloo_timeout_s", 5): "5 s", ("gradient_bytes", 8_000_000): "7.629 MiB", ("file_bytes", 512): "512 B",
+            ("peak_rss_growth_mib", 3.5): "3.5 MiB", ("peak_host_mb", 412.0): "412 MB", ("mfu", 3.944e-4): "0.03944%",
+            ("input_share", 0.594): "59.4%", ("tolerance", 1e-4): "0.0001", ("loss", 1.2e-9): "1.20×10⁻⁹",
+            # rates are not seconds, though their names end in _s
+            ("samples_s", 1234.5): "1,234", ("measured_mbit_s", 3.2): "3.2", ("samples_per_s", 23_456.0): "23,456",
+            ("matmul_flops_per_s", 2.5e9): "2.5 G", ("speedup", 1.5): "1.5", ("commits", 7): "7",
+            ("count", 1_234_567): "1,234,567", ("loss", float("nan")): "NaN", ("p99_ms", float("inf")): "∞"}
+    for (metric, value), text in said.items():
+        assert fmt(value, metric) == text, (metric, value, fmt(value, metric))
+    assert fmt(None, "p99_ms") == "-" and fmt(True, "ok") == "True" and fmt("cnn", "model") == "cnn"
+    assert "e-0" not in fmt(3.944e-4) and "e+" not in fmt(2.5e12)
+    # A range says its unit once where both ends share it.
+    assert span(8.0, 10.0, "ms") == "8-10 ms" and span(0.9, 1.2, "fit_s") == "900 ms-1.2 s"
+    assert span(0.12, 0.15, "input_share") == "12-15%" and span(1.0, 2.0, "speedup") == "1-2"
+    table = markdown_table([make_record("demo", "t", "a", {"first_call_s": 0.5991, "mfu": 3.944e-4},
+                                        primary="first_call_s", lower_is_better=True, env=ENV)])
+    assert table.splitlines()[2] == "| a | 599.1 ms | 0.03944% |"

@@ -191,11 +191,11 @@ def print_comparison(result, a: str, b: str) -> None:
           f"|---|---|---|---|---|---|---|---|---|")
     for r in result.rows:
         ci = f" ({r.ci95[0]:.2f}-{r.ci95[1]:.2f})" if r.ci95 else ""
-        p = f"{r.p_value:.3g}" if r.p_value is not None else "-"
+        p = "-" if r.p_value is None else "<0.001" if r.p_value < 0.001 else f"{r.p_value:.3g}"
         noise = (f"+-{r.noise - 1:.0%}; the change is {r.share_of_noise:.1f} of it" if r.share_of_noise is not None
                  else "-")
         status = r.status + (" (no samples)" if r.ci95 is None else "")
-        print(f"| {r.key[0]}: {r.key[1]} | {r.key[2]} | {r.metric} | {fmt(r.a)} | {fmt(r.b)} | "
+        print(f"| {r.key[0]}: {r.key[1]} | {r.key[2]} | {r.metric} | {fmt(r.a, r.metric)} | {fmt(r.b, r.metric)} | "
               f"{r.ratio:.3f}x{ci} | {noise} | {p} | {status} |")
     for label, keys in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
         for key in keys:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf import extras
+from tfperf.records import units
 from tfperf.measure import stats
 from tfperf.records.jsonl import atomic_write_text, read_records
 from tfperf.records.noise import Noise, measure_noise, rerun_range
@@ -23,18 +24,13 @@ FEW_RUNS = 5
 STEADIER = "rerun with `tfperf run --repeat 3`, or on a quieter machine"
 
 
-def fmt(value: Any) -> str:
-    """A number with about four significant digits; anything else as text."""
+def fmt(value: Any, metric: str | None = None) -> str:
+    """A number in the unit `metric`'s name says it holds (ms, MiB, %), about four significant digits, no
+    exponents; anything else as text."""
     if isinstance(value, bool) or value is None:
         return "-" if value is None else str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if math.isnan(value) or math.isinf(value):
-            return str(value)
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-            return f"{value:.3e}"
-        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, (int, float)):
+        return units.write(value, metric)
     return str(value)
 
 
@@ -113,9 +109,9 @@ def markdown_table(records: Sequence[Record], columns: Sequence[str] | None = No
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in records:
         name = r["row"] + (" (!)" if (r.get("timing") or {}).get("warnings") else "")
-        cells = [name, *(fmt(r["metrics"].get(c)) for c in columns)]
+        cells = [name, *(fmt(r["metrics"].get(c), c) for c in columns)]
         if with_ci:
-            cells.append(f"{fmt(r['ci95'][0])}-{fmt(r['ci95'][1])}" if r.get("ci95") else "-")
+            cells.append(units.span(*r["ci95"], r["primary"]) if r.get("ci95") else "-")
         if with_rerun:
             cells.append(rerun[r["row"]] or "-")
         if compared:
@@ -160,7 +156,7 @@ def rerun_cell(record: Record, noise: Noise) -> str:
     if not isinstance(value, (int, float)) or not value > 0:
         return ""
     low, high = rerun_range(float(value), spread, record.get("ci95"))
-    return f"{fmt(low)}-{fmt(high)}"
+    return units.span(low, high, record["primary"])
 
 
 def run_to_run(record: Record, others: Sequence[Record]) -> str:
@@ -172,7 +168,7 @@ def run_to_run(record: Record, others: Sequence[Record]) -> str:
         return "-"
     mid = sorted(values)[len(values) // 2]
     spread = (max(values) - min(values)) / abs(mid) if mid else float("nan")
-    text = f"{fmt(min(values))}-{fmt(max(values))} (spread {spread:.0%})"
+    text = f"{units.span(min(values), max(values), record['primary'])} (spread {spread:.0%})"
     verdicts = [r["verdict"] for r in runs if r.get("verdict")]
     if verdicts:
         counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
@@ -227,7 +223,7 @@ def bar_chart(records: Sequence[Record], path: Path | str, *, title: str | None 
     ax.set_xlabel(f"{key} ({better})")
     ax.set_title(title or f"{records[0]['recipe']}: {records[0]['table']}")
     for y, v in enumerate(values[::-1]):
-        ax.annotate(fmt(v), (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.annotate(fmt(v, key), (v, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
     return save_figure(fig, path)
 
 

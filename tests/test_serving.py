@@ -1,5 +1,6 @@
 """Serving under load: the batcher, request-level statistics, the search's pruning, LoadGen, and `tfperf load`."""
 
+import dataclasses
 import json
 import math
 import os
@@ -347,6 +348,38 @@ def test_a_server_that_answers_wrong_or_fails_is_named():
     assert "differs by" in check_agreement(Server(lambda r: {"y": r["x"] * 2.1}), reference, requests)
     failing = Server(lambda r: 1 / 0)
     assert "fails under 8 concurrent requests (ZeroDivisionError" in check_agreement(failing, reference, requests)
+
+
+def test_the_load_report_claims_only_valid_rates_bounds_its_intervals_and_keeps_errors_out_of_its_cells(tmp_path):
+    """Issue 73: 'within the budget' with every LoadGen validation INVALID, '0 requests/s offered', a p99
+    interval '3.03-inf', and a TensorFlow error's many lines inside a table cell."""
+    from tfperf.serving.measure import Bench
+    from tfperf.serving.report import Found, write_report
+
+    level = lambda n: LoadLevel("concurrency 4", (0.002,) * n, 1.0)  # noqa: E731  (n requests in 1 s)
+    best = Swept(ServingConfig("onnx", 2, 1), (level(50), level(900)))
+    error = ("InvalidArgumentError: Graph execution error:\n\nDetected at node Reshape defined at (most recent call "
+             "last):\n  File \"serve.py\", line 3\n\nInput to reshape is a tensor with 120 values, but the requested "
+             "shape has 96\n\t [[{{node Reshape}}]]")
+    recorder = type("Rec", (), {"add": lambda self, *a, **k: None})()
+    failed = Bench._dropped(type("B", (), {"rec": recorder})(), ServingConfig("savedmodel", None, 1), error)
+    invalid = [loadgen.LoadGenResult("Server", rate, False, False, ("99.00 percentile latency over the bound",),
+                                     rate * 0.9, 1000, 30, {"99.00": 14.0}, None, (), None) for rate in (800, 560)]
+    found = Found("tiny", Budget(), swept=[best, failed], open_loop={best.config.name: (0.0, 700.0)},
+                  validations=invalid, validated=best.config)
+    text = write_report(found, tmp_path).read_text()
+    assert "None of the rates tried was VALID** (800, 560 requests/s): no rate is claimed" in text
+    assert "The claim" not in text and "0 requests/s offered" not in text
+    assert "no rate offered as Poisson arrivals met the budget (LoadGen Server; the lowest tried, 700/s, missed)" in text
+    # 50 requests bound no p99 from above: said, not 'inf'.
+    assert "inf" not in text and "(too few requests for an interval)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| savedmodel"))
+    assert "InvalidArgumentError: Input to reshape is a tensor with 120 values" in row and "Detected at" not in text
+    found.validations.append(dataclasses.replace(invalid[-1], target_qps=400, valid=True, reasons=()))
+    found.open_loop[best.config.name] = (400.0, 560.0)
+    text = write_report(found, tmp_path).read_text()
+    assert "The claim: **400 requests/s within" in text and "None of the rates" not in text
+    assert "400 requests/s offered as Poisson arrivals (LoadGen Server; the next rate tried, 560/s, missed)" in text
 
 
 @pytest.mark.parametrize("argv, expected", [

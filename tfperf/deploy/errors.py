@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -32,6 +33,19 @@ _WHERE = ("Graph execution error", "Detected at node", "<stack traces unavailabl
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """An exception's first non-empty line that says what went wrong, for one-line error messages."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    said = [line for line in lines if not line.startswith(_WHERE)] or lines
-    return (said[0] if said else type(exc).__name__)[:limit]
+    return said_line(str(exc), limit) or type(exc).__name__
+
+
+def said_line(text: str, limit: int = 200) -> str:
+    """The first non-empty line of an error's text that says what went wrong (not where), at most `limit`
+    characters: a reason that fits a table cell or a one-line message ('' for none). Text that opens with the
+    error's type ('InvalidArgumentError: Graph execution error:') keeps the type before the line that says what."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    typed = re.match(r"(\w+(?:Error|Exception|Exit)): (.*)", lines[0]) if lines else None
+    if typed:
+        lines[0] = typed[2]
+    said = [line for line in lines if line and not line.startswith(_WHERE)
+            and line != "Traceback (most recent call last):"]
+    line = (said or lines or [""])[0]
+    line = f"{typed[1]}: {line}" if typed else line
+    return line if len(line) <= limit else line[:limit - 3] + "..."

@@ -159,7 +159,7 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
             if exc is None:
                 finished.append((t1, t1 - t0))
             elif len(errors) < 5:  # a failing request is a result, counted and named
-                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                errors.append(f"{type(exc).__name__}: {exc}"[:4000])  # whole: TF's cause comes after lines of where
 
     def client(i: int) -> None:
         start_cpu = time.thread_time()

@@ -198,7 +198,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 def _print_summary(found, report: Path, out: Path) -> None:
     import shlex
 
-    from tfperf.serving.report import serve_command, serve_line, winner
+    from tfperf.serving.report import no_valid_rate, serve_command, serve_line, winner
     from tfperf.serving.search import ranked
 
     budget = found.budget
@@ -219,6 +219,8 @@ def _print_summary(found, report: Path, out: Path) -> None:
               + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket and bracket[0] else ""))
     for v in found.validations:
         print(f"LoadGen Server at {v.target_qps:.0f}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
+    if found.validations and not any(v.valid for v in found.validations):
+        print(no_valid_rate(found).replace("**", ""))
     echo = found.client_ceiling
     if echo is not None and not echo.dropped:
         print(f"the client's ceiling (an echo of the answers, measured the same way): "

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tfperf.deploy.errors import first_line, said_line
 from tfperf.measure.load import LoadLevel, closed_loop
 from tfperf.serving import loadgen
 from tfperf.serving.batcher import Arrays, BatchingOptions
@@ -167,7 +168,7 @@ class Bench:
         try:
             server = self.server(config)
         except Exception as exc:  # noqa: BLE001  (a runtime that cannot serve this way is dropped, named)
-            return self._dropped(config, f"does not start ({type(exc).__name__}: {str(exc)[:150]})")
+            return self._dropped(config, f"does not start ({type(exc).__name__}: {first_line(exc, 150)})")
         runtime = self.endpoint_runtime if config.runtime == "endpoint" else config.runtime
         with server:
             # A running endpoint's model is not known here unless it was served from these exports: then its
@@ -189,12 +190,15 @@ class Bench:
             padding = getattr(server, "padding", None)
         failing = next((lv for lv in levels if lv.errors), None)
         if failing is not None:
-            return self._dropped(config, f"requests failed at {failing.label}: {failing.errors[0]}", levels)
+            return self._dropped(config, f"requests failed at {failing.label}: {said_line(str(failing.errors[0]))}", levels)
         self._record_levels(config, levels, padding, splits)
         return Swept(config, tuple(levels), padding=padding, splits=splits,
                      outputs_vary=self.varies.get(runtime) if runtime is not None else None)
 
     def _dropped(self, config: ServingConfig, why: str, levels=()) -> Swept:
+        # The reason goes into a table cell: one line, what went wrong (a TensorFlow error's text runs to dozens of
+        # lines of where it happened), no column separator.
+        why = said_line(why).replace("|", "/")
         self.rec.add("configurations", config.name, {**config.settings(), "dropped": why,
                                                      "requests_per_s_within_budget": 0.0},
                      primary="requests_per_s_within_budget", lower_is_better=False, versus_first=False)

@@ -52,8 +52,25 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}" if math.isfinite(seconds) else "inf"
 
 
+def _offered(bracket: tuple[float, float] | None) -> str:
+    """What the open-loop probe found: the highest Poisson rate within the budget and the next that missed, or
+    that none it tried met the budget ('' when none was probed)."""
+    if not bracket:
+        return ""
+    met, missed = bracket
+    if met <= 0:
+        return (f"no rate offered as Poisson arrivals met the budget (LoadGen Server; the lowest tried, {missed:.0f}"
+                f"/s, missed)" if math.isfinite(missed) else "")
+    return f"{met:.0f} requests/s offered as Poisson arrivals (LoadGen Server" + (
+        f"; the next rate tried, {missed:.0f}/s, missed)" if math.isfinite(missed) else ")")
+
+
 def _ci(level: LoadLevel, p: float) -> str:
+    """'3.03 (2.91-3.20)', or the interval said to need more requests than the level answered (a p99 needs about
+    300 for its upper end: below that the sample's largest latency does not bound it at 95%)."""
     low, high = level.percentile_ci_s(p)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{_ms(level.percentile_s(p))} (too few requests for an interval)"
     return f"{_ms(level.percentile_s(p))} ({_ms(low)}-{_ms(high)})"
 
 
@@ -116,11 +133,8 @@ def write_report(found: Found, out: Path) -> Path:
         lines += _answer_through_socket(found, usable)
     else:
         best = winner(found, usable)
-        bracket = found.open_loop.get(best.config.name)
-        offered = ""
-        if bracket:
-            offered = f", {bracket[0]:.0f} requests/s offered as Poisson arrivals (LoadGen Server" + (
-                f"; the next rate tried, {bracket[1]:.0f}/s, missed)" if math.isfinite(bracket[1]) else ")")
+        offered = _offered(found.open_loop.get(best.config.name))
+        offered = f", {offered}" if offered else ""
         lines.append(f"Best within the budget: **{best.config.name}**{offered}; {best.rate_within(budget):.0f} "
                      f"requests/s in closed loop.")
         lines += _validation(found, f"of {found.validated.name}" if found.validated else "", "")
@@ -236,18 +250,25 @@ def _validation(found: Found, what: str, where: str) -> list[str]:
     if found.validations and found.validations[-1].valid:
         lines.append(f"The claim: **{found.validations[-1].target_qps:.0f} requests/s within {found.budget}**{where}, "
                      f"VALID by LoadGen.")
+    elif found.validations and not any(v.valid for v in found.validations):
+        lines.append(no_valid_rate(found))
     return lines
+
+
+def no_valid_rate(found: Found) -> str:
+    """What is said when LoadGen validated none of the rates it was given: no rate is claimed."""
+    rates = ", ".join(f"{v.target_qps:.0f}" for v in found.validations)
+    return (f"**None of the rates tried was VALID** ({rates} requests/s): no rate is claimed within {found.budget}. "
+            f"The closed-loop figures above held the budget only with a fixed number of clients waiting for each "
+            f"answer; Poisson arrivals at those rates did not.")
 
 
 def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
     """The answer measured through a socket, the in-process best beside it as the ceiling, what each protocol
     cost, the client's own ceiling, and how to serve it."""
     budget, p, best = found.budget, found.budget.percentile, found.through
-    bracket = found.open_loop.get(best.swept.config.name)
-    offered = ""
-    if bracket:
-        offered = f"{bracket[0]:.0f} requests/s offered as Poisson arrivals (LoadGen Server" + (
-            f"; the next rate tried, {bracket[1]:.0f}/s, missed), " if math.isfinite(bracket[1]) else "), ")
+    offered = _offered(found.open_loop.get(best.swept.config.name))
+    offered = f"{offered}, " if offered else ""
     lines = [f"Best through a socket, what a deployment gets: **{best.config.name}**, served by `tfperf serve` and "
              f"called over {best.swept.config.name.rpartition(', through ')[2]}: {offered}{best.rate_within(budget):.0f} "
              f"requests/s in closed loop."]
@@ -405,10 +426,9 @@ def describe(found: Found, reproduce: str, report: Path) -> str:
             f" (lowest p{budget.percentile:g} {_ms(lowest[0])} ms, {lowest[1]})" if lowest else "") + "."
     else:
         best = winner(found, usable)
-        bracket = found.open_loop.get(best.config.name)
+        offered = _offered(found.open_loop.get(best.config.name))
         valid = [v for v in found.validations if v.valid]
-        text = (f"Best within {budget}: **{best.config.name}**, " +
-                (f"{bracket[0]:.0f} requests/s offered as Poisson arrivals (LoadGen Server), " if bracket else "") +
+        text = (f"Best within {budget}: **{best.config.name}**, " + (f"{offered}, " if offered else "") +
                 f"{best.rate_within(budget):.0f} in closed loop" +
                 (f"; LoadGen says VALID at {valid[-1].target_qps:.0f} requests/s" if valid else
                  "; LoadGen did not validate it (see the report)" if found.validations else "") + ".")

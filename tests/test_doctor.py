@@ -821,3 +821,39 @@ def test_what_a_flag_asked_for_is_neither_cut_by_the_budget_nor_counted_in_it(tm
     assert list(d.took_s)[1:] == ["default", "asked by a flag", "retracing", "long default"]
     assert d.skipped == {"last default": "not run: the --budget of 150 s was spent (215 s by the experiments run by "
                                          "default; what a flag asked for is neither counted nor cut)"}
+
+
+def test_a_stopped_doctor_reports_what_it_measured_marked_partial_and_exits_143(tmp_path, monkeypatch):
+    """Issue 73: SIGTERM removed the doctor's whole --out. Stopped mid-experiment (the SIGTERM handler raises
+    flags.Stopped; Ctrl-C, KeyboardInterrupt), the run keeps the rows measured so far, names the experiments it did
+    not reach, writes the report marked PARTIAL and ends 143 (130 for Ctrl-C)."""
+    from tfperf import flags
+    from tfperf.cli import main
+    from tfperf.doctor import registry
+    from tfperf.doctor.experiment import Experiment, Section
+
+    def measuring(ctx):
+        ctx.recorder.add("first table", "a row", {"ms": 2.0}, primary="ms", lower_is_better=True)
+        return Section("first")
+
+    def stopping(how):
+        def run(ctx):
+            ctx.recorder.add("second table", "measured before the signal", {"ms": 3.0}, primary="ms", lower_is_better=True)
+            raise how()
+        return run
+
+    keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)], name="tiny").save(tmp_path / "m.keras")
+    for how, code in ((flags.Stopped, 143), (KeyboardInterrupt, 130)):
+        never = []
+        monkeypatch.setattr(registry, "EXPERIMENTS", (
+            Experiment("first", "?", measuring), Experiment("second", "?", stopping(how)),
+            Experiment("third", "?", lambda ctx: never.append(1) or Section("third"))))
+        out = tmp_path / f"out{code}"
+        assert main(["doctor", str(tmp_path / "m.keras"), "--quick", "--no-profile", "--out", str(out)]) == code
+        said = "SIGTERM" if code == 143 else "Ctrl-C"
+        report = (out / "report.md").read_text()
+        assert f"PARTIAL: stopped by {said} during second" in report and never == []
+        assert "| measured before the signal |" in report and "| a row |" in report
+        assert f"third: not run: stopped by {said} during second" in report
+        assert f"second: not finished: stopped by {said} during second" in report
+        assert {r["row"] for r in read_records(out / "doctor.jsonl")} >= {"a row", "measured before the signal"}

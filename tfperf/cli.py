@@ -465,7 +465,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _stop_handler(args.command, may_exit=argv is None)
     previous = signal.signal(signal.SIGTERM, handler) if main_thread else None
     try:
-        return args.func(args)
+        code = args.func(args)
+        if code == 143 and main_thread and argv is None:
+            # Stopped by SIGTERM, its partial report written: end here, for the reason given below.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(143)
+        return code
     except UserError as exc:
         print(f"tfperf {args.command}: error: {flags.one_line(exc)}", file=sys.stderr)
         return 2

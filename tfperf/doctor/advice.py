@@ -29,6 +29,8 @@ class Diagnosis:
     elapsed_s: float = 0.0
     took_s: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per experiment, in order
     profiler: Any = None  # profile.ProfilePass: the traces of measured variants (None when it did not run)
+    partial: str | None = None  # why the run stopped before its last experiment ('stopped by SIGTERM during ...')
+    exit_code: int = 0  # the command's exit code: 143 after SIGTERM, 130 after Ctrl-C
 
     @property
     def findings(self) -> list[Finding]:
@@ -193,7 +195,9 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
     """The diagnosis in Markdown: the model, the advice ranked by gain (and the answers asked for), each
     experiment's own part, what showed no gain, what was left out."""
     details = [s.detail for s in d.sections.values() if s.detail]
-    return "\n".join([*_model_lines(d), *_advice_lines(d), *_profile_lines(d), *details, *_closing_lines(d, goal_s)])
+    partial = [f"**PARTIAL: {d.partial}.** What follows is what was measured before it stopped; the experiments it "
+               f"did not reach are listed under what was not measured.", ""] if d.partial else []
+    return "\n".join([*partial, *_model_lines(d), *_advice_lines(d), *_profile_lines(d), *details, *_closing_lines(d, goal_s)])
 
 
 def write_report(d: Diagnosis, out: Path, *, goal_s: float | None = None) -> Path:

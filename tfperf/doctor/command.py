@@ -163,4 +163,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"\nreport: {report}\nrecords: {out / (doctor.RECIPE + '.jsonl')} (compare two runs with tfperf compare)")
     if diagnosis.profiles:
         print(f"traces: {out / 'traces'} (tensorboard --logdir {out / 'traces'}, or XProf)")
-    return 0
+    if diagnosis.partial:
+        print(f"tfperf doctor: {diagnosis.partial}; the partial report: {report}", file=sys.stderr)
+    return diagnosis.exit_code

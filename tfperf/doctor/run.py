@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tfperf import extras
+from tfperf import extras, flags
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.advice import Diagnosis
 from tfperf.doctor.experiment import Context, Section
@@ -68,15 +68,27 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
         left_out["profile pass"] = f"not run: {extras.message('xprof', 'the profile pass')}"
     ctx = Context(subject, rec, options, workdir, traces, out or workdir, progress, facts, profiler, say=say)
     spent = took[FIRST_STEP]  # what the budget counts: not the start-up, nor what a flag asked for
+    stopped: tuple[str, int] | None = None
     for experiment in registry.taken(subject, options):
+        if stopped is not None:
+            ctx.sections[experiment.name] = Section(experiment.name, skipped={
+                experiment.name: f"not run: {stopped[0]}"})
+            continue
         if experiment.budgeted and options.budget_s is not None and spent > options.budget_s:
             ctx.sections[experiment.name] = Section(experiment.name, skipped={
                 experiment.name: f"not run: the --budget of {options.budget_s:.0f} s was spent ({spent:.0f} s by "
                                  f"the experiments run by default; what a flag asked for is neither counted nor cut)"})
             continue
         began = time.perf_counter()
-        ctx.sections[experiment.name] = experiment.run(ctx)
+        try:
+            ctx.sections[experiment.name] = experiment.run(ctx)
+        except (KeyboardInterrupt, flags.Stopped) as exc:  # what was measured before it is still reported
+            how, code = ("Ctrl-C", 130) if isinstance(exc, KeyboardInterrupt) else ("SIGTERM", 143)
+            stopped = (f"stopped by {how} during {experiment.name}", code)
+            ctx.sections[experiment.name] = Section(experiment.name, skipped={
+                experiment.name: f"not finished: {stopped[0]} (its rows measured so far are in the records)"})
         took[experiment.name] = time.perf_counter() - began
         spent += took[experiment.name] if experiment.budgeted else 0.0
     elapsed = time.perf_counter() - (started if since is None else since)
-    return Diagnosis(subject, rec, facts, ctx.sections, left_out, elapsed, took, profiler)
+    return Diagnosis(subject, rec, facts, ctx.sections, left_out, elapsed, took, profiler,
+                     partial=stopped[0] if stopped else None, exit_code=stopped[1] if stopped else 0)

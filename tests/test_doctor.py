@@ -603,6 +603,8 @@ def test_a_pipeline_that_slows_down_is_seen_over_a_long_run_and_other_sources_of
     # A batch waits 1 ms more for every 0.1 s of the run: its last third is far slower than its first.
     crawl = long_run(f"{pipelines}:crawling", 2.0, rec)
     assert crawl.declined and crawl.comparison.ratio < 0.6 and "declines as it goes" in crawl.describe()
+    # Rebuilt, the pipeline is fast again: its own state slowed it, not the machine.
+    assert crawl.fresh.verdict == "faster" and "the pipeline's own state, not the machine" in crawl.describe()
     windows = [r["metrics"]["batches_per_s"] for r in rec.records if r["table"] == LONG_RUN_TABLE]
     assert len(windows) == 10 and windows[-1] < windows[1] and crawl.batches == sum(
         round(rate * crawl.seconds / 10) for rate in windows)
@@ -610,6 +612,13 @@ def test_a_pipeline_that_slows_down_is_seen_over_a_long_run_and_other_sources_of
     assert not steady.declined and "No decline seen over a 30 s run" in steady.describe()
     drift = LongRun("m:f", 30.0, 900, ((3.0, 30.0),) * 10, compare_times([0.030] * 9, [0.032] * 9, threshold=0.1))
     assert not drift.declined and "slower, but not shown to pass the 10%" in drift.describe()  # 1.07x, not a decline
+    # Issue 73: 'declines as it goes' (2.18x) on 16 batches of from_tensor_slices. A last third slower by far, where
+    # a new pipeline read after it is as slow, is the machine slowing; and a handful of batches judges nothing.
+    slowed = compare_times([0.03] * 9, [0.06] * 9, threshold=0.1)
+    machine = LongRun("m:f", 30.0, 900, ((3.0, 30.0),) * 10, slowed, compare_times([0.06] * 9, [0.06] * 9))
+    assert not machine.declined and "the machine slowed during the run" in machine.describe()
+    few = LongRun("m:f", 30.0, 20, ((3.0, 0.7),) * 10, slowed, None, judged=18)
+    assert not few.declined and "too few batches after the warm-up (18, fewer than 30)" in few.describe()
     # The same 64 examples from tensors, a Python generator and TFRecord files, against the user's generator.
     data = load_data(f"{pipelines}:generated", subject, loss, 64)
     findings, skipped, found = input_sources(data, rec, doctor.Options(**TINY), tmp_path / "sources")

@@ -20,7 +20,7 @@ import numpy as np
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import import_callable
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
-from tfperf.measure.stats import SLOWER, Comparison, compare_times
+from tfperf.measure.stats import FASTER, SLOWER, Comparison, compare_times
 
 LONG_RUN_TABLE = "input over a long run"
 SOURCES_TABLE = "input sources for the same examples"
@@ -29,6 +29,8 @@ DECLINE = 0.10  # a last third this much slower than the first is a decline: les
 WARMUP_SHARE = 0.1  # the run's first tenth (files opened, buffers and caches filled) is left out of the thirds
 WINDOWS = 10
 CHUNKS = 30  # the run after its warm-up, as this many samples of consecutive batches
+MIN_BATCHES = 30  # fewer batches after the warm-up cannot show a trend: each third would be a handful
+FRESH_SHARE = 0.2  # after the run, a new pipeline is read this share of its length: does rebuilding recover it?
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +42,16 @@ class LongRun:
     batches: int
     windows: tuple[tuple[float, float], ...]  # (end of the window in seconds, batches/s in it)
     comparison: Comparison  # the last third's seconds per batch against the first third's (after the warm-up)
+    # A new pipeline read right after, against the last third: a pipeline whose own state slows it (a growing
+    # buffer, a generator's Python state) is fast again when rebuilt; a machine that slowed (a neighbour's load,
+    # a lower clock) is not. None where the last third was not slower.
+    fresh: Comparison | None = None
+    judged: int = MIN_BATCHES  # batches after the warm-up
 
     @property
     def declined(self) -> bool:
-        return self.comparison.verdict == SLOWER
+        return (self.judged >= MIN_BATCHES and self.comparison.verdict == SLOWER
+                and (self.fresh is None or self.fresh.verdict == FASTER))
 
     def describe(self) -> str:
         c = self.comparison
@@ -51,10 +59,20 @@ class LongRun:
         span = f"{rates[0]:,.0f} batches/s in its first window, {rates[-1]:,.0f} in its last" if rates else ""
         run = f"a {self.seconds:.0f} s run of `{self.source}` alone ({self.batches} batches; {span})"
         slower = f"{1 / c.ratio:.2f}x as slow as its first (95% CI {1 / c.ci95[1]:.2f}-{1 / c.ci95[0]:.2f}x)"
+        if self.judged < MIN_BATCHES:
+            return (f"Over {run}, too few batches after the warm-up ({self.judged}, fewer than {MIN_BATCHES}) to "
+                    f"tell a decline from noise: a longer run (--long-run SECONDS) can.")
         if self.declined:
-            return (f"Over {run}, its last third ran **{slower}**: it declines as it goes. Look for what grows with "
-                    f"the run: interleave moving to larger or remote files, a shuffle buffer or cache() filling "
-                    f"memory, a generator's Python state.")
+            fresh = (f" A new pipeline read right after ran {self.fresh.ratio:.2f}x as fast as that last third: what "
+                     f"slows it is the pipeline's own state, not the machine." if self.fresh else "")
+            return (f"Over {run}, its last third ran **{slower}**: it declines as it goes.{fresh} Look for what "
+                    f"grows with the run: interleave moving to larger or remote files, a shuffle buffer or cache() "
+                    f"filling memory, a generator's Python state.")
+        if c.verdict == SLOWER:
+            return (f"Over {run}, its last third ran {slower}, but a new pipeline read right after was no faster "
+                    f"({self.fresh.describe() if self.fresh else 'not measured'}): the machine slowed during the "
+                    f"run (another process's load, a lower clock), not the pipeline. No decline of its own is "
+                    f"shown; a quieter machine tells.")
         if c.ci95[1] < 1.0:
             return (f"Over {run}, its last third ran {slower}: slower, but not shown to pass the {DECLINE:.0%} "
                     f"that makes a decline here; a longer run (--long-run SECONDS) tells a trend from a drift.")
@@ -63,7 +81,35 @@ class LongRun:
 
 
 def long_run(source: str, seconds: float, rec) -> LongRun:
-    """Read the user's pipeline, built anew and repeated, for `seconds`, timing each batch; record the windows."""
+    """Read the user's pipeline, built anew and repeated, for `seconds`, timing each batch; record the windows.
+    Where its last third was slower than its first, a new pipeline is read too, to tell its own decline from the
+    machine's."""
+    ends_s = _read(source, seconds)
+    after = _after_warmup(ends_s)
+    # Samples of consecutive batches (about CHUNKS of them): a second's worth of fast batches is one sample, not
+    # thousands, which the bootstrap behind the interval would draw thousands of times each.
+    chunks = _chunked(after, max(len(after) // CHUNKS, 1))
+    third = max(len(chunks) // 3, 1)
+    comparison = compare_times(chunks[:third], chunks[-third:], names=("first third", "last third"),
+                               threshold=DECLINE)
+    fresh = None
+    if comparison.verdict == SLOWER and len(after) >= MIN_BATCHES:
+        again = _after_warmup(_read(source, FRESH_SHARE * seconds))
+        fresh = compare_times(chunks[-third:], _chunked(again, max(len(again) // max(third, 3), 1)),
+                              names=("last third", "a new pipeline"), threshold=DECLINE)
+    windows = []
+    edges = np.linspace(0.0, ends_s[-1], WINDOWS + 1)
+    for low, high in zip(edges[:-1], edges[1:]):
+        count = int(np.sum((ends_s > low) & (ends_s <= high)))
+        windows.append((float(high), count / (high - low)))
+        rec.add(LONG_RUN_TABLE, f"{low:.1f}-{high:.1f} s", {"batches_per_s": count / (high - low)},
+                primary="batches_per_s", lower_is_better=False, versus_first=False)
+    return LongRun(source, float(ends_s[-1]), len(ends_s), tuple(windows), comparison, fresh, len(after))
+
+
+def _read(source: str, seconds: float) -> np.ndarray:
+    """When each batch of the pipeline `source` builds (repeated) came, in seconds from the first request, over
+    `seconds`."""
     import tensorflow as tf
 
     dataset = import_callable(source, "function")()
@@ -74,24 +120,18 @@ def long_run(source: str, seconds: float, rec) -> LongRun:
     while not ends or ends[-1] - started < seconds:
         next(iterator)
         ends.append(time.perf_counter())
-    ends_s = np.asarray(ends) - started
+    return np.asarray(ends) - started
+
+
+def _after_warmup(ends_s: np.ndarray) -> np.ndarray:
+    """Seconds per batch, the run's first tenth (files opened, buffers and caches filled) left out."""
     per_batch = np.diff(np.concatenate([[0.0], ends_s]))
-    after = per_batch[ends_s > WARMUP_SHARE * ends_s[-1]]
-    # Samples of consecutive batches (about CHUNKS of them): a second's worth of fast batches is one sample, not
-    # thousands, which the bootstrap behind the interval would draw thousands of times each.
-    size = max(len(after) // CHUNKS, 1)
-    chunks = after[:len(after) // size * size].reshape(-1, size).mean(axis=1)
-    third = max(len(chunks) // 3, 1)
-    comparison = compare_times(chunks[:third], chunks[-third:], names=("first third", "last third"),
-                               threshold=DECLINE)
-    windows = []
-    edges = np.linspace(0.0, ends_s[-1], WINDOWS + 1)
-    for low, high in zip(edges[:-1], edges[1:]):
-        count = int(np.sum((ends_s > low) & (ends_s <= high)))
-        windows.append((float(high), count / (high - low)))
-        rec.add(LONG_RUN_TABLE, f"{low:.1f}-{high:.1f} s", {"batches_per_s": count / (high - low)},
-                primary="batches_per_s", lower_is_better=False, versus_first=False)
-    return LongRun(source, float(ends_s[-1]), len(ends), tuple(windows), comparison)
+    return per_batch[ends_s > WARMUP_SHARE * ends_s[-1]]
+
+
+def _chunked(per_batch: np.ndarray, size: int) -> np.ndarray:
+    """Means of consecutive runs of `size` batches: samples that are not thousands of near-equal tiny ones."""
+    return per_batch[:len(per_batch) // size * size].reshape(-1, size).mean(axis=1)
 
 
 def in_memory(dataset) -> Any:

@@ -375,3 +375,39 @@ def test_the_reason_two_devices_fall_short_follows_the_split():
     # Nothing grew.
     assert "nothing grew" in found("gpu", (11, 10, 9, 0.5, 10.2), (11, 10, 9, 0.5, 10.2)).why()
     assert "1.20x (ideal 2x)" in found("gpu", (11, 10, 9, 0.5, 10.2), (20, 11, 9.2, 1, 19)).describe()
+
+
+class Sample(keras.layers.Layer):
+    """A VAE's sampling step: mean + sigma * noise, drawn anew at every call (inference included)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seeds = keras.random.SeedGenerator(0)
+
+    def call(self, x):
+        mean, log_var = x[:, :2], x[:, 2:]
+        return mean + keras.ops.exp(0.5 * log_var) * keras.random.normal(keras.ops.shape(mean), seed=self.seeds)
+
+
+def test_a_stochastic_model_is_said_to_be_one_and_its_rows_held_to_its_own_spread(tmp_path):
+    """Issue 73: a VAE sampling in its forward pass had every row say 'outputs differ', so nothing was advised.
+    Two calls on the same inputs differ: the report says so, and each row is held to 1.5x the model's own spread."""
+    from tfperf.doctor.inference import STOCHASTIC_MARGIN
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,), name="features")
+    sampler = keras.Model(inputs, keras.layers.Dense(3)(Sample()(keras.layers.Dense(4)(inputs))), name="sampler")
+    rec = Recorder("doctor", {})
+    section = inference_section(Context(keras_subject(sampler, "sampler", factory=None), rec, TINY, tmp_path,
+                                        tmp_path / "traces", tmp_path, facts={"matmul_flops_per_s": 1e9}))
+    said = section.skipped["exact agreement at batch 4"]
+    spread = float(said.split("differed by up to ")[1].split(" ")[0])
+    assert said.startswith("the model is stochastic") and spread > 1e-3
+    rows = {r["row"]: r["metrics"] for r in rec.table("throughput at batch 4")}
+    assert all(m["tolerance"] >= STOCHASTIC_MARGIN * spread * 0.99 for m in rows.values())
+    assert any(f.agrees for f in section.findings)  # alike within the spread, where each call draws anew
+    # A deterministic model is held to float32's tolerance, and nothing is said.
+    plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)], name="plain")
+    section = inference_section(Context(keras_subject(plain, "plain", factory=None), Recorder("doctor", {}), TINY,
+                                        tmp_path, tmp_path / "traces", tmp_path, facts={"matmul_flops_per_s": 1e9}))
+    assert not any(k.startswith("exact agreement") for k in section.skipped)

@@ -862,6 +862,7 @@ def test_a_stopped_doctor_reports_what_it_measured_marked_partial_and_exits_143(
         said = "SIGTERM" if code == 143 else "Ctrl-C"
         report = (out / "report.md").read_text()
         assert f"PARTIAL: stopped by {said} during second" in report and never == []
+        assert f"PARTIAL (stopped by {said} during second)" in report.split("## ")[1]  # the first screen
         assert "| measured before the signal |" in report and "| a row |" in report
         assert f"third: not run: stopped by {said} during second" in report
         assert f"second: not finished: stopped by {said} during second" in report

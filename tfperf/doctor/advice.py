@@ -214,6 +214,8 @@ def write_report(d: Diagnosis, out: Path, *, goal_s: float | None = None) -> Pat
     else:
         headline = Headline("changes measured on this model", "none measurably faster with the same answers",
                             "no advice")
+    if d.partial:  # the report's first screen says the run did not finish
+        headline = dataclasses.replace(headline, lesson=f"PARTIAL ({d.partial}): {headline.lesson}")
     headline.save(out, RECIPE)
     return build_report(out, order=[RECIPE], title=f"tfperf doctor: {d.subject.name}",
                         steadier="rerun the doctor without --quick (more rounds), or on a quieter machine")

@@ -404,7 +404,7 @@ def test_a_stochastic_model_is_said_to_be_one_and_its_rows_held_to_its_own_sprea
     spread = float(said.split("differed by up to ")[1].split(" ")[0])
     assert said.startswith("the model is stochastic") and spread > 1e-3
     rows = {r["row"]: r["metrics"] for r in rec.table("throughput at batch 4")}
-    assert all(m["tolerance"] >= STOCHASTIC_MARGIN * spread * 0.99 for m in rows.values())
+    assert all(m["tolerance"] >= STOCHASTIC_MARGIN * spread * 0.95 for m in rows.values())  # spread said in 2 digits
     assert any(f.agrees for f in section.findings)  # alike within the spread, where each call draws anew
     # A deterministic model is held to float32's tolerance, and nothing is said.
     plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)], name="plain")

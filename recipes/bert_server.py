@@ -152,8 +152,8 @@ def serve_under_loadgen(name: str, batcher: Batcher, requests: list[dict], args,
     if not rate:
         return 0.0, False, float("nan")
     logs = Path(args.out) / "bert_server_loadgen" / slug(name)
-    tries = loadgen.validated(lambda r, n: offered(r, max(args.probe, n / r), n, logs / f"{r:.0f}"), rate,
-                              args.probe, tries=3)
+    tries, _ = loadgen.validated(lambda r, n: offered(r, max(args.probe, n / r), n, logs / f"{r:.0f}"), rate,
+                                 args.probe, tries=3)
     for result in tries:
         rec.add(VALIDATION, f"{name}, {result.target_qps:.0f}/s", {
             **result.metrics(), "useful_tokens_per_s": result.target_qps * tokens,

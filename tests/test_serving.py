@@ -320,11 +320,19 @@ def test_validation_runs_longer_when_only_early_stopping_failed_and_slower_when_
     bench = Bench({}, [{}], Budget(), Sizes(validation_s=2.0), Recorder("load", {}), tmp_path)
     bench.server = lambda config: contextlib.nullcontext()
     bench.offered = offered
-    attempts = bench.validate(ServingConfig("onnx", 1, 1), 500.0)
-    assert [a.valid for a in attempts] == [False, False, True]
+    attempts, why = bench.validate(ServingConfig("onnx", 1, 1), 500.0)
+    assert [a.valid for a in attempts] == [False, False, True] and why == ""
     assert not attempts[0].too_short and attempts[1].too_short and attempts[1].more_queries_needed == 442
     # Over the bound: 15% slower. Only too few queries to claim p99: the same rate, twice what LoadGen asked for.
     assert asked == [(500, 1000), (425, 920), (425, 2 * (1011 + 442))]
+    # Issue 73: a slow model's runs at 5-6 requests/s took 3 minutes each (920 queries for p99), four times over
+    # at --quick. No run starts past the cap; the report says why there was none, and claims nothing.
+    asked.clear()
+    bench.sizes = Sizes(validation_s=2.0, validation_cap_s=90.0)
+    attempts, why = bench.validate(ServingConfig("onnx", 1, 1), 5.0)
+    assert attempts == [] and asked == []
+    assert why == ("a LoadGen run at 5 requests/s needed 920 queries (184 s) for early stopping to claim the "
+                   "percentile, past the 90 s validation is given here")
 
 
 def test_a_server_that_answers_wrong_or_fails_is_named():
@@ -379,6 +387,11 @@ def test_the_load_report_claims_only_valid_rates_bounds_its_intervals_and_keeps_
     found.open_loop[best.config.name] = (400.0, 560.0)
     text = write_report(found, tmp_path).read_text()
     assert "The claim: **400 requests/s within" in text and "None of the rates" not in text
+    # A validation that was not run (its queries would have taken too long) claims nothing, and says why.
+    found.validations, found.not_validated = [], "a LoadGen run at 5 requests/s needed 920 queries (184 s) ..."
+    text = write_report(found, tmp_path).read_text()
+    assert "Not validated further: a LoadGen run at 5 requests/s needed 920 queries" in text
+    assert "no rate is claimed VALID. Without --quick, validation is given 15 minutes" in text and "claim:" not in text
     assert "400 requests/s offered as Poisson arrivals (LoadGen Server; the next rate tried, 560/s, missed)" in text
 
 

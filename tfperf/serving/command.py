@@ -198,7 +198,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 def _print_summary(found, report: Path, out: Path) -> None:
     import shlex
 
-    from tfperf.serving.report import no_valid_rate, serve_command, serve_line, winner
+    from tfperf.serving.report import no_valid_rate, not_validated, serve_command, serve_line, winner
     from tfperf.serving.search import ranked
 
     budget = found.budget
@@ -221,6 +221,8 @@ def _print_summary(found, report: Path, out: Path) -> None:
         print(f"LoadGen Server at {v.target_qps:.0f}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
     if found.validations and not any(v.valid for v in found.validations):
         print(no_valid_rate(found).replace("**", ""))
+    if found.not_validated:
+        print(not_validated(found))
     echo = found.client_ceiling
     if echo is not None and not echo.dropped:
         print(f"the client's ceiling (an echo of the answers, measured the same way): "

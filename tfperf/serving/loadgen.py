@@ -197,15 +197,22 @@ def run(serve: Callable[[int], Future], samples: int, *, scenario: str = "Server
 
 
 def validated(offer: Callable[[float, int], LoadGenResult], rate: float, seconds: float,
-              tries: int = 4) -> list[LoadGenResult]:
+              tries: int = 4, cap_s: float = math.inf) -> tuple[list[LoadGenResult], str]:
     """LoadGen Server runs (`offer(rate, queries)`) long enough for early stopping to claim the percentile; when
     INVALID, again at the same rate with twice the queries early stopping asked for if that was all it lacked, else
-    at a 15% lower rate; `tries` runs at most: every attempt, the last decides."""
+    at a 15% lower rate; `tries` runs at most: every attempt, the last decides. No run starts whose queries at its
+    rate would take the runs past `cap_s` seconds in all (a slow model's p99 needs 920 queries: 3 minutes at 5
+    requests/s): (the attempts, why one was not run, or '')."""
     def enough(rate: float) -> int:
         return max(int(rate * seconds), 2 * MIN_QUERIES_FOR_P99)
 
-    attempts, queries = [], enough(rate)
+    attempts, queries, spent = [], enough(rate), 0.0
     for _ in range(tries):
+        if spent + queries / rate > cap_s:
+            return attempts, (f"{'another' if attempts else 'a'} LoadGen run at {rate:.0f} requests/s needed "
+                              f"{queries:,} queries ({queries / rate:.0f} s) for early stopping to claim the "
+                              f"percentile, past the {cap_s:.0f} s validation is given here")
+        spent += queries / rate
         result = offer(rate, queries)
         attempts.append(result)
         if result.valid:
@@ -215,4 +222,4 @@ def validated(offer: Callable[[float, int], LoadGenResult], rate: float, seconds
         else:
             rate *= 0.85
             queries = enough(rate)
-    return attempts
+    return attempts, ""

@@ -40,6 +40,7 @@ class Sizes:
     probe_s: float = 3.0  # one LoadGen Server probe of a rate
     probes: int = 5  # probes per open-loop rate search
     validation_s: float = 10.0
+    validation_cap_s: float = 900.0  # LoadGen validation runs of one answer, in all (a slow model's runs are long)
     max_concurrency: int = 64
     concurrency_factor: int = 2  # closed-loop levels 1, f, f^2, ...
     instances: tuple[int, ...] = (1, 2, 4)  # the search's space
@@ -51,8 +52,8 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(window_s=0.25, max_windows=6, warmup_s=0.1, probe_s=0.8, probes=4, validation_s=2.0,
-                   max_concurrency=32, concurrency_factor=4, instances=(1, 2), batch_sizes=(4, 16, 64),
-                   all_thread_counts=False, socket_candidates=1)
+                   validation_cap_s=90.0, max_concurrency=32, concurrency_factor=4, instances=(1, 2),
+                   batch_sizes=(4, 16, 64), all_thread_counts=False, socket_candidates=1)
 
 
 def batch_function_config(cores: int) -> ServingConfig:
@@ -190,7 +191,8 @@ class Bench:
             padding = getattr(server, "padding", None)
         failing = next((lv for lv in levels if lv.errors), None)
         if failing is not None:
-            return self._dropped(config, f"requests failed at {failing.label}: {said_line(str(failing.errors[0]))}", levels)
+            why = said_line(str(failing.errors[0]))
+            return self._dropped(config, f"requests failed at {failing.label}: {why}", levels)
         self._record_levels(config, levels, padding, splits)
         return Swept(config, tuple(levels), padding=padding, splits=splits,
                      outputs_vary=self.varies.get(runtime) if runtime is not None else None)
@@ -247,8 +249,9 @@ class Bench:
         rate within it."""
         return (bracket[0] if bracket else 0.0) or 0.8 * swept.rate_within(self.budget)
 
-    def validate(self, config: ServingConfig, rate: float, tries: int = 4) -> list[loadgen.LoadGenResult]:
-        """LoadGen Server runs at `rate` until one is VALID (`loadgen.validated`'s rule), their logs kept."""
+    def validate(self, config: ServingConfig, rate: float, tries: int = 4) -> tuple[list[loadgen.LoadGenResult], str]:
+        """LoadGen Server runs at `rate` until one is VALID (`loadgen.validated`'s rule), their logs kept, within the
+        sizes' validation cap: (the runs, why one was not run, or '')."""
         with self.server(config) as server:
             def offer(rate: float, queries: int) -> loadgen.LoadGenResult:
                 folder = self.logs / f"{time.strftime('%H%M%S')}-{next(attempt)}"
@@ -260,7 +263,7 @@ class Bench:
                 return result
 
             attempt = itertools.count()
-            return loadgen.validated(offer, rate, self.sizes.validation_s, tries)
+            return loadgen.validated(offer, rate, self.sizes.validation_s, tries, self.sizes.validation_cap_s)
 
     def generator_overhead(self, config: ServingConfig) -> loadgen.LoadGenResult:
         """LoadGen SingleStream on the configuration: its QPS with and without LoadGen's own overhead."""

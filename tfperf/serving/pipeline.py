@@ -140,8 +140,9 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
                     bench, configs, exports, name, out / "servers", budget, trust=trust, say=say)
             if found.through is not None:
                 through = found.through
-                bracket, found.validations, found.client_ceiling, echo = socket_phase.open_and_validate(
+                bracket, validation, found.client_ceiling, echo = socket_phase.open_and_validate(
                     bench, through, best_server, name, say=say)
+                found.validations, found.not_validated = validation
                 found.open_loop[through.swept.config.name] = bracket
                 if echo is not None:
                     found.open_loop[found.client_ceiling.config.name] = echo
@@ -153,7 +154,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
                 rate = bench.validation_rate(winner, found.open_loop.get(winner.config.name))
                 say(f"validation (LoadGen Server) of {winner.config.name} at {rate:.0f}/s")
                 found.validated = winner.config
-                found.validations = bench.validate(winner.config, rate)
+                found.validations, found.not_validated = bench.validate(winner.config, rate)
                 deployed, measured = winner, ""
                 offered = found.open_loop.get(winner.config.name, (0.0,))[0] or winner.rate_within(budget)
             for extra in rates:

@@ -27,6 +27,7 @@ class Found:
     swept: list[Swept] = dataclasses.field(default_factory=list)
     open_loop: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # config name -> bracket
     validations: list[LoadGenResult] = dataclasses.field(default_factory=list)  # each attempt, the last decides
+    not_validated: str = ""  # why a validation run was not started (its queries would take too long), if one was not
     validated: ServingConfig | None = None
     overhead: LoadGenResult | None = None
     ceiling: LoadGenResult | None = None
@@ -252,7 +253,17 @@ def _validation(found: Found, what: str, where: str) -> list[str]:
                      f"VALID by LoadGen.")
     elif found.validations and not any(v.valid for v in found.validations):
         lines.append(no_valid_rate(found))
+    if found.not_validated:
+        lines.append(not_validated(found))
     return lines
+
+
+def not_validated(found: Found) -> str:
+    """Why LoadGen's validation stopped short (or never ran), said with the claim it leaves out."""
+    from tfperf.serving.measure import Sizes
+
+    return (f"Not validated further: {found.not_validated}; no rate is claimed VALID. Without --quick, validation "
+            f"is given {Sizes().validation_cap_s / 60:.0f} minutes.")
 
 
 def no_valid_rate(found: Found) -> str:
@@ -431,7 +442,8 @@ def describe(found: Found, reproduce: str, report: Path) -> str:
         text = (f"Best within {budget}: **{best.config.name}**, " + (f"{offered}, " if offered else "") +
                 f"{best.rate_within(budget):.0f} in closed loop" +
                 (f"; LoadGen says VALID at {valid[-1].target_qps:.0f} requests/s" if valid else
-                 "; LoadGen did not validate it (see the report)" if found.validations else "") + ".")
+                 "; LoadGen did not validate it (see the report)" if found.validations or found.not_validated
+                 else "") + ".")
         anchor = next((s for s in found.swept if s.config.runtime == "savedmodel" and s.config.batching is None
                        and s.config.instances == 1), None)
         if anchor is not None and anchor.config.name in found.open_loop and found.open_loop[anchor.config.name][0]:

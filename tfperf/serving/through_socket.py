@@ -207,7 +207,8 @@ def best_through(found: Sequence[Through], budget: Budget) -> Through | None:
 
 
 def open_and_validate(bench, best: Through, server: ServeProcess, name: str, *,
-                      say=lambda what: None) -> tuple[tuple[float, float], list, Swept, tuple[float, float] | None]:
+                      say=lambda what: None) -> tuple[tuple[float, float], tuple[list, str], Swept,
+                                                      tuple[float, float] | None]:
     """The best through a socket, on the server its sweep ran on (closed when done): LoadGen Server's highest rate
     within the budget (and the next rate tried, which missed), the validation runs at it, and the client's
     ceiling (`client_ceiling`) in its protocol."""

@@ -119,7 +119,8 @@ def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool,
             found.open_loop[config.name] = bench.open_loop_of(swept)
             rate = bench.validation_rate(swept, found.open_loop[config.name])
             say(f"validation (LoadGen Server) at {rate:.0f}/s")
-            found.validated, found.validations = config, bench.validate(config, rate)
+            found.validated = config
+            found.validations, found.not_validated = bench.validate(config, rate)
         found.client_ceiling, bracket = client_ceiling(bench, endpoint, say)
         if bracket is not None:
             found.open_loop[found.client_ceiling.config.name] = bracket

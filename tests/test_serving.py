@@ -168,6 +168,11 @@ def test_closed_loop_counts_latencies_and_failures():
         raise RuntimeError("no")
     level = closed_loop(fails, 1, window_s=0.05, max_windows=3, warmup_s=0.0)
     assert level.count == 0 and level.errors and "RuntimeError: no" in level.errors[0]
+    # A request longer than the window (256x256x3 rows as JSON, issue 73): the level answered none in --quick's
+    # windows and the report said 'inf ms'. A window that sees no answer is followed by one twice as long.
+    level = closed_loop(lambda client: time.sleep(0.3), 1, window_s=0.05, max_windows=5, warmup_s=0.0)
+    assert level.count >= 1 and not level.windows[0].latencies_s
+    assert [w.seconds for w in level.windows][:3] == pytest.approx([0.05, 0.1, 0.2], abs=0.04)
 
 
 def test_closed_loop_runs_its_clients_as_coroutines_on_an_event_loop_and_counts_their_failures():
@@ -387,12 +392,17 @@ def test_the_load_report_claims_only_valid_rates_bounds_its_intervals_and_keeps_
     found.open_loop[best.config.name] = (400.0, 560.0)
     text = write_report(found, tmp_path).read_text()
     assert "The claim: **400 requests/s within" in text and "None of the rates" not in text
+    assert "400 requests/s offered as Poisson arrivals (LoadGen Server; the next rate tried, 560/s, missed)" in text
     # A validation that was not run (its queries would have taken too long) claims nothing, and says why.
     found.validations, found.not_validated = [], "a LoadGen run at 5 requests/s needed 920 queries (184 s) ..."
     text = write_report(found, tmp_path).read_text()
     assert "Not validated further: a LoadGen run at 5 requests/s needed 920 queries" in text
     assert "no rate is claimed VALID. Without --quick, validation is given 15 minutes" in text and "claim:" not in text
-    assert "400 requests/s offered as Poisson arrivals (LoadGen Server; the next rate tried, 560/s, missed)" in text
+    # A level that answered nothing has no p99, not 'inf ms'.
+    silent = Swept(ServingConfig("onnx", 1, 1), (LoadLevel("concurrency 1", (), 1.5),))
+    text = write_report(Found("slow", Budget(), swept=[silent]), tmp_path).read_text()
+    assert "no request was answered one at a time within the level's time" in text and "inf" not in text
+    assert "| 1 | 0 | none answered | none answered | none answered |" in text
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -604,9 +614,42 @@ def test_an_interrupted_load_still_reports_marked_partial(tmp_path, monkeypatch)
     monkeypatch.setattr(Bench, "sweep", sweep)
     code, out, err = tfperf("load", "mlp", "--quick", "--runtimes", "onnx", "--out", tmp_path / "run")
     report = (tmp_path / "run" / "report.md").read_text()
-    assert code == 130 and "load: PARTIAL" in out and "**PARTIAL: interrupted (Ctrl-C or SIGTERM).**" in report
+    assert code == 130 and "load: PARTIAL" in out and "**PARTIAL: stopped by Ctrl-C.**" in report
     assert "the SavedModel signature" not in report or "savedmodel, 1 instance, unbatched" in report
     assert (tmp_path / "run" / "load.jsonl").exists()
+
+
+def test_sigterm_during_a_loadgen_test_unwinds_at_once_and_leaves_the_test_to_end_on_its_thread():
+    """Issue 73: SIGTERM to `load --url` mid-LoadGen ended 'terminated by signal 11', no report: the stop was
+    raised inside LoadGen's test and its SUT destroyed under it. The test runs on a thread of its own; the signal
+    raises in the waiting thread within a tenth of a second, and the test goes on until it ends by itself."""
+    import signal
+
+    from tfperf import flags
+    from tfperf.serving.loadgen import _start_test
+
+    release, ended = threading.Event(), threading.Event()
+
+    def test():  # stands in for lg.StartTest: it ends only when released
+        release.wait(10)
+        ended.set()
+
+    def stop(signum, frame):
+        raise flags.Stopped()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+        began = time.perf_counter()
+        with pytest.raises(flags.Stopped):
+            _start_test(test)
+        assert time.perf_counter() - began < 1.0 and not ended.is_set()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        release.set()
+    assert ended.wait(5)
+    with pytest.raises(ZeroDivisionError):  # a test that fails raises in the waiting thread
+        _start_test(lambda: 1 / 0)
 
 
 @pytest.mark.slow

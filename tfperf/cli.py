@@ -466,8 +466,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, handler) if main_thread else None
     try:
         code = args.func(args)
-        if code == 143 and main_thread and argv is None:
-            # Stopped by SIGTERM, its partial report written: end here, for the reason given below.
+        if code in (130, 143) and main_thread and argv is None:
+            # Stopped by SIGTERM or Ctrl-C, its partial report written: end here, for the reason given below (and
+            # a LoadGen test left to end on its own thread would crash the interpreter's teardown).
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(143)

@@ -28,6 +28,7 @@ from tfperf.measure.stats import quantile_ci
 PERCENTILES = (50, 90, 99)
 STABILITY = 0.10  # perf_analyzer's --stability-percentage default
 STABLE_WINDOWS = 3  # windows in a row that must agree
+MAX_WINDOW_S = 16.0  # a window doubled while it sees no answer stops growing here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,9 +198,9 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
         time.sleep(warmup_s)
         begin, cpu_begin = time.perf_counter(), time.process_time() + (server_cpu() if server_cpu else 0.0)
         sent_begin = sender_cpu() if sender_cpu else 0.0
-        edge = begin
+        edge, window = begin, window_s
         while len(windows) < max_windows and not (windows and stable(windows)):
-            time.sleep(max(edge + window_s - time.perf_counter(), 0.0))
+            time.sleep(max(edge + window - time.perf_counter(), 0.0))
             end = time.perf_counter()
             with lock:
                 inside = tuple(lat for t, lat in finished if edge <= t < end)
@@ -207,6 +208,10 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
             edge = end
             if errors and not any(w.latencies_s for w in windows):
                 break  # every request fails: nothing to wait for
+            if not inside and not errors:
+                # No answer came in the window: a request takes longer than it (256x256x3 rows as JSON: 0.4 s a
+                # request). The next window is twice as long, as perf_analyzer asks for a larger window.
+                window = min(2 * window, MAX_WINDOW_S)
         cpu_end = time.process_time() + (server_cpu() if server_cpu else 0.0)
         sent = (sender_cpu() - sent_begin) if sender_cpu else 0.0
     finally:

@@ -109,3 +109,8 @@ def span(low: float | None, high: float | None, metric: str | None = None) -> st
     unit = next((u for u in (" µs", " ms", " s", "%", " KiB", " MiB", " GiB", " TiB", " kB", " MB", " GB", " TB",
                              " B", " M", " G", " T", " P") if a.endswith(u) and b.endswith(u)), None)
     return f"{a[:-len(unit)]}-{b}" if unit else f"{a}-{b}"
+
+
+def rate(value: float) -> str:
+    """A rate in requests or examples per second: whole numbers from 10 up, two digits below (0.47, not 0)."""
+    return f"{value:,.0f}" if abs(value) >= 10 or value == 0 else f"{value:.2g}"

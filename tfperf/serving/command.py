@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tfperf import extras, flags
 from tfperf.flags import UserError, int_list, latency, length_range, percentile
+from tfperf.records import units
 from tfperf.serving.pipeline import RECIPE, answer, export_runtimes, variable_length_requests
 from tfperf.serving.runtimes import RUNTIMES, export_of
 
@@ -160,7 +161,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
         found, out = load_url(args, started, RECIPE)
         _print_summary(found, out / "report.md", out)
-        return 130 if found.partial else 0
+        return (143 if 'SIGTERM' in found.partial else 130) if found.partial else 0
     out = Path(args.out) if args.out else None
     if out is not None and (out / f"{RECIPE}.jsonl").exists():
         raise UserError(f"{out} already holds a load run: pass another --out, or remove it")
@@ -192,7 +193,7 @@ def cmd_load(args: argparse.Namespace) -> int:
                    trust=args.trust, client=h2load.client_for(args.client))
     report = out / "report.md"
     _print_summary(found, report, out)
-    return 130 if found.partial else 0
+    return (143 if 'SIGTERM' in found.partial else 130) if found.partial else 0
 
 
 def _print_summary(found, report: Path, out: Path) -> None:
@@ -209,16 +210,16 @@ def _print_summary(found, report: Path, out: Path) -> None:
     if through is not None:
         bracket = found.open_loop.get(through.swept.config.name)
         print(f"best within {budget} through a socket: {through.swept.config.name}: "
-              f"{through.rate_within(budget):.0f} requests/s closed loop"
-              + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket and bracket[0] else ""))
+              f"{units.rate(through.rate_within(budget))} requests/s closed loop"
+              + (f", {units.rate(bracket[0])}/s offered (LoadGen Server)" if bracket and bracket[0] else ""))
     if best:
         b = winner(found, best)
         bracket = found.open_loop.get(b.config.name)
         print(("in process, no socket (the ceiling)" if through is not None else f"best within {budget}")
-              + f": {b.config.name}: {b.rate_within(budget):.0f} requests/s closed loop"
-              + (f", {bracket[0]:.0f}/s offered (LoadGen Server)" if bracket and bracket[0] else ""))
+              + f": {b.config.name}: {units.rate(b.rate_within(budget))} requests/s closed loop"
+              + (f", {units.rate(bracket[0])}/s offered (LoadGen Server)" if bracket and bracket[0] else ""))
     for v in found.validations:
-        print(f"LoadGen Server at {v.target_qps:.0f}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
+        print(f"LoadGen Server at {units.rate(v.target_qps)}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
     if found.validations and not any(v.valid for v in found.validations):
         print(no_valid_rate(found).replace("**", ""))
     if found.not_validated:
@@ -226,7 +227,7 @@ def _print_summary(found, report: Path, out: Path) -> None:
     echo = found.client_ceiling
     if echo is not None and not echo.dropped:
         print(f"the client's ceiling (an echo of the answers, measured the same way): "
-              f"{echo.rate_within(budget):.0f} requests/s closed loop")
+              f"{units.rate(echo.rate_within(budget))} requests/s closed loop")
     if through is not None:  # the export, for TF Serving or Triton; and tfperf serve, which exports by itself
         command = found.export_commands.get(through.config.runtime)
         for line in ([f"tfperf {shlex.join(command)}"] if command else []) + [serve_line(found, str(out / "serve.json"))]:

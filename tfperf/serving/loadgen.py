@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from tfperf.records import units
 from tfperf.serving.batcher import Overloaded
 
 DETAIL = "mlperf_log_detail.txt"  # beside mlperf_log_summary.txt, the same results as JSON lines
@@ -186,14 +187,34 @@ def run(serve: Callable[[int], Future], samples: int, *, scenario: str = "Server
         logging.enable_trace = False
         sut = lg.ConstructSUT(issue, lambda: None)
         qsl = lg.ConstructQSL(samples, samples, lambda indices: None, lambda indices: None)
-        try:
-            lg.StartTestWithLogSettings(sut, qsl, settings, logging)
-        finally:
-            lg.DestroyQSL(qsl)
-            lg.DestroySUT(sut)
+        _start_test(lambda: lg.StartTestWithLogSettings(sut, qsl, settings, logging))
+        lg.DestroyQSL(qsl)
+        lg.DestroySUT(sut)
         detail = read_detail(folder / DETAIL) if (folder / DETAIL).exists() else {}
     return _result(scenario, rate if scenario == "Server" else math.nan, detail, errors,
                    str(log_dir) if log_dir is not None else None)
+
+
+def _start_test(start: Callable[[], None]) -> None:
+    """LoadGen's test, run in a thread of its own while this one waits in Python. SIGTERM and Ctrl-C raise here,
+    between waits, so the command unwinds and writes its partial report; the test is left to end on its own
+    thread, its SUT not destroyed under it (raised inside the test, the stop crashed the process: signal 11)."""
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def test() -> None:
+        try:
+            start()
+        except BaseException as exc:  # noqa: BLE001  (handed to the waiting thread)
+            failed.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=test, name="loadgen", daemon=True).start()
+    while not done.wait(0.1):
+        pass
+    if failed:
+        raise failed[0]
 
 
 def validated(offer: Callable[[float, int], LoadGenResult], rate: float, seconds: float,
@@ -209,7 +230,7 @@ def validated(offer: Callable[[float, int], LoadGenResult], rate: float, seconds
     attempts, queries, spent = [], enough(rate), 0.0
     for _ in range(tries):
         if spent + queries / rate > cap_s:
-            return attempts, (f"{'another' if attempts else 'a'} LoadGen run at {rate:.0f} requests/s needed "
+            return attempts, (f"{'another' if attempts else 'a'} LoadGen run at {units.rate(rate)} requests/s needed "
                               f"{queries:,} queries ({queries / rate:.0f} s) for early stopping to claim the "
                               f"percentile, past the {cap_s:.0f} s validation is given here")
         spent += queries / rate

@@ -39,6 +39,7 @@ class Sizes:
     warmup_s: float = 0.3
     probe_s: float = 3.0  # one LoadGen Server probe of a rate
     probes: int = 5  # probes per open-loop rate search
+    probe_cap_s: float = 60.0  # a probe at a low rate asks for fewer than its 100 queries rather than run longer
     validation_s: float = 10.0
     validation_cap_s: float = 900.0  # LoadGen validation runs of one answer, in all (a slow model's runs are long)
     max_concurrency: int = 64
@@ -52,8 +53,11 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(window_s=0.25, max_windows=6, warmup_s=0.1, probe_s=0.8, probes=4, validation_s=2.0,
-                   validation_cap_s=90.0, max_concurrency=32, concurrency_factor=4, instances=(1, 2),
+                   probe_cap_s=15.0, validation_cap_s=90.0, max_concurrency=32, concurrency_factor=4, instances=(1, 2),
                    batch_sizes=(4, 16, 64), all_thread_counts=False, socket_candidates=1)
+
+
+MIN_PROBE_QUERIES = 20  # an open-loop probe's fewest: its percentile is then near its slowest query
 
 
 def batch_function_config(cores: int) -> ServingConfig:
@@ -231,7 +235,10 @@ class Bench:
         above `capacity` (the most the configuration answered in closed loop)."""
         with self.server(config) as server:
             def within(rate: float) -> bool:
-                result = self.offered(server, rate, seconds=self.sizes.probe_s, min_queries=100)
+                # 100 queries, or as many as the cap allows at a slow model's rate (1 request/s: 100 s a probe,
+                # and the search went down from there, 11 minutes in all): a probe brackets, validation claims.
+                queries = max(min(100, int(rate * self.sizes.probe_cap_s)), MIN_PROBE_QUERIES)
+                result = self.offered(server, rate, seconds=self.sizes.probe_s, min_queries=queries)
                 self.rec.add(f"open loop: {config.name}", f"rate {rate:.0f}/s", {**result.metrics(),
                              **config.settings()}, primary="completed_qps", lower_is_better=False, versus_first=False)
                 return result.latency_met and not result.errors

@@ -172,8 +172,8 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
             valid = [v for v in found.validations if v.valid]
             found.deploy = write_deploy(found, deployed, exports, out, name=name, cores=cores, measured=measured,
                                         rate=valid[-1].target_qps if valid else offered, target_rate=target_rate)
-    except (KeyboardInterrupt, flags.Stopped):  # SIGTERM raises Stopped through the command line's handler
-        found.partial = "interrupted (Ctrl-C or SIGTERM)"
+    except (KeyboardInterrupt, flags.Stopped) as exc:  # SIGTERM raises Stopped through the command line's handler
+        found.partial = f"stopped by {'Ctrl-C' if isinstance(exc, KeyboardInterrupt) else 'SIGTERM'}"
     finally:
         bench.close()
         if process is not None:

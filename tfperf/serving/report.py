@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tfperf import extras
 from tfperf.measure.load import LoadLevel
+from tfperf.records import units
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.loadgen import LoadGenResult
 from tfperf.serving.runtimes import BATCH_FUNCTION, export_of
@@ -62,13 +63,15 @@ def _offered(bracket: tuple[float, float] | None) -> str:
     if met <= 0:
         return (f"no rate offered as Poisson arrivals met the budget (LoadGen Server; the lowest tried, {missed:.0f}"
                 f"/s, missed)" if math.isfinite(missed) else "")
-    return f"{met:.0f} requests/s offered as Poisson arrivals (LoadGen Server" + (
-        f"; the next rate tried, {missed:.0f}/s, missed)" if math.isfinite(missed) else ")")
+    return f"{units.rate(met)} requests/s offered as Poisson arrivals (LoadGen Server" + (
+        f"; the next rate tried, {units.rate(missed)}/s, missed)" if math.isfinite(missed) else ")")
 
 
 def _ci(level: LoadLevel, p: float) -> str:
     """'3.03 (2.91-3.20)', or the interval said to need more requests than the level answered (a p99 needs about
     300 for its upper end: below that the sample's largest latency does not bound it at 95%)."""
+    if not level.latencies_s:
+        return "none answered"
     low, high = level.percentile_ci_s(p)
     if not (math.isfinite(low) and math.isfinite(high)):
         return f"{_ms(level.percentile_s(p))} (too few requests for an interval)"
@@ -129,7 +132,9 @@ def write_report(found: Found, out: Path) -> Path:
         seen = [(lv.percentile_s(p), s.config.name) for s in found.swept for lv in s.levels[:1]]
         lowest = min(seen) if seen else None
         lines.append(f"No configuration meets {budget}, not even one request at a time" + (
-            f": the lowest p{p:g} seen was {_ms(lowest[0])} ms ({lowest[1]}, concurrency 1)." if lowest else "."))
+            f": the lowest p{p:g} seen was {_ms(lowest[0])} ms ({lowest[1]}, concurrency 1)."
+            if lowest and math.isfinite(lowest[0]) else ": no request was answered one at a time within the "
+            "level's time." if lowest else "."))
     elif found.through is not None:
         lines += _answer_through_socket(found, usable)
     else:
@@ -245,11 +250,11 @@ def _validation(found: Found, what: str, where: str) -> list[str]:
     lines = []
     for v in found.validations:
         word = "VALID" if v.valid else "INVALID (" + "; ".join(v.reasons) + ")"
-        lines.append(f"LoadGen Server validation {what} at {v.target_qps:.0f} requests/s: **{word}**, p{p:g} "
+        lines.append(f"LoadGen Server validation {what} at {units.rate(v.target_qps)} requests/s: **{word}**, p{p:g} "
                      f"{v.percentiles_ms.get(f'{p:.2f}', math.nan):.2f} ms from scheduled time over "
                      f"{v.query_count} queries.")
     if found.validations and found.validations[-1].valid:
-        lines.append(f"The claim: **{found.validations[-1].target_qps:.0f} requests/s within {found.budget}**{where}, "
+        lines.append(f"The claim: **{units.rate(found.validations[-1].target_qps)} requests/s within {found.budget}**{where}, "
                      f"VALID by LoadGen.")
     elif found.validations and not any(v.valid for v in found.validations):
         lines.append(no_valid_rate(found))
@@ -290,7 +295,7 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
         share = best.rate_within(budget) / inside
         client = best.swept.levels[-1].client if best.swept.levels else "python"
         lines += ["", f"In process, no socket{' (the ceiling)' if share <= 1 else ''}: **{ceiling.config.name}**, "
-                      f"{inside:.0f} requests/s in closed loop. Through the socket the best served {share:.2f}x of it: "
+                      f"{units.rate(inside)} requests/s in closed loop. Through the socket the best served {share:.2f}x of it: "
                   + ("the rest is what the protocol, the socket and the client cost here." if share <= 1 else
                      f"more, because in process the clients are Python threads in the server's process (its GIL, "
                      f"its cores), where through the socket they were {client}'s and the server had processes of "
@@ -434,21 +439,22 @@ def describe(found: Found, reproduce: str, report: Path) -> str:
         seen = [(lv.percentile_s(budget.percentile), s.config.name) for s in found.swept for lv in s.levels[:1]]
         lowest = min(seen) if seen else None
         text = f"No configuration meets {budget}, not even one request at a time" + (
-            f" (lowest p{budget.percentile:g} {_ms(lowest[0])} ms, {lowest[1]})" if lowest else "") + "."
+            f" (lowest p{budget.percentile:g} {_ms(lowest[0])} ms, {lowest[1]})" if lowest and math.isfinite(lowest[0])
+            else " (no request answered one at a time within the level's time)" if lowest else "") + "."
     else:
         best = winner(found, usable)
         offered = _offered(found.open_loop.get(best.config.name))
         valid = [v for v in found.validations if v.valid]
         text = (f"Best within {budget}: **{best.config.name}**, " + (f"{offered}, " if offered else "") +
-                f"{best.rate_within(budget):.0f} in closed loop" +
-                (f"; LoadGen says VALID at {valid[-1].target_qps:.0f} requests/s" if valid else
+                f"{units.rate(best.rate_within(budget))} in closed loop" +
+                (f"; LoadGen says VALID at {units.rate(valid[-1].target_qps)} requests/s" if valid else
                  "; LoadGen did not validate it (see the report)" if found.validations or found.not_validated
                  else "") + ".")
         anchor = next((s for s in found.swept if s.config.runtime == "savedmodel" and s.config.batching is None
                        and s.config.instances == 1), None)
         if anchor is not None and anchor.config.name in found.open_loop and found.open_loop[anchor.config.name][0]:
             text += (f" The SavedModel signature one request at a time: "
-                     f"{found.open_loop[anchor.config.name][0]:.0f} requests/s offered.")
+                     f"{units.rate(found.open_loop[anchor.config.name][0])} requests/s offered.")
         text += (" Measured in process, no socket: the ceiling; the figure through a socket, which a deployment gets,"
                  " is tfperf load's answer (below).")
     partial = f" (PARTIAL: {found.partial})" if found.partial else ""

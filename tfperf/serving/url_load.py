@@ -124,8 +124,8 @@ def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool,
         found.client_ceiling, bracket = client_ceiling(bench, endpoint, say)
         if bracket is not None:
             found.open_loop[found.client_ceiling.config.name] = bracket
-    except (KeyboardInterrupt, flags.Stopped):
-        found.partial = "interrupted (Ctrl-C or SIGTERM)"
+    except (KeyboardInterrupt, flags.Stopped) as exc:
+        found.partial = f"stopped by {'Ctrl-C' if isinstance(exc, KeyboardInterrupt) else 'SIGTERM'}"
     finally:
         found.seconds = time.perf_counter() - started
         rec.save(out)

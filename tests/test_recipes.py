@@ -346,10 +346,12 @@ def test_parameter_server_cluster_trains_and_times_push_pull(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_training_ladder_trains_every_rung_from_the_same_weights(tmp_path):
+def test_training_ladder_trains_every_rung_from_the_same_weights(tmp_path, monkeypatch):
     # The real training, in-process at its smallest: 2 rounds cannot reach a verdict (the keep logic is
-    # tested above on trainers of known speed); every rung trains, is recorded, and lands near plain fit.
+    # tested above on trainers of known speed); every rung trains, is recorded, and lands near plain fit. One
+    # extension at most: the recipe's four, where noise straddled the bars, took this test from 37 to 66 s.
     ladder = load_recipe("training_ladder")
+    monkeypatch.setattr(ladder, "MAX_EXTENSIONS", 1)
     args = ladder.parse(["--quick", "--rounds", "2", "--train-size", "256", "--batches", "64", "--out", str(tmp_path)])
     rec, found = ladder.run(args)
     line = ladder.conclude(args, rec, found).lines[0]
@@ -368,8 +370,8 @@ def test_training_ladder_trains_every_rung_from_the_same_weights(tmp_path):
         loop = r["row"] == "custom tf.function loop" and not tf_data_kept
         assert r["versus"] == (f"{best}, over tf.data" if loop else best), (r["row"], r["versus"])
         assert r["verdict"] in ("faster", "slower", "no measurable difference")
-        # 2 rounds, and 2 more at a time (at most four times) while the CI straddles a bar.
-        assert r["n"] in (2, 4, 6, 8, 10) and len(r["samples_s"]) == r["n"] and r["ratio_ci95"][0] <= r["ratio"] <= r["ratio_ci95"][1]
+        # 2 rounds, and 2 more (at most once here) while the CI straddles a bar.
+        assert r["n"] in (2, 4) and len(r["samples_s"]) == r["n"] and r["ratio_ci95"][0] <= r["ratio"] <= r["ratio_ci95"][1]
         assert r["metrics"]["kept"] == (r["verdict"] == "faster" and r["metrics"]["accurate_enough"])
         low, high = r["ratio_ci95"]
         bar = r["metrics"]["keep_bar"]  # 1.02 for a setting, 1.10 for the custom loop

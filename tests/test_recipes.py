@@ -350,8 +350,9 @@ def test_training_ladder_trains_every_rung_from_the_same_weights(tmp_path, monke
     # The real training, in-process at its smallest: 2 rounds cannot reach a verdict (the keep logic is
     # tested above on trainers of known speed); every rung trains, is recorded, and lands near plain fit. One
     # extension at most: the recipe's four, where noise straddled the bars, took this test from 37 to 66 s.
-    ladder = load_recipe("training_ladder")
-    monkeypatch.setattr(ladder, "MAX_EXTENSIONS", 1)
+    module = recipe_module("training_ladder")
+    monkeypatch.setattr(module, "MAX_EXTENSIONS", 1)
+    ladder = module.RECIPE
     args = ladder.parse(["--quick", "--rounds", "2", "--train-size", "256", "--batches", "64", "--out", str(tmp_path)])
     rec, found = ladder.run(args)
     line = ladder.conclude(args, rec, found).lines[0]

@@ -403,6 +403,14 @@ def test_the_load_report_claims_only_valid_rates_bounds_its_intervals_and_keeps_
     text = write_report(Found("slow", Budget(), swept=[silent]), tmp_path).read_text()
     assert "no request was answered one at a time within the level's time" in text and "inf" not in text
     assert "| 1 | 0 | none answered | none answered | none answered |" in text
+    # The hop is the client's mean less the server's, said only where that is not negative (it read -71.69 ms).
+    from tfperf.serving.report import _split
+
+    means = {"server_queue_ms": 0.3, "server_model_ms": 6.25, "server_batch_rows": 1.0}
+    level = LoadLevel("concurrency 1", (0.241,) * 3, 1.0)
+    assert "the hop 41.00 ms" in _split({**means, "server_latency_ms": 200.0}, level)
+    slower = _split({**means, "server_latency_ms": 312.7}, level)
+    assert "the hop" not in slower and "below the server's, whose mean counts requests outside" in slower
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -225,8 +225,11 @@ def _split(split: dict | None, level: LoadLevel) -> str:
     rows = f"{split['server_batch_rows']:.1f}" if "server_batch_rows" in split else "-"
     server = split.get("server_latency_ms")
     mean = sum(level.latencies_s) / len(level.latencies_s) * 1e3 if level.latencies_s else math.nan
-    hop = f" (client's mean {mean:.2f} ms: the hop {mean - server:.2f} ms)" if server is not None and \
-        math.isfinite(mean) else ""
+    # The server's means count every request its metrics saw while the level ran, the warm-up's and the last
+    # in flight included: where they exceed the client's own mean, no hop can be read off the difference.
+    hop = "" if server is None or not math.isfinite(mean) else (
+        f" (client's mean {mean:.2f} ms: the hop {mean - server:.2f} ms)" if mean >= server else
+        f" (client's mean {mean:.2f} ms, below the server's, whose mean counts requests outside the level's windows)")
     return f"{parts[0]} / {parts[1]} / {rows} / {server:.2f} ms{hop}" if server is not None else \
         f"{parts[0]} / {parts[1]} / {rows} / -"
 

@@ -19,6 +19,7 @@ request at its best level, and the cores the server had left.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import sys
@@ -68,6 +69,9 @@ def main() -> int:
     parser.add_argument("--budget-ms", type=float, default=10.0)
     parser.add_argument("--seconds", type=int, default=2, help="each C-client level (whole seconds: wrk's unit)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true",
+                        help="tfperf's rows at `load --url --quick`'s levels (1, 4, 16, 32), with its bisection "
+                             "between the last within the budget and the first over, and without it")
     args = parser.parse_args()
     if not (wrk.available() and h2load.available()):
         sys.exit("wrk and h2load are needed: apt-get install wrk nghttp2-client")
@@ -76,7 +80,8 @@ def main() -> int:
     from tfperf.deploy.loader import cookbook_subject
 
     budget = Budget(args.budget_ms / 1e3, 99.0)
-    sizes = Sizes(window_s=0.5, max_windows=6, warmup_s=0.2, max_concurrency=128, concurrency_factor=2)
+    sizes = Sizes.quick() if args.quick else Sizes(window_s=0.5, max_windows=6, warmup_s=0.2, max_concurrency=128,
+                                                   concurrency_factor=2)
     with tempfile.TemporaryDirectory(prefix="load-client-vs-wrk-") as tmp_name:
         tmp = Path(tmp_name)
         subject = cookbook_subject("cnn")
@@ -93,15 +98,18 @@ def main() -> int:
             for protocol, template in PROTOCOLS.items():
                 endpoint = parse_url(template.format(rest=rest, grpc=grpc_port))
                 for client in ("h2load", "python"):
-                    rows.append((f"{protocol}: tfperf load --url, --client {client}", endpoint, client))
+                    rows.append((f"{protocol}: tfperf load --url, --client {client}", endpoint, client, sizes))
+                if args.quick:  # the levels alone, as before the bisection (issue 73)
+                    rows.append((f"{protocol}: tfperf load --url, --client h2load, no bisection", endpoint, "h2load",
+                                 dataclasses.replace(sizes, bisect_steps=0)))
                 reference = "wrk (C, by hand)" if endpoint.protocol != "grpc" else "h2load (C, by hand)"
-                rows.append((f"{protocol}: {reference}", endpoint, None))
+                rows.append((f"{protocol}: {reference}", endpoint, None, sizes))
             rng = random.Random(args.seed)
             for r in range(args.rounds):
                 rng.shuffle(rows)
-                for label, endpoint, client in rows:
+                for label, endpoint, client, row_sizes in rows:
                     if client is not None:
-                        bench = Bench({}, requests, budget, sizes, rec, tmp / "loadgen", endpoint=endpoint,
+                        bench = Bench({}, requests, budget, row_sizes, rec, tmp / "loadgen", endpoint=endpoint,
                                       endpoint_cpu=server.cpu_s, client=client)
                         swept = bench.sweep(ServingConfig("endpoint", label=label))
                         if swept.dropped:

@@ -263,6 +263,19 @@ def test_a_concurrency_sweep_stops_at_the_budget_or_saturation():
     curve = {1: (100, 0.001), 4: (350, 0.002), 16: (1200, 0.004), 32: (1900, 0.006)}
     seen = [lv.throughput for lv in concurrency_sweep(lambda c: fake_level(*curve[c]), budget, limit=32, factor=4)]
     assert seen == [100, 350, 1200, 1900]
+    # Issue 73: the answer was always one of --quick's levels (4 clients: 2,017 requests/s where wrk found 6,219
+    # within the same p99 at 16). Between the last level within the budget and the first over it, halving: here
+    # p99 passes 10 ms past 10 clients, and two more levels find 10.
+    asked = []
+
+    def linear(c):  # 100 requests/s a client, p99 of one millisecond a client
+        asked.append(c)
+        return fake_level(100 * c, 0.001 * c)
+    levels = concurrency_sweep(linear, budget, limit=32, factor=4, bisect=2)
+    assert asked == [1, 4, 16, 10, 13] and [lv.throughput for lv in levels] == [100, 400, 1000, 1300, 1600]
+    assert Swept(ServingConfig("onnx"), tuple(levels)).rate_within(budget) == 1000
+    asked.clear()
+    assert len(concurrency_sweep(linear, budget, limit=32, factor=4)) == 3 and asked == [1, 4, 16]  # none asked
 
 
 def test_the_rate_bracket_holds_the_true_limit_and_never_probes_past_capacity():

@@ -44,6 +44,7 @@ class Sizes:
     validation_cap_s: float = 900.0  # LoadGen validation runs of one answer, in all (a slow model's runs are long)
     max_concurrency: int = 64
     concurrency_factor: int = 2  # closed-loop levels 1, f, f^2, ...
+    bisect_steps: int = 3  # levels between the last within the budget and the first over it
     instances: tuple[int, ...] = (1, 2, 4)  # the search's space
     batch_sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64)
     all_thread_counts: bool = True  # LiteRT and ONNX Runtime at 1 thread and at every core; else every core only
@@ -53,7 +54,7 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(window_s=0.25, max_windows=6, warmup_s=0.1, probe_s=0.8, probes=4, validation_s=2.0,
-                   probe_cap_s=15.0, validation_cap_s=90.0, max_concurrency=32, concurrency_factor=4, instances=(1, 2),
+                   probe_cap_s=15.0, validation_cap_s=90.0, max_concurrency=32, bisect_steps=2, concurrency_factor=4, instances=(1, 2),
                    batch_sizes=(4, 16, 64), all_thread_counts=False, socket_candidates=1)
 
 
@@ -191,7 +192,8 @@ class Bench:
                 levels = [self.level(server, c, splits) for c in concurrencies]
             else:
                 levels = concurrency_sweep(lambda c: self.level(server, c, splits), self.budget,
-                                           limit=self.sizes.max_concurrency, factor=self.sizes.concurrency_factor)
+                                           limit=self.sizes.max_concurrency, factor=self.sizes.concurrency_factor,
+                                           bisect=self.sizes.bisect_steps)
             padding = getattr(server, "padding", None)
         failing = next((lv for lv in levels if lv.errors), None)
         if failing is not None:

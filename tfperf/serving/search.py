@@ -62,22 +62,34 @@ class Swept:
 
 
 def concurrency_sweep(measure: Callable[[int], LoadLevel], budget: Budget, *, start: int = 1, limit: int = 64,
-                      min_gain: float = MIN_GAIN, factor: int = 2) -> list[LoadLevel]:
+                      min_gain: float = MIN_GAIN, factor: int = 2, bisect: int = 0) -> list[LoadLevel]:
     """Closed-loop levels at concurrency start, `factor` times that, ... until the percentile passes the budget,
     throughput gains under `min_gain`, or `limit` is reached; a step that would pass `limit` measures `limit`
-    itself (1, 4, 16, 32 at a factor of 4 and a limit of 32), so a server still gaining is measured there."""
-    levels, concurrency = [], start
+    itself (1, 4, 16, 32 at a factor of 4 and a limit of 32), so a server still gaining is measured there. Where
+    the budget stopped it, up to `bisect` more levels halve the gap between the last level within it and the first
+    over (perf_analyzer's --binary-search): the answer is not one of the doubling's levels. In concurrency order."""
+    measured, concurrency = {}, start
     while concurrency <= limit:
-        level = measure(concurrency)
-        levels.append(level)
+        level = measured[concurrency] = measure(concurrency)
         if not budget.met(level):
             break
-        if len(levels) > 1 and level.throughput < levels[-2].throughput * (1 + min_gain):
+        within = [c for c in measured if c < concurrency]
+        if within and level.throughput < measured[max(within)].throughput * (1 + min_gain):
             break
         if concurrency == limit:
             break
         concurrency = min(concurrency * factor, limit)
-    return levels
+    over = [c for c, level in measured.items() if not budget.met(level)]
+    met = [c for c, level in measured.items() if budget.met(level)]
+    if over and met:
+        low, high = max(met), min(over)
+        for _ in range(bisect):
+            middle = (low + high) // 2
+            if middle == low:
+                break
+            measured[middle] = measure(middle)
+            low, high = (middle, high) if budget.met(measured[middle]) else (low, middle)
+    return [measured[c] for c in sorted(measured)]
 
 
 @dataclasses.dataclass(frozen=True)

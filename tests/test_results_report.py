@@ -289,10 +289,12 @@ def test_report_html_in_a_browser_opens_with_the_findings_sorts_and_unfolds(tmp_
 def test_a_table_writes_each_metric_in_the_unit_its_name_says_without_exponents():
     """Issue 73: `mfu 3.944e-04`, `first_call_s 0.5991`, `tolerance 1.000e-04` left the reader to convert."""
     from tfperf.records.report import fmt
+    from tfperf.records import units
     from tfperf.records.units import span
 
     said = {("first_call_s", 0.5991): "599.1 ms", ("t2_s", 1.23e-5): "12.3 µs", ("wall_s", 75.0): "75 s",
             ("p99_ms", 12.3): "12.3 ms", ("p99_ms", 1500.0): "1.5 s", ("server_us", 250.0): "250 µs",
+            ("ms_per_call", 87.61): "87.61 ms", ("s_per_step", 0.02): "20 ms",
             ("gloo_timeout_s", 5): "5 s", ("gradient_bytes", 8_000_000): "7.629 MiB", ("file_bytes", 512): "512 B",
             ("peak_rss_growth_mib", 3.5): "3.5 MiB", ("peak_host_mb", 412.0): "412 MB", ("mfu", 3.944e-4): "0.03944%",
             ("input_share", 0.594): "59.4%", ("tolerance", 1e-4): "0.0001", ("loss", 1.2e-9): "1.20×10⁻⁹",
@@ -307,6 +309,7 @@ def test_a_table_writes_each_metric_in_the_unit_its_name_says_without_exponents(
     # A range says its unit once where both ends share it.
     assert span(8.0, 10.0, "ms") == "8-10 ms" and span(0.9, 1.2, "fit_s") == "900 ms-1.2 s"
     assert span(0.12, 0.15, "input_share") == "12-15%" and span(1.0, 2.0, "speedup") == "1-2"
+    assert units.rate(0.47) == "0.47" and units.rate(1234.4) == "1,234" and units.rate(0) == "0"
     table = markdown_table([make_record("demo", "t", "a", {"first_call_s": 0.5991, "mfu": 3.944e-4},
                                         primary="first_call_s", lower_is_better=True, env=ENV)])
     assert table.splitlines()[2] == "| a | 599.1 ms | 0.03944% |"

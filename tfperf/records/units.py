@@ -80,6 +80,9 @@ UNITS = (
     Unit(lambda w: w[-1] in ("s", "seconds") and (len(w) < 2 or w[-2] not in RATE_WORDS), seconds),
     Unit(lambda w: w[-1] == "ms" and (len(w) < 2 or w[-2] != "per"), lambda v: seconds(v / 1e3)),
     Unit(lambda w: w[-1] == "us" and (len(w) < 2 or w[-2] != "per"), lambda v: seconds(v / 1e6)),
+    # A time per something, its unit first: ms_per_call, s_per_step.
+    Unit(lambda w: len(w) > 2 and w[:2] == ["ms", "per"], lambda v: seconds(v / 1e3)),
+    Unit(lambda w: len(w) > 2 and w[:2] == ["s", "per"], seconds),
     Unit(lambda w: w[-1] == "bytes", binary_bytes),
     Unit(lambda w: w[-1] == "mib", lambda v: binary_bytes(v * 2 ** 20)),
     Unit(lambda w: w[-1] == "mb", lambda v: decimal_bytes(v * 1e6)),

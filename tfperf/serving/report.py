@@ -61,10 +61,18 @@ def _offered(bracket: tuple[float, float] | None) -> str:
         return ""
     met, missed = bracket
     if met <= 0:
-        return (f"no rate offered as Poisson arrivals met the budget (LoadGen Server; the lowest tried, {missed:.0f}"
-                f"/s, missed)" if math.isfinite(missed) else "")
+        return (f"no rate offered as Poisson arrivals met the budget (LoadGen Server; the lowest tried, "
+                f"{units.rate(missed)}/s, missed)" if math.isfinite(missed) else "")
     return f"{units.rate(met)} requests/s offered as Poisson arrivals (LoadGen Server" + (
         f"; the next rate tried, {units.rate(missed)}/s, missed)" if math.isfinite(missed) else ")")
+
+
+def _bracket_cell(bracket: tuple[float, float], unbounded: str = "") -> str:
+    """'950 (950-1,100)': the highest rate found within the budget and the bracket up to the next that missed."""
+    met, missed = bracket
+    if not math.isfinite(missed):
+        return f"{units.rate(met)}{unbounded}"
+    return f"{units.rate(met)} ({units.rate(met)}-{units.rate(missed)})"
 
 
 def _ci(level: LoadLevel, p: float) -> str:
@@ -141,7 +149,7 @@ def write_report(found: Found, out: Path) -> Path:
         best = winner(found, usable)
         offered = _offered(found.open_loop.get(best.config.name))
         offered = f", {offered}" if offered else ""
-        lines.append(f"Best within the budget: **{best.config.name}**{offered}; {best.rate_within(budget):.0f} "
+        lines.append(f"Best within the budget: **{best.config.name}**{offered}; {units.rate(best.rate_within(budget))} "
                      f"requests/s in closed loop.")
         lines += _validation(found, f"of {found.validated.name}" if found.validated else "", "")
         if best.config.runtime == "endpoint":
@@ -169,7 +177,7 @@ def write_report(found: Found, out: Path) -> Path:
         first = _ci(s.levels[0], p) if s.levels else "-"
         why = s.dropped or ("" if s.rate_within(budget) > 0 else "misses the budget even one request at a time")
         share = ("-" if s.padding is None else f"{s.padding:.0%}") + " | " if padded else ""
-        lines.append(f"| {s.config.name} | {s.rate_within(budget):.0f} | {first} | {share}{why} |")
+        lines.append(f"| {s.config.name} | {units.rate(s.rate_within(budget))} | {first} | {share}{why} |")
     for runtime, why in found.not_exported.items():
         lines.append(f"| {runtime} | - | - | not exported: {why} |")
     lines += ["", "## Closed loop, level by level", ""]
@@ -184,7 +192,7 @@ def write_report(found: Found, out: Path) -> Path:
                   "|---|---|---|---|---|---|---|---|" + ("---|" if split else "")]
         for lv in s.levels:
             cores = "-" if lv.server_cores is None else f"{lv.server_cores:.2f}"
-            lines.append(f"| {lv.label.split()[-1]} | {lv.throughput:.0f} | {_ci(lv, 50)} | {_ci(lv, 90)} | "
+            lines.append(f"| {lv.label.split()[-1]} | {units.rate(lv.throughput)} | {_ci(lv, 50)} | {_ci(lv, 90)} | "
                          f"{_ci(lv, 99)} | {'yes' if lv.stable else 'unstable'} | {client_cell(lv)} | {cores} |"
                          + (f" {_split(s.splits.get(lv.label), lv)} |" if split else ""))
         lines.append("")
@@ -257,8 +265,8 @@ def _validation(found: Found, what: str, where: str) -> list[str]:
                      f"{v.percentiles_ms.get(f'{p:.2f}', math.nan):.2f} ms from scheduled time over "
                      f"{v.query_count} queries.")
     if found.validations and found.validations[-1].valid:
-        lines.append(f"The claim: **{units.rate(found.validations[-1].target_qps)} requests/s within {found.budget}**{where}, "
-                     f"VALID by LoadGen.")
+        claimed = units.rate(found.validations[-1].target_qps)
+        lines.append(f"The claim: **{claimed} requests/s within {found.budget}**{where}, VALID by LoadGen.")
     elif found.validations and not any(v.valid for v in found.validations):
         lines.append(no_valid_rate(found))
     if found.not_validated:
@@ -276,7 +284,7 @@ def not_validated(found: Found) -> str:
 
 def no_valid_rate(found: Found) -> str:
     """What is said when LoadGen validated none of the rates it was given: no rate is claimed."""
-    rates = ", ".join(f"{v.target_qps:.0f}" for v in found.validations)
+    rates = ", ".join(f"{units.rate(v.target_qps)}" for v in found.validations)
     return (f"**None of the rates tried was VALID** ({rates} requests/s): no rate is claimed within {found.budget}. "
             f"The closed-loop figures above held the budget only with a fixed number of clients waiting for each "
             f"answer; Poisson arrivals at those rates did not.")
@@ -289,7 +297,8 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
     offered = _offered(found.open_loop.get(best.swept.config.name))
     offered = f"{offered}, " if offered else ""
     lines = [f"Best through a socket, what a deployment gets: **{best.config.name}**, served by `tfperf serve` and "
-             f"called over {best.swept.config.name.rpartition(', through ')[2]}: {offered}{best.rate_within(budget):.0f} "
+             f"called over {best.swept.config.name.rpartition(', through ')[2]}: "
+             f"{offered}{units.rate(best.rate_within(budget))} "
              f"requests/s in closed loop."]
     lines += _validation(found, "through the socket", " through a socket")
     ceiling = winner(found, usable) if usable else None
@@ -298,7 +307,8 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
         share = best.rate_within(budget) / inside
         client = best.swept.levels[-1].client if best.swept.levels else "python"
         lines += ["", f"In process, no socket{' (the ceiling)' if share <= 1 else ''}: **{ceiling.config.name}**, "
-                      f"{units.rate(inside)} requests/s in closed loop. Through the socket the best served {share:.2f}x of it: "
+                      f"{units.rate(inside)} requests/s in closed loop. Through the socket the best served "
+                      f"{share:.2f}x of it: "
                   + ("the rest is what the protocol, the socket and the client cost here." if share <= 1 else
                      f"more, because in process the clients are Python threads in the server's process (its GIL, "
                      f"its cores), where through the socket they were {client}'s and the server had processes of "
@@ -312,7 +322,7 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
         rate = t.rate_within(budget)
         ratio = f"{rate / ceiling.rate_within(budget):.2f}x" if ceiling is not None and level else "-"
         why = t.swept.dropped or ("" if level else "misses the budget even one request at a time")
-        lines.append(f"| {t.swept.config.name} | {rate:.0f} | {_ci(level, 50) if level else '-'} | "
+        lines.append(f"| {t.swept.config.name} | {units.rate(rate)} | {_ci(level, 50) if level else '-'} | "
                      f"{_ci(level, p) if level else '-'} | {ratio} | "
                      f"{client_cell(level) if level else '-'} | {why} |")
     lines += ["", "The server's own split of each level's time is under \"Closed loop, level by level\"."]
@@ -334,9 +344,8 @@ def _client_ceiling(found: Found, endpoint: Swept) -> list[str]:
              "clients' CPU share at the top level (who, CPU a request, cores left) |", "|---|---|---|---|"]
     for label, s in rows:
         bracket = found.open_loop.get(s.config.name)
-        offered = (f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if math.isfinite(bracket[1]) else
-                   f"{bracket[0]:.0f}") if bracket else "-"
-        lines.append(f"| {label} | {s.rate_within(budget):.0f} | {offered} | {client_cell(s.levels[-1])} |")
+        offered = _bracket_cell(bracket) if bracket else "-"
+        lines.append(f"| {label} | {units.rate(s.rate_within(budget))} | {offered} | {client_cell(s.levels[-1])} |")
     mine, ceiling = endpoint.rate_within(budget), echo.rate_within(budget)
     share = mine / ceiling if ceiling > 0 else math.inf
     lines += ["", f"The endpoint reached {share:.0%} of what this client answers itself at most within the budget "
@@ -369,14 +378,13 @@ def _anchors(found: Found, usable: list[Swept]) -> list[str]:
         if s is None:
             continue
         bracket = found.open_loop.get(s.config.name)
-        offered = (f"{bracket[0]:.0f} ({bracket[0]:.0f}-{bracket[1]:.0f})" if math.isfinite(bracket[1]) else
-                   f"{bracket[0]:.0f} (its closed-loop capacity: not probed above)") if bracket else (
+        offered = _bracket_cell(bracket, " (its closed-loop capacity: not probed above)") if bracket else (
             "not searched" if s.rate_within(budget) > 0 else "misses the budget one request at a time")
         ratio = ("1x (the baseline)" if base else "misses the budget alone") if s is anchor else "-"
         if bracket and base and base[0] > 0 and s is not anchor:
             ratio = f"{bracket[0] / base[0]:.2f}x ({bracket[0] / base[1]:.2f}-{bracket[1] / base[0]:.2f}x)" \
                 if math.isfinite(bracket[1]) and math.isfinite(base[1]) else f"{bracket[0] / base[0]:.2f}x"
-        lines.append(f"| {label} | {s.rate_within(budget):.0f} | {offered} | {ratio} |")
+        lines.append(f"| {label} | {units.rate(s.rate_within(budget))} | {offered} | {ratio} |")
     return lines + [""]
 
 
@@ -399,10 +407,10 @@ def _generator(found: Found) -> list[str]:
                                                                          "limit."))
     if found.overhead is not None and found.overhead.qps_without_overhead:
         o = found.overhead
-        lines.append(f"LoadGen SingleStream: {o.completed_qps:.0f} queries/s with LoadGen's own overhead, "
-                     f"{o.qps_without_overhead:.0f} without it.")
+        lines.append(f"LoadGen SingleStream: {units.rate(o.completed_qps)} queries/s with LoadGen's own overhead, "
+                     f"{units.rate(o.qps_without_overhead)} without it.")
     if found.ceiling is not None:
-        lines.append(f"LoadGen Offline (every request at once, the ceiling): {found.ceiling.completed_qps:.0f} "
+        lines.append(f"LoadGen Offline (every request at once, the ceiling): {units.rate(found.ceiling.completed_qps)} "
                      f"requests/s.")
     return lines
 

@@ -471,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # a LoadGen test left to end on its own thread would crash the interpreter's teardown).
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(143)
+            os._exit(code)
         return code
     except UserError as exc:
         print(f"tfperf {args.command}: error: {flags.one_line(exc)}", file=sys.stderr)

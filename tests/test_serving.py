@@ -351,6 +351,12 @@ def test_validation_runs_longer_when_only_early_stopping_failed_and_slower_when_
     assert attempts == [] and asked == []
     assert why == ("a LoadGen run at 5 requests/s needed 920 queries (184 s) for early stopping to claim the "
                    "percentile, past the 90 s validation is given here")
+    # Probes, the Offline ceiling and SingleStream's overhead at a slow model's rate ask for fewer queries than 100.
+    bench.sizes = Sizes(probe_cap_s=15.0)
+    assert [bench.probe_queries(r) for r in (1000.0, 4.0, 0.5)] == [100, 60, 20]
+    bench.offered = lambda server, rate, *, seconds, min_queries, scenario="Server": asked.append(min_queries)
+    bench.ceiling(ServingConfig("onnx", 1, 1), 2.0), bench.generator_overhead(ServingConfig("onnx", 1, 1), 3.0)
+    assert asked == [30, 45]
 
 
 def test_a_server_that_answers_wrong_or_fails_is_named():

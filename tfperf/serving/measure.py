@@ -237,10 +237,8 @@ class Bench:
         above `capacity` (the most the configuration answered in closed loop)."""
         with self.server(config) as server:
             def within(rate: float) -> bool:
-                # 100 queries, or as many as the cap allows at a slow model's rate (1 request/s: 100 s a probe,
-                # and the search went down from there, 11 minutes in all): a probe brackets, validation claims.
-                queries = max(min(100, int(rate * self.sizes.probe_cap_s)), MIN_PROBE_QUERIES)
-                result = self.offered(server, rate, seconds=self.sizes.probe_s, min_queries=queries)
+                # A slow model's probes asked for 100 queries at 1 request/s and went down from there: 11 minutes.
+                result = self.offered(server, rate, seconds=self.sizes.probe_s, min_queries=self.probe_queries(rate))
                 self.rec.add(f"open loop: {config.name}", f"rate {rate:.0f}/s", {**result.metrics(),
                              **config.settings()}, primary="completed_qps", lower_is_better=False, versus_first=False)
                 return result.latency_met and not result.errors
@@ -274,13 +272,20 @@ class Bench:
             attempt = itertools.count()
             return loadgen.validated(offer, rate, self.sizes.validation_s, tries, self.sizes.validation_cap_s)
 
-    def generator_overhead(self, config: ServingConfig) -> loadgen.LoadGenResult:
-        """LoadGen SingleStream on the configuration: its QPS with and without LoadGen's own overhead."""
+    def probe_queries(self, rate: float) -> int:
+        """A probe's queries: 100, or as many as `probe_cap_s` allows at a slow model's rate (1 request/s: 100 s a
+        probe), never fewer than MIN_PROBE_QUERIES. A probe brackets or looks; validation claims."""
+        return max(min(100, int(rate * self.sizes.probe_cap_s)), MIN_PROBE_QUERIES)
+
+    def generator_overhead(self, config: ServingConfig, alone: float = math.inf) -> loadgen.LoadGenResult:
+        """LoadGen SingleStream on the configuration: its QPS with and without LoadGen's own overhead. `alone`: the
+        requests/s it answered one at a time, which sizes the run."""
         with self.server(config) as server:
-            return self.offered(server, 1000.0, seconds=self.sizes.probe_s, min_queries=100, scenario="SingleStream")
+            return self.offered(server, 1000.0, seconds=self.sizes.probe_s, min_queries=self.probe_queries(alone),
+                                scenario="SingleStream")
 
     def ceiling(self, config: ServingConfig, expected: float) -> loadgen.LoadGenResult:
         """LoadGen Offline on the configuration: every request handed over at once, the throughput ceiling."""
         with self.server(config) as server:
-            return self.offered(server, expected * 1.2, seconds=self.sizes.probe_s, min_queries=100,
-                                scenario="Offline")
+            return self.offered(server, expected * 1.2, seconds=self.sizes.probe_s,
+                                min_queries=self.probe_queries(expected), scenario="Offline")

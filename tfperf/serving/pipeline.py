@@ -165,7 +165,7 @@ def answer(model: str, exports: dict, requests: list, out: Path, *, budget, quic
                         primary="completed_qps", lower_is_better=False, versus_first=False)
             say("LoadGen Offline ceiling and SingleStream overhead")
             found.ceiling = bench.ceiling(winner.config, winner.rate_within(budget))
-            found.overhead = bench.generator_overhead(winner.config)
+            found.overhead = bench.generator_overhead(winner.config, winner.levels[0].throughput)
             from tfperf.serving.deploy_files import write_deploy
 
             say("the files that deploy it: serve.json and deploy/")

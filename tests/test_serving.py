@@ -402,7 +402,8 @@ def test_the_load_report_claims_only_valid_rates_bounds_its_intervals_and_keeps_
     text = write_report(found, tmp_path).read_text()
     assert "None of the rates tried was VALID** (800, 560 requests/s): no rate is claimed" in text
     assert "The claim" not in text and "0 requests/s offered" not in text
-    assert "no rate offered as Poisson arrivals met the budget (LoadGen Server; the lowest tried, 700/s, missed)" in text
+    assert ("no rate offered as Poisson arrivals met the budget (LoadGen Server; the lowest tried, 700/s, missed)"
+            in text)
     # 50 requests bound no p99 from above: said, not 'inf'.
     assert "inf" not in text and "(too few requests for an interval)" in text
     row = next(line for line in text.splitlines() if line.startswith("| savedmodel"))

@@ -219,7 +219,8 @@ def _print_summary(found, report: Path, out: Path) -> None:
               + f": {b.config.name}: {units.rate(b.rate_within(budget))} requests/s closed loop"
               + (f", {units.rate(bracket[0])}/s offered (LoadGen Server)" if bracket and bracket[0] else ""))
     for v in found.validations:
-        print(f"LoadGen Server at {units.rate(v.target_qps)}/s: {'VALID' if v.valid else 'INVALID: ' + '; '.join(v.reasons)}")
+        verdict = "VALID" if v.valid else "INVALID: " + "; ".join(v.reasons)
+        print(f"LoadGen Server at {units.rate(v.target_qps)}/s: {verdict}")
     if found.validations and not any(v.valid for v in found.validations):
         print(no_valid_rate(found).replace("**", ""))
     if found.not_validated:

@@ -54,8 +54,8 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(window_s=0.25, max_windows=6, warmup_s=0.1, probe_s=0.8, probes=4, validation_s=2.0,
-                   probe_cap_s=15.0, validation_cap_s=90.0, max_concurrency=32, bisect_steps=2, concurrency_factor=4, instances=(1, 2),
-                   batch_sizes=(4, 16, 64), all_thread_counts=False, socket_candidates=1)
+                   probe_cap_s=15.0, validation_cap_s=90.0, max_concurrency=32, bisect_steps=2, concurrency_factor=4,
+                   instances=(1, 2), batch_sizes=(4, 16, 64), all_thread_counts=False, socket_candidates=1)
 
 
 MIN_PROBE_QUERIES = 20  # an open-loop probe's fewest: its percentile is then near its slowest query

@@ -700,13 +700,21 @@ def test_load_url_reports_p99_with_its_interval_and_a_verdict_and_agrees_with_an
         assert f"({clients[endpoint.protocol]}, " in report and " left) |" in report
         assert SPLIT_HEADER in report  # the server's split, returned with its sweep, is in the level table too
     rate, budget = 150.0, Budget(0.05, 90.0)
-    with RemoteServer(parse_url(f"http://127.0.0.1:{served['rest']}/v1/models/tiny"), connections=16) as remote:
-        ours = loadgen.run(lambda i: remote.submit(requests[i % 16]), 16, rate=rate, latency_s=budget.latency_s,
-                           percentile=budget.percentile, duration_s=2.0, min_queries=300)
     body = json.dumps({"instances": [{k: v[0].tolist() for k, v in requests[0].items()}]}).encode()
-    (tmp_path / "independent").mkdir()
-    verdict, p50_ms = independent_loadgen(served["rest"], body, rate, 2.0, budget.latency_s, tmp_path / "independent")
-    assert (verdict == "VALID") == ours.valid, (verdict, ours)
+    # The two clients take turns beside the other worker's load, and a verdict is a threshold: a burst on the other
+    # worker during one turn flips it (CI once: ours VALID at p99 33 ms, the independent INVALID). One pair that
+    # disagrees is run again; a client that reads differently fails both pairs.
+    for turn in range(2):
+        with RemoteServer(parse_url(f"http://127.0.0.1:{served['rest']}/v1/models/tiny"), connections=16) as remote:
+            ours = loadgen.run(lambda i: remote.submit(requests[i % 16]), 16, rate=rate, latency_s=budget.latency_s,
+                               percentile=budget.percentile, duration_s=2.0, min_queries=300)
+        (tmp_path / f"independent{turn}").mkdir()
+        verdict, p50_ms = independent_loadgen(served["rest"], body, rate, 2.0, budget.latency_s,
+                                              tmp_path / f"independent{turn}")
+        if (verdict == "VALID") == ours.valid:
+            break
+    assert (verdict == "VALID") == ours.valid, (verdict, ours, (tmp_path / "independent1/mlperf_log_summary.txt")
+                                                 .read_text()[:1500])
     # The medians agree at the resolution the verdict is judged at (a fifth of the 50 ms budget): the two runs take
     # turns, not rounds, beside the other worker's load, and a ratio of medians moved with it (7.3 ms against 3.6 ms
     # once, a fresh clone's run, where both verdicts agreed).

@@ -310,6 +310,9 @@ def test_a_table_writes_each_metric_in_the_unit_its_name_says_without_exponents(
     assert span(8.0, 10.0, "ms") == "8-10 ms" and span(0.9, 1.2, "fit_s") == "900 ms-1.2 s"
     assert span(0.12, 0.15, "input_share") == "12-15%" and span(1.0, 2.0, "speedup") == "1-2"
     assert units.rate(0.47) == "0.47" and units.rate(1234.4) == "1,234" and units.rate(0) == "0"
+    # Prose's numbers too: a 1,234 ms step at three digits was `1.23e+03 ms`, a learning rate `1e-05`.
+    assert units.number(1234.5, 3) == "1,234" and units.number(87.61, 3) == "87.6"
+    assert units.number(1e-5, 6) == "0.00001" and units.number(0.0012345, 3) == "0.00123"
     table = markdown_table([make_record("demo", "t", "a", {"first_call_s": 0.5991, "mfu": 3.944e-4},
                                         primary="first_call_s", lower_is_better=True, env=ENV)])
     assert table.splitlines()[2] == "| a | 599.1 ms | 0.03944% |"

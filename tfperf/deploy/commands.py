@@ -15,6 +15,7 @@ from tfperf import flags
 from tfperf.catalog import MODEL_NAMES
 from tfperf.deploy.limits import MEMORY_SHARE, TIME_LIMIT_S, ceilings, default_memory_ceiling
 from tfperf.flags import UserError
+from tfperf.records.units import number
 
 
 def model_errors():
@@ -97,7 +98,7 @@ def summarize(outputs: dict, classifier: str | None) -> list[str]:
     lines = []
     for name, a in outputs.items():
         numeric = a.dtype.kind in "biuf" and a.size
-        span = f", values {np.min(a):.4g} to {np.max(a):.4g}" if numeric else ""
+        span = f", values {number(np.min(a), 4)} to {number(np.max(a), 4)}" if numeric else ""
         lines.append(f"{name}: {a.dtype}{list(a.shape)}{span}")
     if classifier in outputs:
         lines.append("predicted classes: " + " ".join(str(c) for c in np.argmax(outputs[classifier], axis=-1)))

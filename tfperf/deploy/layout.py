@@ -26,6 +26,7 @@ from tfperf.deploy.formats import (FLOAT_TOLERANCE, FORMATS, METADATA_FILE, NOT_
 from tfperf.deploy.errors import ExportError, ModelError, first_line, listed
 from tfperf.deploy.inputs import fit_inputs, npz_bytes, read_arrays
 from tfperf.gpus import exact_float32
+from tfperf.records.units import number
 
 
 
@@ -134,7 +135,8 @@ def compare_with_model(runner: Runner, checks: Sequence[Check], quantized: bool)
     if bad and not quantized:
         worst = max(bad, key=lambda n: bad[n]["relative"])
         raise ExportError(f"the {runner.format} export disagrees with the model: output {worst!r} differs by up to "
-                          f"{bad[worst]['max_abs_diff']:.3g} ({bad[worst]['relative']:.3g} of its scale, over "
+                          f"{number(bad[worst]['max_abs_diff'], 3)} ({number(bad[worst]['relative'], 3)} of "
+                          f"its scale, over "
                           f"{FLOAT_TOLERANCE:g}) on {found['on']}; nothing was written")
     return found
 
@@ -442,7 +444,8 @@ def describe_check(meta: Mapping[str, Any]) -> list[str]:
         return [f"not checked against the model: {found['not_checked']}"]
     lines = [f"checked against the model on {found['on']}:"]
     for name, a in found["outputs"].items():
-        lines.append(f"  {name}: largest difference {a['max_abs_diff']:.2g} ({a['relative']:.2g} of its scale; "
+        lines.append(f"  {name}: largest difference {number(a['max_abs_diff'], 2)} "
+                     f"({number(a['relative'], 2)} of its scale; "
                      f"float32 exports must stay within {found['tolerance']:g})")
     if "top_class_agreement" in found:
         lines.append(f"  top class the same as the model's on {found['top_class_agreement']:.0%} of rows")
@@ -453,7 +456,7 @@ def describe_check(meta: Mapping[str, Any]) -> list[str]:
             worst = max((probe.get("agreement") or {}).get("outputs", {}).values(),
                         key=lambda a: a["relative"], default=None)
             lines.append(f"  checked instead up to layer {probe['layer']!r}, the last whose output varies: largest "
-                         f"difference {worst['relative']:.2g} of that layer's largest value"
+                         f"difference {number(worst['relative'], 2)} of that layer's largest value"
                          if worst else f"  checked instead up to layer {probe['layer']!r}")
         elif probe:
             lines.append(f"  {probe['why']}")

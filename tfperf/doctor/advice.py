@@ -14,6 +14,7 @@ from typing import Any
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.experiment import Section
 from tfperf.doctor.options import MIN_GAIN, RECIPE, Finding
+from tfperf.records.units import number
 
 
 @dataclasses.dataclass
@@ -122,7 +123,7 @@ def _model_lines(d: Diagnosis) -> list[str]:
                                               "much as runtimes." if f.get("device", "CPU") != "CPU" else "."),
              ""]
     if f.get("flops_per_example"):
-        lines += [f"Forward pass: {f['flops_per_example'] / 1e6:.3g} MFLOP per example (counted by TensorFlow's "
+        lines += [f"Forward pass: {number(f['flops_per_example'] / 1e6, 3)} MFLOP per example (counted by TensorFlow's "
                   f"graph profiler); at the {f['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s matmul rate measured now, "
                   f"the compute limit is {f['compute_limit_examples_per_s']:,.0f} examples/s. The tables give each "
                   f"row's MFU: its FLOP/s over that rate.", ""]

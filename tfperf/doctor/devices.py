@@ -33,6 +33,7 @@ from tfperf.deploy.loader import Subject
 from tfperf import flags
 from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
 from tfperf.doctor.options import Finding, Options
+from tfperf.records.units import number
 
 PER_DEVICE_BATCH = 32
 BATCHES = 4  # global batches of the largest count in the examples both processes train on (repeated)
@@ -170,31 +171,38 @@ class DevicesFound:
                 ("compute", "exposed beyond the compute", "input wait", "fit() around the step")}
         largest = max(grew, key=grew.get)
         excess = many["fit() per step"] - one["fit() per step"]
-        head = (f"A step of fit() takes {many['fit() per step']:.3g} ms on {n} devices against "
-                f"{one['fit() per step']:.3g} ms on one (ideally the same: each device has its own batch); ")
+        head = (f"A step of fit() takes {number(many['fit() per step'], 3)} ms on {n} devices against "
+                f"{number(one['fit() per step'], 3)} ms on one (ideally the same: each device has its own batch); ")
         if excess <= 0:
             return head + f"nothing grew: the speedup is what {n} devices give this model here."
         if largest == "compute" and kind != "gpu":
             return head + (f"most of the growth is compute, and the devices share it: "
                            f"{'logical CPU devices' if kind == 'cpu' else 'logical GPUs'} ran each replica's forward "
-                           f"and backward in {many['compute']:.3g} ms together against {one['compute']:.3g} ms for one,"
+                           f"and backward in {number(many['compute'], 3)} ms together against "
+                           f"{number(one['compute'], 3)} ms for one,"
                            f" on {self.cores} core(s). Devices of this kind add no compute; {n} GPUs (or hosts) give "
                            f"each replica its own.")
         if largest == "compute":
-            return head + (f"most of the growth is compute ({one['compute']:.3g} -> {many['compute']:.3g} ms): the "
+            return head + (f"most of the growth is compute ({number(one['compute'], 3)} -> "
+                           f"{number(many['compute'], 3)} ms): the "
                            f"devices are not independent (a shared host feeding them, or kernels launched from one "
                            f"thread).")
         if largest == "exposed beyond the compute":
             return head + (f"most of the growth is the all-reduce left exposed: the step spends "
-                           f"{many['exposed beyond the compute']:.3g} ms beyond its compute (the all-reduce alone takes "
-                           f"{many['all-reduce alone']:.3g} ms for {self.facts[self.many]['gradient_bytes'] / 2**20:.1f}"
+                           f"{number(many['exposed beyond the compute'], 3)} ms beyond its compute (the "
+                           f"all-reduce alone takes "
+                           f"{number(many['all-reduce alone'], 3)} ms for "
+                           f"{self.facts[self.many]['gradient_bytes'] / 2**20:.1f}"
                            f" MB of gradients). A larger per-device batch spreads it over more examples.")
         if largest == "input wait":
             return head + (f"most of the growth is the wait for the batch from the distributed dataset "
-                           f"({many['input wait']:.3g} ms): `dataset.prefetch(tf.data.AUTOTUNE)` and a faster input "
+                           f"({number(many['input wait'], 3)} ms): `dataset.prefetch(tf.data.AUTOTUNE)` and "
+                           f"a faster input "
                            f"pipeline (--data) come first.")
-        return head + (f"most of the growth is fit()'s own loop around each step ({one['fit() around the step']:.3g}"
-                       f" -> {many['fit() around the step']:.3g} ms: the distributed iterator and the dispatch of "
+        return head + (f"most of the growth is fit()'s own loop around each step "
+                       f"({number(one['fit() around the step'], 3)}"
+                       f" -> {number(many['fit() around the step'], 3)} ms: the distributed iterator and "
+                       f"the dispatch of "
                        f"each step to the replicas): `model.compile(..., steps_per_execution=8)` runs several steps "
                        f"per dispatch.")
 
@@ -207,17 +215,20 @@ class DevicesFound:
                  f" each in its own process from the same weights, taking turns. Each device keeps a batch of "
                  f"{PER_DEVICE_BATCH}: the global batch is {self.facts[one]['global_batch']} on one device and "
                  f"{facts['global_batch']} on {n}, and the learning rate is scaled with it ("
-                 f"{self.facts[one]['learning_rate']:g} -> {facts['learning_rate']:g}, the linear scaling rule).", "",
+                 f"{number(self.facts[one]['learning_rate'], 6)} -> {number(facts['learning_rate'], 6)}, "
+                 f"the linear scaling rule).", "",
                  f"- fit(), samples per second on {n} devices against one: "
                  f"{self.speedup():.2f}x (ideal {n}x): "
                  f"{fit.describe()}."]
         for row in (one, many):
             s = self.split_ms(row)
             lines.append(f"- {row}, a step of fit() at global batch {self.facts[row]['global_batch']}: "
-                         f"{s['fit() per step']:.3g} ms: compute {s['compute']:.3g} ms; beyond it in the step (the "
-                         f"all-reduce and update left exposed) {s['exposed beyond the compute']:.3g} ms, the "
-                         f"all-reduce alone taking {s['all-reduce alone']:.3g} ms; input wait {s['input wait']:.3g} ms;"
-                         f" fit()'s loop around the step {s['fit() around the step']:.3g} ms.")
+                         f"{number(s['fit() per step'], 3)} ms: compute {number(s['compute'], 3)} ms; "
+                         f"beyond it in the step (the "
+                         f"all-reduce and update left exposed) {number(s['exposed beyond the compute'], 3)} ms, the "
+                         f"all-reduce alone taking {number(s['all-reduce alone'], 3)} ms; input wait "
+                         f"{number(s['input wait'], 3)} ms;"
+                         f" fit()'s loop around the step {number(s['fit() around the step'], 3)} ms.")
         lines += ["", self.why()]
         return "\n".join(lines)
 
@@ -271,7 +282,7 @@ def devices(subject: Subject, rec, options: Options, workdir: Path, progress) ->
     finding = Finding(f"devices: {FIT}", many, rows[1], comparisons[FIT],
                       "strategy = tf.distribute.MirroredStrategy()  # build and compile inside strategy.scope()",
                       f"{count} devices; global batch {facts[many]['global_batch']}, learning rate "
-                      f"{facts[many]['learning_rate']:g}", note=found.why())
+                      f"{number(facts[many]['learning_rate'], 6)}", note=found.why())
     return [finding], {}, found
 
 

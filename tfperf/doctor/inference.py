@@ -24,6 +24,7 @@ from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
 from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, XlaFailure, bisect, compiled_around, xla_reason
 from tfperf.extras import MissingExtra
 from tfperf.gpus import exact_float32, float32_tolerance, tf32_here
+from tfperf.records.units import number
 
 RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
 XLA_ROW = "tf.function, jit_compile=True"
@@ -99,7 +100,8 @@ def reference_answers(subject: Subject, flat, batch: int, skipped: dict[str, str
         own = own_difference(subject, flat, reference)
     if own > FLOAT_TOLERANCE:
         skipped[f"exact agreement at batch {batch}"] = (
-            f"the model is stochastic: two calls on the same inputs differed by up to {own:.2g} of their scale, so "
+            f"the model is stochastic: two calls on the same inputs differed by up to {number(own, 2)} of "
+            f"their scale, so "
             f"each row was held to differing from the model by at most {STOCHASTIC_MARGIN:g}x that (its tolerance "
             f"column), which shows the answers are alike, not equal")
     if batch > 1 and constant(reference):
@@ -245,7 +247,7 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
         for row, c in raced.comparisons.items():
             _, _, code, cost = calls[row]
             agrees = diffs[row] <= tolerance(row)
-            note = "" if agrees else (f"outputs differ from the model's by up to {diffs[row]:.2g} of their scale"
+            note = "" if agrees else (f"outputs differ from the model's by up to {number(diffs[row], 2)} of their scale"
                                       + (f" ({why})" if why and row not in runtimes else ""))
             findings.append(Finding(table, row, baseline, c, code, cost, agrees, note))
         if profiler is not None and batch in (batches[0], batches[-1]):  # after the race: never a sample

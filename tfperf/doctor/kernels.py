@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tfperf.doctor.effect import layer_of
 from tfperf.measure.stats import SLOWER, Comparison, compare_times
+from tfperf.records.units import number
 
 ROUNDS = 6  # a sample per round for each group: what a verdict needs (stats.MIN_UNITS)
 SHOWN = 4  # the groups a report names
@@ -25,7 +26,7 @@ SHOWN = 4  # the groups a report names
 def ms(seconds: float) -> str:
     """Milliseconds to three figures, without an exponent."""
     v = seconds * 1e3
-    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+    return f"{v:,.0f}" if v >= 100 else f"{number(v, 3)}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ from tfperf.deploy.inputs import make_inputs, to_tensors
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.experiment import Context, Experiment, Section
 from tfperf.doctor.options import Finding, Options
+from tfperf.records.units import number
 
 LENGTHS = (16, 32, 64, 128)
 TABLE = "sequence length (batch 1)"
@@ -59,8 +60,10 @@ class LengthSweep:
                  f"{4 * last} tokens ({self.quadratic[-1]:.0%} at {last})")
         buckets = ",".join(str(n) for n in self.lengths)
         return (f"From {first} to {last} tokens one call at batch 1 went from {self.ms[0]:.2f} to {self.ms[-1]:.2f} ms "
-                f"({growth:.1f}x for {last // first}x the tokens) and the FLOPs per example from {self.flops[0]:.3g} to "
-                f"{self.flops[-1]:.3g}; {where}. Padding a short request to a long one pays the long one's cost: "
+                f"({growth:.1f}x for {last // first}x the tokens) and the FLOPs per example from "
+                f"{number(self.flops[0], 3)} to "
+                f"{number(self.flops[-1], 3)}; {where}. Padding a short request to a long one pays the long "
+                f"one's cost: "
                 f"batch requests of similar length together (`tfperf load MODEL --lengths {first}:{last} "
                 f"--length-buckets {buckets}` measures the buckets against padding to the longest within a budget).")
 

@@ -21,6 +21,7 @@ from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.input_sources import input_sources
 from tfperf.doctor.options import MIN_GAIN, QUICK, DoctorError, Finding, Options
 from tfperf.measure.profiles import INPUT_BOUND_SHARE, InputAnalysis
+from tfperf.records.units import number
 
 CHECK_TABLE = "input pipeline: is training waiting for data?"
 VARIANTS_TABLE = "input pipeline variants"
@@ -151,8 +152,10 @@ class InputCheck:
     def describe(self) -> str:
         ms = self.ms_per_batch
         low, high = self.share_ci95
-        lines = [f"Training on `{self.source}`: {ms[YOURS]:.3g} ms per batch; the model step alone (one batch held "
-                 f"in memory) {ms[STEP_ALONE]:.3g} ms; the pipeline alone {ms[PIPELINE_ALONE]:.3g} ms per batch. "
+        lines = [f"Training on `{self.source}`: {number(ms[YOURS], 3)} ms per batch; the model step alone "
+                 f"(one batch held "
+                 f"in memory) {number(ms[STEP_ALONE], 3)} ms; the pipeline alone "
+                 f"{number(ms[PIPELINE_ALONE], 3)} ms per batch. "
                  f"By this timing, {self.share:.0%} of a step waits for data (95% CI {low:.0%} to {high:.0%}): "
                  f"**{self.timing_verdict}** (from {INPUT_BOUND_SHARE:.0%}, XProf's bar)."]
         if self.profiler is not None:
@@ -257,7 +260,7 @@ def input_pipeline(subject: Subject, rec, options: Options, progress, profiler, 
         loss = final[row]
         agrees = math.isfinite(loss)
         findings.append(Finding(VARIANTS_TABLE, row, YOURS, raced.comparisons[row], code, cost, agrees,
-                                "" if agrees else f"final loss {loss:.4g}: not finite"))
+                                "" if agrees else f"final loss {number(loss, 4)}: not finite"))
     return findings, skipped, check
 
 

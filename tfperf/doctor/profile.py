@@ -19,6 +19,7 @@ from typing import Any
 
 from tfperf.measure.profiles import InputAnalysis, OpTime, by_type, input_analysis, op_times, ops_table, peak_memory
 from tfperf.measure.profiles import trace_files
+from tfperf.records.units import number
 
 PROFILE_TABLE = "where the time goes (profile pass)"
 MEMORY_TABLE = "peak memory (profile pass)"
@@ -71,8 +72,8 @@ class Profiled:
         """A paragraph and the top operations, in Markdown."""
         per = "step" if self.steps_per_call > 1 else "call"
         call_ms, op_ms = self.call_s / self.steps_per_call * 1e3, self.op_s_per_call / self.steps_per_call * 1e3
-        words = [f"**{self.label}**: {call_ms:.3g} ms per {per} (timed without the profiler); TensorFlow's "
-                 f"operations ran {op_ms:.3g} ms of it (their self time in the trace)"]
+        words = [f"**{self.label}**: {number(call_ms, 3)} ms per {per} (timed without the profiler); TensorFlow's "
+                 f"operations ran {number(op_ms, 3)} ms of it (their self time in the trace)"]
         if self.input is not None:  # the input pipeline's ops run on threads beside the step's
             words.append(": the input pipeline's work and the model's are both in that sum (the step breakdown "
                          "below says how much of a step waits for input)")
@@ -84,9 +85,9 @@ class Profiled:
                                          if self.overhead_share >= 0.3 else ""))
         if self.flops_per_s:
             share = self.flops_per_s / self.matmul_flops_per_s
-            words.append(f"; {self.flops_per_s / 1e9:.3g} GFLOP/s achieved, {share:.0%} "
+            words.append(f"; {number(self.flops_per_s / 1e9, 3)} GFLOP/s achieved, {share:.0%} "
                          f"of the {self.matmul_flops_per_s / 1e9:.0f} GFLOP/s matmul rate measured now" if share <= 1
-                         else f"; {self.flops_per_s / 1e9:.3g} GFLOP/s by TensorFlow's count, more than the "
+                         else f"; {number(self.flops_per_s / 1e9, 3)} GFLOP/s by TensorFlow's count, more than the "
                               f"{self.matmul_flops_per_s / 1e9:.0f} GFLOP/s matmul rate measured now, which a limit "
                               f"cannot be (a defect of the count or of the rate, not a result)")
         host, device = host_and_device(self.peak_bytes)
@@ -96,9 +97,11 @@ class Profiled:
         lines = ["".join(words) + f". By op type: {types}.", "", ops_table(self.ops, limit)]
         if self.input is not None:
             a = self.input
-            lines += ["", f"The profiler's step breakdown ({a.steps} steps): {a.step_ms:.3g} ms per step, of which "
-                          f"{a.input_ms:.3g} ms waiting for input ({a.input_share:.0%}), {a.host_compute_ms:.3g} ms "
-                          f"compute on the host, {a.other_ms:.3g} ms other. XProf says: \"{a.conclusion}\""
+            lines += ["", f"The profiler's step breakdown ({a.steps} steps): {number(a.step_ms, 3)} ms per "
+                          f"step, of which "
+                          f"{number(a.input_ms, 3)} ms waiting for input ({a.input_share:.0%}), "
+                          f"{number(a.host_compute_ms, 3)} ms "
+                          f"compute on the host, {number(a.other_ms, 3)} ms other. XProf says: \"{a.conclusion}\""
                           + (f" Slowest input stage: {a.slowest_stage}." if a.slowest_stage else "")]
         lines += ["", f"Trace: `{self.trace}` (open with `tensorboard --logdir` or XProf)."]
         return "\n".join(lines)

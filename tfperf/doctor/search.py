@@ -27,6 +27,7 @@ from tfperf.doctor.confirm import LEARNING_RATE, confirm
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
 from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code
+from tfperf.records.units import number
 
 CLIMB = "best configuration: the climb"
 HEADLINE = "best configuration against plain fit"
@@ -166,8 +167,9 @@ class Climbed:
 
     def _batch_text(self) -> str:
         loss, plain = self.losses[self.best.label], self.losses[Config().label]
-        said = (f"Batch {self.best.batch} changes the optimisation: after the same examples its loss was {loss:.4g} "
-                f"against plain fit's {plain:.4g} (learning rate scaled by the square-root rule).")
+        said = (f"Batch {self.best.batch} changes the optimisation: after the same examples its loss was "
+                f"{number(loss, 4)} "
+                f"against plain fit's {number(plain, 4)} (learning rate scaled by the square-root rule).")
         if self.at_your_batch == Config():
             return said + f" At your batch of {PLAIN_BATCH}, no other change paid."
         return said + (f" At your batch of {PLAIN_BATCH}, the best is {self.at_your_batch.label}: "
@@ -181,8 +183,9 @@ class Climbed:
                  "after the same examples agrees with the configuration it changes (a larger batch's loss is said, "
                  "not held to the bar). A knob is raced again once the others changed.", ""]
         for r in self.rungs:
-            lines.append(f"- {r.row}, on top of {r.base}: {r.comparison.describe()}; final loss {r.loss:.4g} (plain "
-                         f"fit {r.plain_loss:.4g}): {'**kept**' if r.kept else 'not kept'}"
+            lines.append(f"- {r.row}, on top of {r.base}: {r.comparison.describe()}; final loss "
+                         f"{number(r.loss, 4)} (plain "
+                         f"fit {number(r.plain_loss, 4)}): {'**kept**' if r.kept else 'not kept'}"
                          + (f" ({r.note})" if r.note and not r.kept else ""))
         return "\n".join(lines) + "\n"
 

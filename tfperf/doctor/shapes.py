@@ -29,6 +29,7 @@ from tfperf.deploy.loader import Subject
 from tfperf.doctor.experiment import Context, Experiment, Section, child_command, flag
 from tfperf.doctor.options import MIN_GAIN, OWN_RETRACES, Finding, Options, load_given, model_flags, model_parser
 from tfperf.measure.stats import SLOWER
+from tfperf.records.units import number
 
 NEW_SIZES = 6  # new sizes per axis: the 6 samples a side an unpaired verdict needs
 SEEN_BATCH = 8  # the batch size every way is first called at (not counted: the function exists and has run)
@@ -348,7 +349,8 @@ def _findings(subject: Subject, axis: Mapping[str, Any], measured: Mapping[str, 
             if agrees:
                 cost += f"; the padded answers, cut back, agree with the unpadded ones within {difference:.1e} of their scale"
             else:
-                note = (f"padding changes this model's answers by {difference:.2g} of their scale (zeros enter what "
+                note = (f"padding changes this model's answers by {number(difference, 2)} of their scale "
+                        f"(zeros enter what "
                         f"it computes): it needs a mask, or buckets of the sizes it was trained at")
         found.append(Finding(table, row, baseline, versus(base.first, fix.first, threshold=MIN_GAIN, statistic="mean"),
                              code, cost, agrees=agrees, note=note,

@@ -12,6 +12,7 @@ import numpy as np
 from tfperf.deploy.inputs import make_inputs
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import LOSS_TOLERANCE, DoctorError, Options
+from tfperf.records.units import number
 
 PLAIN_BATCH = 32  # Keras' default batch size: what model.fit(x, y) uses
 
@@ -84,10 +85,10 @@ def loss_check(row: str, loss: float, plain_loss: float, against: str = "plain f
     note that says why not. A larger batch is held to the same bar: it takes fewer, larger steps over those
     examples, which changes the optimisation, not only its speed."""
     if not math.isfinite(loss):
-        return False, f"final loss {loss:.4g} against {plain_loss:.4g}: not finite"
+        return False, f"final loss {number(loss, 4)} against {number(plain_loss, 4)}: not finite"
     if abs(loss - plain_loss) <= LOSS_TOLERANCE * max(abs(plain_loss), 1e-6):
         return True, ""
-    note = f"final loss {loss:.4g} against {against}'s {plain_loss:.4g}"
+    note = f"final loss {number(loss, 4)} against {against}'s {number(plain_loss, 4)}"
     if row.startswith("batch "):
         note += (" after the same examples: fewer, larger steps change the optimisation; scale the learning rate "
                  "with the batch (linear, or square root) and measure again")

@@ -19,12 +19,12 @@ RATE_WORDS = frozenset({"per", "samples", "steps", "examples", "requests", "rows
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
-def number(value: float) -> str:
-    """About four significant digits, thousands separated, large ones with an SI prefix, no `e` notation."""
+def number(value: float, digits: int = 4) -> str:
+    """About `digits` significant digits, thousands separated, large ones with an SI prefix, no `e` notation."""
     size = abs(value)
-    if value == 0 or 1e-3 <= size < 1e4:
-        return f"{value:,.4g}"
-    if 1e4 <= size < 1e6:
+    if value == 0 or 1e-3 <= size < 10 ** digits:
+        return f"{value:,.{digits}g}"
+    if 10 ** digits <= size < 1e6:
         return f"{value:,.0f}"
     if size >= 1e6:
         prefix, scale = next((p, s) for p, s in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)) if size >= s)

@@ -22,6 +22,7 @@ import numpy as np
 
 from tfperf.serving.batcher import Arrays, Batcher, BatchingOptions, unbatched
 from tfperf.serving.runtimes import BATCH_FUNCTION, RUNTIMES
+from tfperf.records.units import number
 
 AGREEMENT = 1e-5  # a served answer equals the unbatched call within this, relative to the output's scale
 
@@ -212,7 +213,7 @@ def check_agreement(server, reference: Callable[[Arrays], Arrays], requests: lis
             scale = max(float(np.max(np.abs(want))) if want.size else 0.0, 1.0)
             diff = float(np.max(np.abs(have.astype(np.float64) - want))) if want.size else 0.0
             if diff > AGREEMENT * scale:
-                return f"request {i}: output {name!r} differs by {diff:.3g} from the unbatched call (over " \
+                return f"request {i}: output {name!r} differs by {number(diff, 3)} from the unbatched call (over " \
                        f"{AGREEMENT:g} of its scale)"
     return None
 

@@ -19,6 +19,7 @@ from tfperf.serving.batcher import Batcher
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.runtimes import PLATFORMS
 from tfperf.serving.protocols.tensors import Tensor, dtype_name
+from tfperf.records.units import number
 
 AVAILABLE, LOADING, END = "AVAILABLE", "LOADING", "END"
 
@@ -55,8 +56,9 @@ def checked(runner, path: Path, outputs_of: Callable[[dict], dict]) -> list[Tens
         for name, found in agreement(check.reference, answer).items():
             allowed = max(FLOAT_TOLERANCE, 1.01 * float((recorded.get(name) or {}).get("relative", 0.0)))
             if found["relative"] > allowed:
-                raise ModelError(f"{path}: output {name!r} differs from its export's check by {found['relative']:.3g} "
-                                 f"of its scale (over {allowed:.3g})")
+                raise ModelError(f"{path}: output {name!r} differs from its export's check by "
+                                 f"{number(found['relative'], 3)} "
+                                 f"of its scale (over {number(allowed, 3)})")
     return [Tensor(n, dtype_name(np.asarray(a)), (None, *np.asarray(a).shape[1:])) for n, a in sorted(answer.items())]
 
 

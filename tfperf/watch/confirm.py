@@ -12,6 +12,7 @@ from typing import Any
 
 from tfperf.flags import UserError
 from tfperf.watch.findings import epoch_batches, epoch_examples, primary, seconds
+from tfperf.records.units import number
 
 HEADLINE_TABLE = "best configuration against plain fit"  # the doctor's race of its best against plain fit
 
@@ -92,7 +93,7 @@ def confirmation_lines(before: Mapping[str, Any], processes: Sequence[Mapping[st
     epochs = min(len(before["epochs_run"]), len(after["epochs_run"]))
     a, b = side(before, epochs), side(after, epochs)
     calls = f" ({after['fits']} fit() calls of its model)" if after.get("fits", 1) > 1 else ""
-    rate = f"; learning rate scaled to {applied['learning_rate']:.3g}" if applied.get("learning_rate") else ""
+    rate = f"; learning rate scaled to {number(applied['learning_rate'], 3)}" if applied.get("learning_rate") else ""
     lines.append(f"Applied to the first fit(){calls}: {best['label']} (the doctor claimed {best['claim'] or 0:.2f}x "
                  f"against plain fit); it ran at {b.settings}{rate}.")
     lines += [f"Not applied: {n}." for n in applied.get("not_applied", [])]
@@ -107,7 +108,8 @@ def confirmation_lines(before: Mapping[str, Any], processes: Sequence[Mapping[st
         lines.append(f"The steps alone, per example: {ratio:.2f}x (95% CI {low:.2f}-{high:.2f}x; two runs one after "
                      f"the other, so the interval does not see what changes between processes).")
     if a.loss is not None and b.loss is not None:
-        lines.append(f"Loss after epoch {epochs}: {a.loss:.4g} as configured, {b.loss:.4g} with the change"
+        lines.append(f"Loss after epoch {epochs}: {number(a.loss, 4)} as configured, {number(b.loss, 4)} "
+                     f"with the change"
                      + (" (a larger batch changes the optimisation: judge it by your own metric)."
                         if "batch" in best["label"] else "."))
     return lines + [""]

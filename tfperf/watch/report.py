@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Mapping
 
 from tfperf.watch.findings import Analysis, FitSplit, epoch_batches, epoch_examples, megabytes, seconds, share
+from tfperf.records.units import number
 
 
 def _parts(parts: Sequence[tuple[str, float]], whole: float) -> str:
@@ -111,7 +112,7 @@ def doctor_lines(doctor: Mapping[str, Any] | None) -> list[str]:
     if c:
         lines += [f"Your first fit() ran at batch {c.get('batch_size')}, steps_per_execution "
                   f"{c.get('steps_per_execution')}, jit_compile {c.get('jit_compile')}, {c.get('dtype_policy')} "
-                  f"({c.get('optimizer')}, learning rate {c.get('learning_rate') or 0:.3g}).", ""]
+                  f"({c.get('optimizer')}, learning rate {number(c.get('learning_rate') or 0, 3)}).", ""]
     if not doctor.get("command"):
         return lines + [f"Not searched: {doctor['why']}.", ""]
     cmd = shlex.join(doctor["command"])

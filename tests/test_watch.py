@@ -225,6 +225,41 @@ def test_the_doctor_command_from_what_was_kept_or_why_not(tmp_path):
     assert "To search the best configuration" in told and "```bash\ntfperf doctor" in told
 
 
+def test_doctor_from_a_watch_folder_searches_what_it_kept_or_says_what_to_run(tmp_path, capsys):
+    """`tfperf doctor --from DIR` (issue 72): the kept model, loss, logits and rows in place of MODEL and its flags."""
+    import argparse
+
+    from tfperf.cli import main
+    from tfperf.doctor.command import from_watch
+
+    (tmp_path / "capture").mkdir()
+    (tmp_path / "capture" / "capture.json").write_text(json.dumps(
+        {"model": "model.keras", "loss": "sparse_categorical_crossentropy", "from_logits": True,
+         "sample": "sample.npz", "sample_rows": 256}))
+    args = argparse.Namespace(model=None, from_watch=str(tmp_path), train=False, loss=None, from_logits=False,
+                              sample=None, out=None)
+    from_watch(args)
+    assert (args.model, args.train, args.loss, args.from_logits) == (
+        str(tmp_path / "capture" / "model.keras"), True, "sparse_categorical_crossentropy", True)
+    assert args.sample == str(tmp_path / "capture" / "sample.npz") and args.out == str(tmp_path / "doctor")
+    # The flags the user gives win over what was kept; the capture folder itself may be given.
+    args = argparse.Namespace(model=None, from_watch=str(tmp_path / "capture"), train=False, loss="mse",
+                              from_logits=False, sample="mine.npz", out="elsewhere")
+    from_watch(args)
+    assert (args.loss, args.sample, args.out) == ("mse", "mine.npz", "elsewhere")
+    # Each refusal one line, exit 2, before anything loads.
+    (tmp_path / "nothing").mkdir()
+    (tmp_path / "unsaved" / "capture").mkdir(parents=True)
+    (tmp_path / "unsaved" / "capture" / "capture.json").write_text(json.dumps({"model_error": "TypeError: x"}))
+    for argv, said in [(["doctor", "--from", str(tmp_path / "nothing")], "no capture.json there"),
+                       (["doctor", "m.keras", "--from", str(tmp_path)], "give a model or --from"),
+                       (["doctor", "--from", str(tmp_path / "unsaved")], "could not be saved as a .keras file"),
+                       (["doctor"], "give the model to diagnose")]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
 def doctor_records(folder, best_metrics, label="steps_per_execution=16, batch 128"):
     (folder / "doctor").mkdir(parents=True)
     rows = [{"table": "best configuration against plain fit", "row": "plain fit (batch 32)",
@@ -325,6 +360,49 @@ def test_a_session_watches_a_block_in_this_process_and_puts_everything_back(tmp_
     assert len(again.record["fits"]) == 1 and again.report is None
     (e,) = again.record["fits"][0]["epochs_run"]  # 4 batches: Keras names 0-2 and 3-5, the second holds one
     assert (e["batches"], e["step_batches"]) == (4, [3, 1])
+
+
+def test_a_keras_callback_watches_its_fit_and_gives_everything_back(tmp_path):
+    """`tfperf.keras.Watch()` (issue 72): one fit watched from inside it, its slow callback named with its share,
+    the other callbacks' hooks and Keras' classes given back; a fit that raised is closed by the next one."""
+    import keras
+    import numpy as np
+
+    import tfperf
+    from tfperf.watch import probe
+
+    class Slow(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.01)
+
+    patched = (keras.Model.fit, keras.Model.evaluate, keras.callbacks.CallbackList.on_train_batch_end)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    x, y = np.zeros((256, 4), "float32"), np.zeros((256, 2), "float32")
+    slow, watch = Slow(), tfperf.keras.Watch(out=tmp_path / "w")
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_split=0.25, callbacks=[slow, watch])
+    (fitted,) = watch.record["fits"]
+    assert fitted["batch_size"] == 16 and fitted["batches_per_epoch"] == 12 and fitted["validation"]
+    assert [e["batches"] for e in fitted["epochs_run"]] == [12, 12] and "test_watch.py" in fitted["site"]
+    assert all(e["validation_s"] > 0 for e in fitted["epochs_run"])
+    timed = [e["callbacks"].get("Slow", 0.0) for e in fitted["epochs_run"]]
+    assert all(t >= 12 * 0.01 for t in timed), timed  # 12 batches of 10 ms each, in every epoch
+    callback = next(f for f in watch.findings if f.key.startswith("callback"))
+    assert "Slow" in callback.text and "%" in callback.text
+    assert "tfperf.keras.Watch()" in (tmp_path / "w" / "report.md").read_text()
+    assert probe.RECORDER is None and "on_train_batch_end" not in vars(slow)
+    assert patched == (keras.Model.fit, keras.Model.evaluate, keras.callbacks.CallbackList.on_train_batch_end)
+    # A fit that raises never calls on_train_end: the next Watch ends that one first.
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise RuntimeError("the user's callback failed")
+
+    broken, again = tfperf.keras.Watch(), tfperf.keras.Watch()
+    with pytest.raises(RuntimeError):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[broken, Boom()])
+    assert probe.RECORDER is not None and broken.record is None
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[again])
+    assert broken.record is not None and len(again.record["fits"]) == 1 and probe.RECORDER is None
 
 
 def test_the_loss_is_named_as_the_doctor_takes_it():

@@ -52,8 +52,11 @@ def add_command(sub) -> None:
                                    "mixed policy took effect, and the kernels a slower mixed row spends more in. "
                                    "Verdicts come from 95%% intervals of interleaved rounds; only significant gains "
                                    "are advised.")
-    p.add_argument("model", help="a .keras file, a SavedModel folder, or module:factory (a function returning a "
-                                 "Keras model, for custom layers)")
+    p.add_argument("model", nargs="?", help="a .keras file, a SavedModel folder, or module:factory (a function "
+                                            "returning a Keras model, for custom layers)")
+    p.add_argument("--from", dest="from_watch", metavar="DIR",
+                   help="the --out folder of `tfperf watch --capture -- python train.py`: your first fit()'s model, "
+                        "loss and rows as it kept them, searched with --train (instead of MODEL)")
     p.add_argument("--input-shape", action="append", metavar="[NAME=]D,D",
                    help="sizes (without the batch axis) to make, check and time inputs at where the model leaves "
                           "them free (default 32); exports keep such axes free; repeat per input")
@@ -95,6 +98,26 @@ def progress_bar(total: int):
     return step
 
 
+def from_watch(args: argparse.Namespace) -> None:
+    """`--from DIR`: the model, loss, logits and rows a watch kept, put where MODEL and the flags would put them
+    (flags the user gave win; the report goes to DIR/doctor unless --out says)."""
+    from tfperf.watch.command import captured_in, doctor_command
+
+    if args.model:
+        raise UserError(f"give a model or --from {args.from_watch}, not both: --from searches the model the watch "
+                        f"kept")
+    captured, kept = captured_in(args.from_watch)
+    cmd, why = doctor_command(captured, kept, Path(args.from_watch))
+    if cmd is None:
+        raise UserError(f"--from {args.from_watch}: {why}")
+    args.model, args.train = str(kept / captured["model"]), True
+    args.loss = args.loss or captured["loss"]
+    args.from_logits = args.from_logits or bool(captured.get("from_logits"))
+    if not args.sample and captured.get("sample"):
+        args.sample = str(kept / captured["sample"])
+    args.out = args.out or str(Path(args.from_watch) / "doctor")
+
+
 def checked_options(args: argparse.Namespace):
     """The model and the options the flags ask for, each refusal in one line before anything is measured:
     (subject, options, out)."""
@@ -102,6 +125,11 @@ def checked_options(args: argparse.Namespace):
     from tfperf.deploy.inputs import check_runs, make_inputs, read_sample
     from tfperf.deploy.loader import load_subject, parse_input_shapes
 
+    if args.from_watch:
+        from_watch(args)
+    elif not args.model:
+        raise UserError("give the model to diagnose (a .keras file, a SavedModel folder or module:factory), or "
+                        "--from DIR, the folder of a `tfperf watch --capture` run")
     refused = refusals([rule for experiment in registry.EXPERIMENTS for rule in experiment.rules], args)
     if refused:
         raise UserError(refused[0])

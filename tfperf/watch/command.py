@@ -123,6 +123,22 @@ def doctor_command(captured: Mapping[str, Any] | None, folder: Path, out: Path) 
     return cmd, f"on your model and {rows}"
 
 
+def captured_in(folder: str | Path) -> tuple[dict[str, Any], Path]:
+    """What `tfperf watch --capture` kept, from its --out folder (or the capture folder in it): (capture.json's
+    settings, the folder holding them); a folder without one is the user's error, said with what to run."""
+    given = Path(folder)
+    kept = next((f for f in (given / "capture", given) if (f / "capture.json").is_file()), None)
+    if kept is None:
+        raise UserError(f"--from {folder}: no capture.json there or in {given / 'capture'}; run `tfperf watch "
+                        f"--capture --out {folder} -- python train.py` first (it keeps the first fit()'s model, "
+                        f"settings and rows)")
+    try:
+        return json.loads((kept / "capture.json").read_text()), kept
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--from {folder}: {kept / 'capture.json'} cannot be read ({exc}); run the watch with "
+                        f"--capture again") from None
+
+
 def run_doctor(cmd: Sequence[str]) -> tuple[int, str]:
     """The doctor in a process of its own, its progress on stderr as it goes: (its exit status, what it printed)."""
     done = subprocess.run([sys.executable, "-m", "tfperf", *cmd[1:]], stdout=subprocess.PIPE, text=True)

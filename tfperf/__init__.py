@@ -26,12 +26,17 @@ _LAZY = {
     "sync": "tfperf.measure.timer",
 }
 
+# Subpackages a user reaches from `import tfperf` alone: `tfperf.keras.Watch()`, `tfperf.watch.session()`.
+_SUBMODULES = ("keras", "watch")
+
 __all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfperf.{name}")
     raise AttributeError(f"module 'tfperf' has no attribute {name!r}")

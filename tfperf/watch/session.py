@@ -27,32 +27,54 @@ class Session:
         return list(self.analysis.findings) if self.analysis is not None else []
 
 
-@contextlib.contextmanager
-def session(out: str | Path | None = None, name: str = "with tfperf.watch.session()") -> Iterator[Session]:
-    """Watch the block's Keras and TensorFlow work; at its end put every patch back, and write report.md and
-    watch.json to `out` (when given). One session at a time in a process."""
+@dataclasses.dataclass(frozen=True)
+class Opened:
+    """A watch begun in this process: its scratch folder and when it began."""
+
+    folder: str
+    started: float
+
+
+def begin() -> Opened:
+    """Start watching this process (the probe installed, Keras and TensorFlow patched). One at a time."""
     from tfperf.watch import probe
-    from tfperf.watch.findings import analyse
-    from tfperf.watch.report import markdown
 
     if probe.RECORDER is not None:
         raise RuntimeError("a tfperf watch is already recording this process: end it first")
     folder = tempfile.mkdtemp(prefix="tfperf-watch-")
-    seen = Session()
     started = time.perf_counter()
     probe.install(folder)
+    return Opened(folder, started)
+
+
+def end(opened: Opened, seen: Session, out: str | Path | None, name: str, ending: str = "the block ended") -> Session:
+    """Stop watching: every patch put back; `seen` filled with the record and its analysis, and report.md and
+    watch.json written to `out` (when given)."""
+    from tfperf.watch import probe
+    from tfperf.watch.findings import analyse
+    from tfperf.watch.report import markdown
+
+    seen.record = probe.uninstall()
+    wall = time.perf_counter() - opened.started
+    shutil.rmtree(opened.folder, ignore_errors=True)
+    seen.analysis = analyse([seen.record] if seen.record else [], wall)
+    if out is not None:
+        folder_out = Path(out)
+        folder_out.mkdir(parents=True, exist_ok=True)
+        seen.report = folder_out / "report.md"
+        seen.report.write_text(markdown(seen.analysis, name, ending))
+        (folder_out / "watch.json").write_text(json.dumps(
+            {"command": [name], "wall_s": wall, "processes": [seen.record] if seen.record else [],
+             "findings": [dataclasses.asdict(f) for f in seen.analysis.findings]}, indent=1))
+    return seen
+
+
+@contextlib.contextmanager
+def session(out: str | Path | None = None, name: str = "with tfperf.watch.session()") -> Iterator[Session]:
+    """Watch the block's Keras and TensorFlow work; at its end put every patch back, and write report.md and
+    watch.json to `out` (when given). One session at a time in a process."""
+    opened, seen = begin(), Session()
     try:
         yield seen
     finally:
-        seen.record = probe.uninstall()
-        wall = time.perf_counter() - started
-        shutil.rmtree(folder, ignore_errors=True)
-        seen.analysis = analyse([seen.record] if seen.record else [], wall)
-        if out is not None:
-            folder_out = Path(out)
-            folder_out.mkdir(parents=True, exist_ok=True)
-            seen.report = folder_out / "report.md"
-            seen.report.write_text(markdown(seen.analysis, name, "the block ended"))
-            (folder_out / "watch.json").write_text(json.dumps(
-                {"command": [name], "wall_s": wall, "processes": [seen.record] if seen.record else [],
-                 "findings": [dataclasses.asdict(f) for f in seen.analysis.findings]}, indent=1))
+        end(opened, seen, out, name)

@@ -445,21 +445,23 @@ def test_bad_flags_are_one_line(tmp_path, argv, expected):
     assert not (tmp_path / "out").exists()
 
 
+# Beside the other worker's tests (it ran alone, 41-45 s of the suite's one-at-a-time phase): a level that saw no
+# answer in its 50 ms windows under that load had no samples; a window without an answer is now followed by one twice
+# as long (0.1, 0.2, 0.4 s here), and the budget is wide enough that the other worker's bursts do not decide it.
 @pytest.mark.slow
-@pytest.mark.whole_machine  # a level that answers nothing in its time under another worker's load has no samples
 def test_load_quick_end_to_end(tmp_path, monkeypatch):
     """The whole `tfperf load --quick` in-process on the seed CNN, LiteRT beside the anchors, at sizes that test
     the command's path, not the machine (benchmarks/serving_under_load.py measures)."""
     from tfperf.serving.measure import Sizes
 
-    tiny = Sizes(window_s=0.05, max_windows=3, warmup_s=0.02, probe_s=0.3, probes=2, validation_s=0.5,
+    tiny = Sizes(window_s=0.1, max_windows=3, warmup_s=0.02, probe_s=0.3, probes=2, validation_s=0.5,
                  max_concurrency=4, concurrency_factor=4, instances=(1, 2), batch_sizes=(8,), all_thread_counts=False,
                  socket_candidates=1)
     monkeypatch.setattr(Sizes, "quick", classmethod(lambda cls: tiny))
     # The servers in a process of their own: the path every configuration takes through the pipe. Then the best
     # served by tfperf serve, alone and in a worker process per core, measured through sockets.
     code, out, err = tfperf("load", "cnn", "--quick", "--runtimes", "litert", "--server-process",
-                            "--latency-budget", "50ms", "--out", tmp_path / "run")
+                            "--latency-budget", "200ms", "--out", tmp_path / "run")
     assert code == 0, err[-2000:]
     report = (tmp_path / "run" / "report.md").read_text()
     assert "The servers ran in a process of their own (--server-process)" in report
@@ -491,7 +493,7 @@ def test_load_quick_end_to_end(tmp_path, monkeypatch):
         f"serve-{i}.log" for i in range(len(protocols) // 2)]
     served = json.loads((tmp_path / "run" / "serve.json").read_text())
     assert served["runtime"] == "litert" and served["workers"] >= 1
-    assert "best within p99 <= 50 ms through a socket" in out and "tfperf export cnn --format litert" in out
+    assert "best within p99 <= 200 ms through a socket" in out and "tfperf export cnn --format litert" in out
     assert f"tfperf serve cnn --config {tmp_path / 'run' / 'serve.json'}" in out  # runs as printed
     code, out, _ = tfperf("compare", tmp_path / "run" / "load.jsonl", tmp_path / "run" / "load.jsonl")
     assert code == 0 and "without a change that counts" in out

@@ -459,9 +459,15 @@ def test_a_free_sequence_axis_stays_free_in_every_format_and_answers_at_any_leng
             assert len(dims) == 2 and all(d.dim_param and not d.dim_value for d in dims)
 
 
-def test_the_cookbook_nets_keep_their_contract(tmp_path):
+def test_the_cookbook_nets_keep_their_contract(tmp_path, monkeypatch):
     from tfperf.deploy.layout import export_subject, load, predict
-    from tfperf.deploy.loader import cookbook_subject
+    from tfperf.deploy.loader import cookbook_subject, load_subject
+
+    # A folder named like a net that holds no SavedModel (`tfperf doctor cnn --out cnn`, which the doctor's own
+    # processes then loaded as that folder) does not hide the net; one that holds a SavedModel is that model.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mlp").mkdir()
+    assert load_subject("mlp").source == "mlp" and load_subject("mlp").model is not None
 
     exported = export_subject(cookbook_subject("cnn"), tmp_path)
     runner = load(exported.path)

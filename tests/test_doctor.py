@@ -336,8 +336,14 @@ def test_an_experiment_is_added_as_one_module_and_one_line_of_the_registry(tmp_p
         flags=(flag("--count-layers", action="store_true", help="count the layers"),
                flag("--below", type=int, default=99, help="with --count-layers: the count to stay under")),
         rules=(lambda args: "--below is for --count-layers" if args.below != 99 and not args.count_layers else None,))
+    def breaks(ctx):  # an experiment whose own process fails: said in one line, the others run, the report stays
+        raise RuntimeError('python exited with 1:   File "loader.py", line 219 | tfperf.deploy.errors.ModelError: '
+                           'cnn is a folder without saved_model.pb')
+
+    breaking = Experiment("breaking", "Does it break?", breaks, applies=lambda subject, options: True,
+                          steps=lambda subject, options: [])
     only_retracing = [e for e in registry.EXPERIMENTS if e.name == "retracing"]
-    monkeypatch.setattr(registry, "EXPERIMENTS", (*only_retracing, counting))
+    monkeypatch.setattr(registry, "EXPERIMENTS", (*only_retracing, breaking, counting))
     keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)]).save(tmp_path / "m.keras")
     model = str(tmp_path / "m.keras")
     one_line_error(capsys, [model, "--below", "5"], "--below is for --count-layers")
@@ -348,6 +354,8 @@ def test_an_experiment_is_added_as_one_module_and_one_line_of_the_registry(tmp_p
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## Layer count\n\n2 layers, below 7." in report and "layer count: weights: not counted" in report
     assert "layer count" in report.split("Doctor took")[1]  # its time, under its own name
+    said = "breaking: failed: ModelError: cnn is a folder without saved_model.pb (the other experiments ran"
+    assert said in report and "breaking failed: ModelError: cnn is a folder" in err and "Traceback" not in err
 
 
 def test_a_larger_batchs_loss_is_checked_against_plain_fits_and_the_apply_line_fits_how_the_model_was_made():

@@ -211,7 +211,9 @@ def load_subject(source: str, *, input_shapes: Mapping[str, tuple[int, ...]] | N
                          f"its own weights")
     if signature is not None and not path.is_dir():
         raise ModelError("--signature is for SavedModel folders: a Keras model has one call")
-    if source in MODEL_NAMES and not path.exists():
+    # A cookbook net's name is the net unless it names a model on disk: a folder of that name that holds no
+    # SavedModel (`tfperf doctor cnn --out cnn`, read again by the doctor's own processes) does not hide it.
+    if source in MODEL_NAMES and not path.is_file() and not (path / "saved_model.pb").is_file():
         return cookbook_subject(source, weights=weights, input_shape=given.pop("", None) or given.pop(
             COOKBOOK_INPUT, None))
     if path.is_dir():

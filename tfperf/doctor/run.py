@@ -9,16 +9,18 @@ ranked by the measured ratio; the rest is listed as "no measurable gain" and not
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tfperf import extras, flags
+from tfperf.deploy.errors import InputError, ModelError, said_line
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.advice import Diagnosis
 from tfperf.doctor.experiment import Context, Section
 from tfperf.doctor.facts import model_facts
-from tfperf.doctor.options import RECIPE, Options
+from tfperf.doctor.options import RECIPE, DoctorError, Options
 from tfperf.doctor.profile import ProfilePass
 from tfperf.doctor import registry
 
@@ -38,6 +40,15 @@ def prepare(subject: Subject, options: Options) -> Options:
         if experiment.prepare is not None:
             options = experiment.prepare(subject, options)
     return options
+
+
+def failure(exc: Exception) -> str:
+    """An experiment's unexpected error in one line: where a process of its own failed, that process's last error
+    line ('ModelError: ...'), not the lines of where."""
+    parts = [part.strip() for part in str(exc).split(" | ")]
+    said = [p for p in parts if re.match(r"[\w.]+(Error|Exception): ", p)]
+    line = said_line(said[-1] if said else str(exc)) or type(exc).__name__
+    return re.sub(r"^(?:\w+\.)+(\w+(?:Error|Exception): )", r"\1", line) if said else f"{type(exc).__name__}: {line}"
 
 
 def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path | None = None,
@@ -87,6 +98,13 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
             stopped = (f"stopped by {how} during {experiment.name}", code)
             ctx.sections[experiment.name] = Section(experiment.name, skipped={
                 experiment.name: f"not finished: {stopped[0]} (its rows measured so far are in the records)"})
+        except (DoctorError, ModelError, InputError):
+            raise  # the user's input, refused in one line by the command
+        except Exception as exc:  # noqa: BLE001 - one experiment that breaks loses neither the others nor the report
+            reason = failure(exc)
+            ctx.sections[experiment.name] = Section(experiment.name, skipped={
+                experiment.name: f"failed: {reason} (the other experiments ran; please report it)"})
+            say(f"{experiment.name} failed: {reason}")
         took[experiment.name] = time.perf_counter() - began
         spent += took[experiment.name] if experiment.budgeted else 0.0
     elapsed = time.perf_counter() - (started if since is None else since)

@@ -468,6 +468,14 @@ def test_the_cookbook_nets_keep_their_contract(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mlp").mkdir()
     assert load_subject("mlp").source == "mlp" and load_subject("mlp").model is not None
+    # The doctor's own processes build it the same way, at the size of the rows handed to them (they tried the
+    # folder, then an import of module '' for the name).
+    import keras
+
+    from tfperf.doctor.handover import build
+
+    np.savez(tmp_path / "data.npz", **{"x/inputs": np.zeros((2, 32, 32, 1), np.float32)}, y=np.zeros(2))
+    assert build("mlp", keras, tmp_path).input_shape[1:] == (32, 32, 1)
 
     exported = export_subject(cookbook_subject("cnn"), tmp_path)
     runner = load(exported.path)

@@ -193,12 +193,14 @@ def _closing_lines(d: Diagnosis, goal_s: float | None) -> list[str]:
 
 
 def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
-    """The diagnosis in Markdown: the model, the advice ranked by gain (and the answers asked for), each
+    """The diagnosis in Markdown: the advice ranked by gain (the answers asked for first), the model, each
     experiment's own part, what showed no gain, what was left out."""
     details = [s.detail for s in d.sections.values() if s.detail]
     partial = [f"**PARTIAL: {d.partial}.** What follows is what was measured before it stopped; the experiments it "
                f"did not reach are listed under what was not measured.", ""] if d.partial else []
-    return "\n".join([*partial, *_model_lines(d), *_advice_lines(d), *_profile_lines(d), *details, *_closing_lines(d, goal_s)])
+    # The answer first (the run's question, the recommendation and its code, the other gains), then the model.
+    return "\n".join([*partial, *_advice_lines(d), "", *_model_lines(d), *_profile_lines(d), *details,
+                      *_closing_lines(d, goal_s)])
 
 
 def write_report(d: Diagnosis, out: Path, *, goal_s: float | None = None) -> Path:

@@ -59,7 +59,7 @@ def applied(code: Sequence[str], spec: dict[str, Any], work: Path):
     before = [line for line in code if line.startswith("keras.mixed_precision.set_global_policy")]
     for line in before:  # a policy set before building: for this build only, as a fresh script would
         exec(line, namespace)
-    model = build(spec["source"], keras)
+    model = build(spec["source"], keras, work)
     keras.config.set_dtype_policy("float32")
     x, y = take_over(work, model)
     namespace.update(model=model, x=x, y=y, optimizer=keras.optimizers.Adam(LEARNING_RATE),

@@ -86,7 +86,7 @@ def serve_devices(count: int, source: str, work: Path, loss: str, from_logits: b
     try:
         # Variables made inside the scope are mirrored on every device; the learning rate grows with the batch.
         with strategy.scope():
-            model = build(source, keras)
+            model = build(source, keras, work)
             x, y = take_over(work, model)
             model.compile(optimizer=keras.optimizers.Adam(1e-3 * replicas), loss=per_example)
             optimizer = keras.optimizers.Adam(1e-3 * replicas)

@@ -15,10 +15,21 @@ from tfperf.deploy.loader import Subject
 from tfperf.doctor.options import Options
 
 
-def build(source: str, k) -> Any:
-    """The user's model under the Keras `k`: its file through that Keras' loader, or its module:factory with
-    `import keras` resolving to `k` (so that Keras 2 builds it as Keras 2 would)."""
+def build(source: str, k, work: Path | None = None) -> Any:
+    """The user's model under the Keras `k`: its file through that Keras' loader, a cookbook net built by that
+    Keras at the size of the rows handed over in `work`, or its module:factory with `import keras` resolving to `k`
+    (so that Keras 2 builds it as Keras 2 would)."""
+    from tfperf.catalog import MODEL_NAMES
+
     path = Path(source)
+    if source in MODEL_NAMES and not path.is_file() and not (path / "saved_model.pb").is_file():
+        from tfperf.models import get_net  # as the loader reads the name (a folder of that name does not hide it)
+
+        shape = None
+        if work is not None and (work / "data.npz").is_file():
+            with np.load(work / "data.npz") as data:
+                shape = next(data[n].shape[1:] for n in data.files if n.startswith("x/"))
+        return get_net(source, input_shape=shape, keras_module=k)
     if path.exists():
         return k.models.load_model(str(path), compile=False)
     import importlib

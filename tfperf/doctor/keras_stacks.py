@@ -87,7 +87,7 @@ def serve_stack(stack: str, source: str, work: Path, loss: str, from_logits: boo
 
     try:
         k = keras_module(stack)  # a stack not installed here is said in the same one line
-        model = build(source, k)
+        model = build(source, k, work)
         x, y = take_over(work, model)
     except Exception as exc:  # noqa: BLE001  (a stack that cannot build the model is a finding)
         print(error_reply(exc), flush=True)

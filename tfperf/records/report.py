@@ -321,7 +321,7 @@ def few_runs_note(runs: int) -> str:
 def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: str = "tfperf report",
                  steadier: str = STEADIER, calibration: Noise | None = None) -> Path:
     """Write results_dir/report.md and report.html: the findings table (each recipe's headline), then per
-    recipe its tables, charts, extra figures and conclusion. `steadier`: what to do about unstable rows;
+    recipe its conclusion, tables, charts and extra figures. `steadier`: what to do about unstable rows;
     `calibration`: run-to-run noise for the rerun ranges of a folder that holds one run."""
     from tfperf.records.findings import caution, findings_table, headline_path, read_headline
     from tfperf.records.html import write_html
@@ -348,6 +348,10 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
         sections += [f"## {recipe}", ""]
         if records:  # nothing measured (every step skipped, say): what it concluded still belongs here
             sections += [f"Measured on {environment_summary(records[0]['env'])}.", ""]
+        conclusion = conclusion_path(results_dir, recipe)
+        if conclusion.exists():  # what it concluded first, the tables it rests on after (its headings under ours)
+            text = re.sub(r"^(#{2,5}) ", r"#\1 ", conclusion.read_text().strip(), flags=re.MULTILINE)
+            sections += ["**Conclusion.** " + text, ""]
         tables = group_tables(records)
         others = [group_tables(read_records(d / f.name)) for d in reruns if (d / f.name).exists()]
         for (_, table), rows in tables.items():
@@ -361,10 +365,6 @@ def build_report(results_dir: Path | str, *, order: Sequence[str] = (), title: s
         for extra in sorted(figures.glob(f"{recipe}-*.png")):
             if extra.name not in table_charts:  # a recipe's own figures, such as a timeline
                 sections += [f"![{extra.stem}](figures/{extra.name})", ""]
-        conclusion = conclusion_path(results_dir, recipe)
-        if conclusion.exists():  # its own headings go under the recipe's
-            text = re.sub(r"^(#{2,5}) ", r"#\1 ", conclusion.read_text().strip(), flags=re.MULTILINE)
-            sections += ["**Conclusion.** " + text, ""]
     parts = [f"# {title}", ""]
     if reruns:
         parts += [f"Each recipe ran {len(reruns) + 1} times in fresh processes: the tables show the first run, "

@@ -59,9 +59,17 @@ def stable(windows: Sequence[Window], tolerance: float = STABILITY, count: int =
     return True
 
 
+def measured_windows(windows: Sequence[Window]) -> Sequence[Window]:
+    """The windows a level's percentiles and rate are read from: all of them. The stability rule decides when to
+    stop measuring, not which requests count: reading only the last windows that agreed kept a level's calm
+    stretches and left out its stalls (p99 6.6 ms at 4 clients where wrk and h2load, over 3 s straight, saw 12-30 ms
+    on the same server)."""
+    return windows
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadLevel:
-    """What a server did at one load: its requests' latencies (the stable windows' when stable) and rate."""
+    """What a server did at one load: every measured window's latencies, and its rate."""
 
     label: str  # "concurrency 4", "rate 200/s"
     latencies_s: tuple[float, ...]
@@ -221,7 +229,7 @@ def closed_loop(send: Callable[[int], Any], concurrency: int, *, window_s: float
         if running is not None:
             running.result()
     ok = stable(windows)
-    used = windows[-STABLE_WINDOWS:] if ok else windows
+    used = measured_windows(windows)
     # The clients' CPU over the whole run, scaled to the measured part of it (the warm-up is small).
     total = time.perf_counter() - begin + warmup_s
     measured = sum(w.seconds for w in windows)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf.flags import UserError
-from tfperf.measure.load import STABLE_WINDOWS, LoadLevel, Window, stable
+from tfperf.measure.load import LoadLevel, Window, measured_windows, stable
 
 H2LOAD = "h2load"
 # gRPC methods a closed loop calls, by protocol: the path of the predict call.
@@ -186,7 +186,7 @@ def closed_loop(endpoint: Any, encoded: Any, concurrency: int, *, window_s: floa
         wall = time.perf_counter() - began
         server_used = (server_cpu() - server_began) if server_cpu else 0.0
     ok = stable(windows)
-    used = windows[-STABLE_WINDOWS:] if ok else windows
+    used = measured_windows(windows)
     measured = sum(w.seconds for w in windows)
     # The server's CPU over the runs and the gaps between them (each run starts a process and its connections),
     # scaled to the measured windows, as the clients' CPU is.

@@ -278,7 +278,9 @@ def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command
     varying_outputs(model, np.random.default_rng(0).random((16, 32, 32, 3), dtype=np.float32)).save(
         tmp_path / "mobilenet.keras")
     subject = load_subject(str(tmp_path / "mobilenet.keras"))
-    d = doctor.diagnose(subject, doctor.Options(**{**TINY, "batch_sizes": (1,)}), tmp_path / "work")
+    # Two batch sizes for the retracing rows: each first call traces MobileNetV2 anew (a second each, 15 s of 67).
+    d = doctor.diagnose(subject, doctor.Options(**{**TINY, "batch_sizes": (1,), "trace_batches": (1, 2)}),
+                        tmp_path / "work")
     records = check_structure(d, tmp_path / "out", ["batch 1 latency", "retracing"])
     # FLOPs from TensorFlow's own count of the traced model: its convolutions (depthwise too) by hand, and a
     # few percent of bias adds, normalisation and element-wise arithmetic on top.

@@ -108,16 +108,8 @@ def test_mnist_hvd_two_ranks(tmp_path):
     runs = list(ckpt.iterdir())
     assert len(runs) == 1 and sorted(f.name for f in runs[0].iterdir()) == [
         "checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index"]  # one writer, one checkpoint kept
-
-    # --resume continues the run from its checkpoint on fewer ranks, here one: plain Python, without horovodrun
-    # (hvd.init() alone makes a job of one; the launcher's Gloo probe would import TensorFlow once more).
-    proc = run([sys.executable, recipe("mnist_hvd"), "--quick", "--max-steps", "8", "--epochs", "3", "--warmup", "0",
-                "--out", tmp_path, "--checkpoint-dir", ckpt, "--resume", runs[0]])
-    assert "epoch 3/3" in proc.stdout and "epoch 1/3" not in proc.stdout
-    assert "total on 1 rank(s)" in proc.stdout and "weights identical on all ranks: True" in proc.stdout
-    resumed = read_records(tmp_path / "mnist_hvd.jsonl")[-3:]  # the resumed run's rows, after the first run's
-    assert {r["row"] for r in resumed} == {"rank 0", "total, np=1", "np=1"}
-    assert resumed[-1]["metrics"]["updates"] == 8 and resumed[-1]["metrics"]["global_batch"] == 64
+    # --resume on fewer ranks: test_hosts' lost-host test relaunches this recipe on the host that remains from its
+    # last checkpoint (a TensorFlow start, 10-15 s in the suite, was spent here on the same path).
 
 
 def start_job(tmp_path, script, *args, env=None):

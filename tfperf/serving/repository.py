@@ -19,7 +19,7 @@ from tfperf.serving.batcher import Batcher
 from tfperf.serving.configs import ServingConfig
 from tfperf.serving.runtimes import PLATFORMS
 from tfperf.serving.protocols.tensors import Tensor, dtype_name
-from tfperf.records.units import number
+from tfperf.records import units
 
 AVAILABLE, LOADING, END = "AVAILABLE", "LOADING", "END"
 
@@ -57,8 +57,8 @@ def checked(runner, path: Path, outputs_of: Callable[[dict], dict]) -> list[Tens
             allowed = max(FLOAT_TOLERANCE, 1.01 * float((recorded.get(name) or {}).get("relative", 0.0)))
             if found["relative"] > allowed:
                 raise ModelError(f"{path}: output {name!r} differs from its export's check by "
-                                 f"{number(found['relative'], 3)} "
-                                 f"of its scale (over {number(allowed, 3)})")
+                                 f"{units.number(found['relative'], 3)} "
+                                 f"of its scale (over {units.number(allowed, 3)})")
     return [Tensor(n, dtype_name(np.asarray(a)), (None, *np.asarray(a).shape[1:])) for n, a in sorted(answer.items())]
 
 

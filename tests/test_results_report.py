@@ -313,6 +313,7 @@ def test_a_table_writes_each_metric_in_the_unit_its_name_says_without_exponents(
     # Prose's numbers too: a 1,234 ms step at three digits was `1.23e+03 ms`, a learning rate `1e-05`.
     assert units.number(1234.5, 3) == "1,234" and units.number(87.61, 3) == "87.6"
     assert units.number(1e-5, 6) == "0.00001" and units.number(0.0012345, 3) == "0.00123"
+    assert [units.number(v) for v in (float("nan"), float("inf"), -float("inf"))] == ["nan", "inf", "-inf"]
     table = markdown_table([make_record("demo", "t", "a", {"first_call_s": 0.5991, "mfu": 3.944e-4},
                                         primary="first_call_s", lower_is_better=True, env=ENV)])
     assert table.splitlines()[2] == "| a | 599.1 ms | 0.03944% |"

@@ -155,7 +155,7 @@ def _profile_lines(d: Diagnosis) -> list[str]:
     lines = []
     if d.profiles:
         lines += ["", "## Where the time goes", "",
-                  "From the profile pass: traces of variants measured above, taken after their timed rounds and "
+                  "From the profile pass: traces of variants the tables time, taken after their timed rounds and "
                   "read with XProf (top operations by self time, from its framework_op_stats).", ""]
         for found in d.profiles:
             lines += [found.describe(), ""]

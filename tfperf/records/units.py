@@ -22,6 +22,8 @@ SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 def number(value: float, digits: int = 4) -> str:
     """About `digits` significant digits, thousands separated, large ones with an SI prefix, no `e` notation."""
     size = abs(value)
+    if not math.isfinite(value):
+        return f"{value}"  # nan, inf: as Python writes them (a loss that went to NaN is a finding)
     if value == 0 or 1e-3 <= size < 10 ** digits:
         return f"{value:,.{digits}g}"
     if 10 ** digits <= size < 1e6:

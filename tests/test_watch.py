@@ -405,6 +405,48 @@ def test_a_keras_callback_watches_its_fit_and_gives_everything_back(tmp_path):
     assert broken.record is not None and len(again.record["fits"]) == 1 and probe.RECORDER is None
 
 
+def test_traced_steps_say_how_much_of_a_step_waits_for_input(tmp_path):
+    """--profile-steps (issue 72): a few steps of the first fit traced, and XProf's share of a step waiting for input
+    read: a pipeline that sleeps for each batch is named with the fix; a cached, prefetched one is said not to be;
+    the traced steps stay out of the sample a typical step is read from."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfperf.watch import session
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    x, y = np.zeros((320, 4), "float32"), np.zeros((320, 2), "float32")
+
+    def slow(a, b):
+        time.sleep(0.02)
+        return a, b
+
+    def load(a, b):  # a batch read from somewhere slow, 20 ms each, without prefetch
+        a, b = tf.numpy_function(slow, [a, b], (tf.float32, tf.float32))
+        return tf.ensure_shape(a, [None, 4]), tf.ensure_shape(b, [None, 2])
+
+    waits = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(load)
+    with session(out=tmp_path / "slow", profile_steps=6) as seen:
+        model.fit(waits, epochs=2, verbose=0)
+    traced = seen.record["profile"]
+    assert (traced["steps"], traced["epoch"]) == (6, 1) and traced["input"]["steps"] >= 3, traced
+    (finding,) = [f for f in seen.findings if f.key == "input"]
+    assert traced["input"]["share"] >= 0.5 and "waited for input" in finding.text and "prefetch" in finding.fix
+    epoch2 = seen.record["fits"][0]["epochs_run"][1]
+    assert epoch2["profiled_steps"] == 6 and len(epoch2["step_sample"]) == epoch2["steps"] - 6
+    assert (tmp_path / "slow" / "traces").is_dir() and "(6 under the profiler)" in (tmp_path / "slow" /
+                                                                                     "report.md").read_text()
+    quick = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).cache().prefetch(tf.data.AUTOTUNE)
+    with session(profile_steps=6) as seen:
+        model.fit(quick, epochs=1, verbose=0)  # one epoch: traced after its first 5 steps
+    assert seen.record["profile"]["epoch"] == 0 and not [f for f in seen.findings if f.key == "input"]
+    assert seen.analysis.input_line.startswith("Waiting for input: the steps traced in epoch 1 (XProf read ")
+    assert seen.analysis.input_line.endswith("not input-bound.") and not any(
+        "waiting for input is inside" in n for n in seen.analysis.not_measured)
+
+
 def test_the_loss_is_named_as_the_doctor_takes_it():
     import keras
 

@@ -46,9 +46,9 @@ def fit_locals(callback: keras.callbacks.Callback) -> dict[str, Any]:
 class Watch(keras.callbacks.Callback):
     """Watch the fit() this callback is given to: `findings`, `record` and (with `out`) report.md once it ends."""
 
-    def __init__(self, out: str | Path | None = None):
+    def __init__(self, out: str | Path | None = None, profile_steps: int = 0):
         super().__init__()
-        self.out = out
+        self.out, self.profile_steps = out, profile_steps
         self.seen = sessions.Session()
         self._opened: sessions.Opened | None = None
         self._timed: list[Any] = []
@@ -67,7 +67,8 @@ class Watch(keras.callbacks.Callback):
             earlier._close("the fit raised before it ended")
         from tfperf.watch import probe
 
-        self._opened, self.seen = sessions.begin(), sessions.Session()
+        traces = Path(self.out) / "traces" if self.out is not None else None
+        self._opened, self.seen = sessions.begin(self.profile_steps, traces), sessions.Session()
         _OPEN.append(self)
         hooks = sys.modules["_tfperf_watch_keras"]  # the probe's Keras half, as install() loaded it
         held = fit_locals(self)

@@ -17,12 +17,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tfperf import flags
 from tfperf.flags import UserError
 
 BOOT = str(Path(__file__).resolve().parent / "boot")
 FOLDER_ENV = "TFPERF_WATCH_DIR"  # the probe's (tfperf/watch/probe.py) names for them
 CAPTURE_ENV = "TFPERF_WATCH_CAPTURE"
 APPLY_ENV = "TFPERF_WATCH_APPLY"
+PROFILE_ENV = "TFPERF_WATCH_PROFILE"
 
 
 def add_command(sub) -> None:
@@ -42,6 +44,10 @@ def add_command(sub) -> None:
                    help="the --out folder of an earlier `watch --doctor`: put the doctor's best configuration on "
                         "this run's first fit() and compare it with that run's, epoch for epoch (report in "
                         "DIR/applied)")
+    p.add_argument("--profile-steps", type=flags.positive_int, metavar="N",
+                   help="trace N steps of the first fit() with TensorFlow's profiler (its second epoch, or a "
+                        "one-epoch fit after 5 steps) and read with XProf the share of a step spent waiting for "
+                        "input (those steps run slower; the trace is kept in --out/traces)")
     p.add_argument("program", nargs=argparse.REMAINDER, help="the command line to run, after --")
     p.set_defaults(func=cmd_watch)
 
@@ -208,6 +214,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from tfperf.watch import confirm
     from tfperf.watch.findings import analyse
     from tfperf.watch.report import doctor_lines, markdown, summary
+    from tfperf.watch.traced import read_input
 
     command, out = parsed_command(args)
     env = dict(getattr(args, "environ", None) or os.environ)
@@ -215,7 +222,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if args.apply:
         best, before = confirm.best_configuration(Path(args.apply)), confirm.earlier_run(Path(args.apply))
         env[APPLY_ENV] = confirm.apply_environment(best)
+    if args.profile_steps:
+        env[PROFILE_ENV] = json.dumps({"steps": args.profile_steps, "dir": str((out / "traces").resolve())})
     rc, stopped, wall, processes = watched_run(command, env, out, args.capture or args.doctor)
+    for process in processes:
+        read_input(process)
     analysis, end = analyse(processes, wall), ending(rc, stopped)
     doctor = doctor_section(processes, out, args.doctor and not stopped) if args.capture or args.doctor else None
     sections = doctor_lines(doctor)

@@ -24,6 +24,7 @@ LOOP_BATCHES = 2
 FIT_LOOP = 3  # fit() called this often from one line
 INPUT_SHARE = 0.3  # a generator is named when making batches took this share of the steps' time...
 INPUT_MIN_S = 0.5  # ...and this long
+INPUT_BOUND = 0.20  # traced steps: XProf calls a program HIGHLY input-bound from this share waiting for input
 GROWTH_MIN = 50 * MB  # memory growth named from this much over the run...
 GROWTH_EPOCHS = 3  # ...over at least this many epochs
 DECLINE_EPOCHS = 4  # a decline is judged over this many epochs at least, against the second
@@ -39,6 +40,7 @@ class Finding:
     seconds: float
     text: str
     fix: str
+
 
 
 def seconds(s: float) -> str:
@@ -225,6 +227,28 @@ def input_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
     return found
 
 
+def traced_input(process: Mapping[str, Any], fits: Sequence[Mapping[str, Any]]) -> tuple[list[Finding], str]:
+    """The traced steps' wait for input (--profile-steps): a finding from INPUT_BOUND on, else one sentence."""
+    traced = process.get("profile")
+    if not traced:
+        return [], ""
+    read = traced.get("input")
+    if read is None:
+        return [], f"Waiting for input: not read ({traced.get('input_error') or traced.get('error')})."
+    fit = fits[traced["fit"]] if 0 <= traced.get("fit", -1) < len(fits) else {}
+    steps_s = sum(e["steps_s"] for e in fit.get("epochs_run", []))
+    stage = f"; its slowest stage {read['slowest_stage']}" if read.get("slowest_stage") else ""
+    said = (f"the steps traced in epoch {traced['epoch'] + 1} (XProf read {read['steps']} of {traced['steps']}) "
+            f"waited for input {read['share']:.0%} of their time (the median step, XProf's input-pipeline "
+            f"analysis{stage})")
+    if read["share"] < INPUT_BOUND:
+        return [], f"Waiting for input: {said}: not input-bound."
+    fix = ("dataset.prefetch(tf.data.AUTOTUNE) at the end of the pipeline; map(..., num_parallel_calls="
+           "tf.data.AUTOTUNE); cache() after the costly steps where the data fits; `tfperf doctor MODEL --data "
+           "module:function` races those variants on your pipeline")
+    return [Finding("input", read["share"] * steps_s, said + ": the steps wait on the pipeline", fix)], ""
+
+
 def fit_loop_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
     """fit() called FIT_LOOP times from one line: each call pays its set-up again."""
     by_site: dict[str, list[Mapping[str, Any]]] = {}
@@ -396,6 +420,7 @@ class Analysis:
     not_measured: list[str]
     ranks: int = 0  # processes a launcher gave a rank
     functions_s: float = 0.0  # calls of the program's own tf.functions outside fit (a custom loop), tracing included
+    input_line: str = ""  # the traced steps' wait for input, where it is no finding (or why it was not read)
 
 
 def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
@@ -405,17 +430,19 @@ def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
     split = fit_split(fits)
     calls_s = sum(c["seconds"] for c in main.get("calls", {}).values()) if main else 0.0
     found: list[Finding] = []
+    traced, input_line = traced_input(main, fits) if main else ([], "")
     if main:
         found = (callback_findings(split) + validation_finding(fits, split) + first_epoch_findings(fits)
-                 + input_findings(fits) + fit_loop_findings(fits) + retrace_findings(main.get("traces", []))
+                 + input_findings(fits) + traced + fit_loop_findings(fits) + retrace_findings(main.get("traces", []))
                  + call_findings(main)
                  + epoch_findings(fits))
     not_measured = []
     if main is None:
         not_measured.append("no Python process of this run imported TensorFlow or Keras: only its wall time is known")
-    elif fits and not any(f.get("input") for f in fits):
+    elif fits and not any(f.get("input") for f in fits) and not (main.get("profile") or {}).get("input"):
         not_measured.append("waiting for input is inside each step's time (the train function reads its batch "
-                            "itself): `tfperf doctor MODEL --data module:function` races the pipeline alone")
+                            "itself): `tfperf watch --profile-steps 20` traces steps and reads it with XProf; "
+                            "`tfperf doctor MODEL --data module:function` races the pipeline alone")
     if main is not None and not main.get("complete"):
         not_measured.append("the process ended before its exit handlers ran (a signal or os._exit): what is "
                             "here was recorded up to its last epoch or call")
@@ -424,4 +451,4 @@ def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
     return Analysis(wall_s, main, len(processes), import_seconds(main) if main else 0.0, split, calls_s,
                     sorted(found, key=lambda f: -f.seconds), not_measured,
                     len({p["rank"] for p in processes if p.get("rank") is not None}),
-                    sum(fn["seconds"] for fn in main.get("functions", {}).values()) if main else 0.0)
+                    sum(fn["seconds"] for fn in main.get("functions", {}).values()) if main else 0.0, input_line)

@@ -282,6 +282,7 @@ def _patch_callback_list(module: Any, base: type) -> None:
             epoch = probe.RECORDER.epoch
             if epoch is not None and epoch["first_step_s"] is None:
                 epoch["trace_s_before_step"] = epoch["trace_s"]
+            probe.RECORDER.profile_step_begin()  # starting the profiler is not the step's time
             probe.RECORDER.step_started = (probe._clock(), batch)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -290,6 +291,7 @@ def _patch_callback_list(module: Any, base: type) -> None:
             started, first = probe.RECORDER.step_started
             probe.RECORDER.step_started = None
             probe.RECORDER.step(ended - started, max(1, int(batch) - int(first) + 1))
+            probe.RECORDER.profile_step_end()  # nor is writing its trace
         batch_end(self, batch, logs)
 
     def on_epoch_begin(self, epoch, logs=None):

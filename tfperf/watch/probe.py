@@ -23,6 +23,8 @@ from typing import Any, Callable
 FOLDER_ENV = "TFPERF_WATCH_DIR"
 CAPTURE_ENV = "TFPERF_WATCH_CAPTURE"  # a folder: keep the first fit's model, rows and settings there
 APPLY_ENV = "TFPERF_WATCH_APPLY"  # JSON: the doctor's best configuration, put on the first fit
+PROFILE_ENV = "TFPERF_WATCH_PROFILE"  # JSON {"steps": N, "dir": path}: trace N steps of the first fit
+PROFILE_SKIP = 5  # a one-epoch fit's first steps (its traces) are not the ones profiled
 SAMPLES = 2000  # step durations kept per epoch (for medians and intervals); sums count every step
 CALL_SAMPLES = 500
 MAX_TRACES = 5000  # traces recorded one by one; beyond, counted  # memory readings kept per call site
@@ -106,6 +108,9 @@ class Recorder:
         self.apply = json.loads(os.environ.get(APPLY_ENV) or "{}")
         self.captured = False
         self.capture_target: Any = None
+        self.profile_plan: dict[str, Any] = json.loads(os.environ.get(PROFILE_ENV) or "{}")
+        self.profiling: dict[str, Any] | None = None  # the profiler's run in progress
+        self.profile_mark: Any = None  # the step marker open around the step in progress
 
     # -- the record --------------------------------------------------------------------------------------------
     def write(self, *, final: bool = False) -> None:
@@ -137,6 +142,7 @@ class Recorder:
             self.data["fits"].append(self.fit)
 
     def end_fit(self, started: float) -> None:
+        self.stop_profile()
         with self.lock:
             if self.fit is not None:
                 self.fit["seconds"] = _clock() - started
@@ -150,6 +156,7 @@ class Recorder:
                 self.epoch = _new_epoch(index)
 
     def end_epoch(self, logs: Any = None) -> None:
+        self.stop_profile()  # an epoch shorter than the steps planned: what was traced is enough
         with self.lock:
             epoch, self.epoch = self.epoch, None
             if epoch is None or self.fit is None:
@@ -179,9 +186,65 @@ class Recorder:
             epoch["steps_s"] += seconds
             epoch["steps"] += 1
             epoch["batches"] += batches
-            if len(epoch["step_sample"]) < SAMPLES:
+            # A step under the profiler is slower: counted in the epoch, kept out of the sample that typical
+            # steps and a decline are read from.
+            if len(epoch["step_sample"]) < SAMPLES and self.profiling is None:
                 epoch["step_sample"].append(seconds)
                 epoch.setdefault("step_batches", []).append(batches)
+
+    # -- TensorFlow's profiler over a few steps (--profile-steps): what share of a step waits for input --------
+    def _profile_ready(self) -> bool:
+        """The first fit's second epoch (its first runs the traces), or a one-epoch fit past its first steps."""
+        if not self.profile_plan or self.fit is None or self.epoch is None or "profile" in self.data:
+            return False
+        epochs = self.fit.get("epochs") or 1
+        return bool(self.fit["epochs_run"]) if epochs > 1 else self.epoch["steps"] >= PROFILE_SKIP
+
+    def profile_step_begin(self) -> None:
+        """Before a step: start the profiler when it is time, and mark the step for XProf's step breakdown."""
+        tf = sys.modules.get("tensorflow")
+        if tf is None or self.validating or (self.profiling is None and not self._profile_ready()):
+            return
+        if self.profiling is None:
+            try:
+                tf.profiler.experimental.start(self.profile_plan["dir"])
+            except Exception as exc:  # noqa: BLE001 - another profiler running, say: said, never the run's failure
+                self.data["profile"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                return
+            self.profiling = {"dir": self.profile_plan["dir"], "steps": 0, "epoch": self.epoch["epoch"],
+                              "fit": len(self.data["fits"]) - 1}
+        try:
+            self.profile_mark = tf.profiler.experimental.Trace("train", step_num=self.profiling["steps"], _r=1)
+            self.profile_mark.__enter__()
+        except Exception:  # noqa: BLE001 - an unmarked step: XProf reads the others
+            self.profile_mark = None
+
+    def profile_step_end(self) -> None:
+        """After a step: close its mark; once the planned steps ran, stop the profiler (it writes the trace)."""
+        if self.profiling is None:
+            return
+        if self.profile_mark is not None:
+            try:
+                self.profile_mark.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001
+                pass
+            self.profile_mark = None
+        self.profiling["steps"] += 1
+        if self.epoch is not None:
+            self.epoch["profiled_steps"] = self.epoch.get("profiled_steps", 0) + 1
+        if self.profiling["steps"] >= self.profile_plan["steps"]:
+            self.stop_profile()
+
+    def stop_profile(self) -> None:
+        if self.profiling is None:
+            return
+        started = _clock()
+        try:
+            sys.modules["tensorflow"].profiler.experimental.stop()
+        except Exception as exc:  # noqa: BLE001
+            self.profiling["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        self.profiling["stop_s"] = _clock() - started
+        self.data["profile"], self.profiling = self.profiling, None
 
     def made_batch(self, seconds: float) -> None:
         """A batch the program's own generator made for training (validation's are validation's time)."""

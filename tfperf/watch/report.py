@@ -68,7 +68,8 @@ def _epoch_rows(fits: Sequence[Mapping[str, Any]]) -> list[str]:
             per_s = (examples if examples is not None else batches) / e["steps_s"] if e["steps_s"] > 0 else 0.0
             speed = f"{per_s:,.0f} examples/s" if examples is not None else f"{per_s:,.1f} batches/s"
             rss = megabytes(e["rss"]) if e.get("rss") else "-"
-            rows.append(f"| {n} | {e['epoch'] + 1} | {seconds(e['seconds'])} | {seconds(e['steps_s'])} | "
+            traced = f" ({e['profiled_steps']} under the profiler)" if e.get("profiled_steps") else ""
+            rows.append(f"| {n} | {e['epoch'] + 1}{traced} | {seconds(e['seconds'])} | {seconds(e['steps_s'])} | "
                         f"{batches:,} | {speed} | {seconds(e['validation_s'])} | "
                         f"{seconds(sum(e['callbacks'].values()))} | {e['traces']} | {rss} |")
     return rows
@@ -145,6 +146,8 @@ def markdown(analysis: Analysis, command: Sequence[str] | str, ending: str, sect
     lines = ["# tfperf watch", "", "**" + headline(analysis, command, ending) + "**", ""]
     if analysis.fit.seconds > 0:
         lines += [fit_sentence(analysis.fit), ""]
+    if analysis.input_line:
+        lines += [analysis.input_line, ""]
     advice = advice_lines(analysis)
     if advice:
         lines += ["## What to change first", "", *advice, ""]
@@ -175,6 +178,8 @@ def summary(analysis: Analysis, command: Sequence[str], ending: str, report: str
     lines = ["", "tfperf watch: " + headline(analysis, command, ending)]
     if analysis.fit.seconds > 0:
         lines.append("  " + fit_sentence(analysis.fit))
+    if analysis.input_line:
+        lines.append("  " + analysis.input_line)
     lines += ["  " + line.replace("**", "") for line in advice_lines(analysis)]
     lines += ["  " + line.replace("**", "") for line in sections if line and not line.startswith(("```", "## "))]
     lines.append(f"  report: {report}")

@@ -35,8 +35,9 @@ class Opened:
     started: float
 
 
-def begin() -> Opened:
-    """Start watching this process (the probe installed, Keras and TensorFlow patched). One at a time."""
+def begin(profile_steps: int = 0, traces: str | Path | None = None) -> Opened:
+    """Start watching this process (the probe installed, Keras and TensorFlow patched). One at a time.
+    `profile_steps`: trace that many steps of the first fit into `traces` (default: a scratch folder)."""
     from tfperf.watch import probe
 
     if probe.RECORDER is not None:
@@ -44,6 +45,9 @@ def begin() -> Opened:
     folder = tempfile.mkdtemp(prefix="tfperf-watch-")
     started = time.perf_counter()
     probe.install(folder)
+    if profile_steps and probe.RECORDER is not None:
+        probe.RECORDER.profile_plan = {"steps": int(profile_steps),
+                                       "dir": str(Path(traces or Path(folder) / "traces").resolve())}
     return Opened(folder, started)
 
 
@@ -53,9 +57,11 @@ def end(opened: Opened, seen: Session, out: str | Path | None, name: str, ending
     from tfperf.watch import probe
     from tfperf.watch.findings import analyse
     from tfperf.watch.report import markdown
+    from tfperf.watch.traced import read_input
 
     seen.record = probe.uninstall()
     wall = time.perf_counter() - opened.started
+    read_input(seen.record)  # before the scratch folder goes: the traces may be in it
     shutil.rmtree(opened.folder, ignore_errors=True)
     seen.analysis = analyse([seen.record] if seen.record else [], wall)
     if out is not None:
@@ -70,10 +76,12 @@ def end(opened: Opened, seen: Session, out: str | Path | None, name: str, ending
 
 
 @contextlib.contextmanager
-def session(out: str | Path | None = None, name: str = "with tfperf.watch.session()") -> Iterator[Session]:
+def session(out: str | Path | None = None, name: str = "with tfperf.watch.session()",
+            profile_steps: int = 0) -> Iterator[Session]:
     """Watch the block's Keras and TensorFlow work; at its end put every patch back, and write report.md and
-    watch.json to `out` (when given). One session at a time in a process."""
-    opened, seen = begin(), Session()
+    watch.json to `out` (when given). One session at a time in a process. `profile_steps`: as `tfperf watch
+    --profile-steps` (the trace kept in `out`/traces when `out` is given)."""
+    opened, seen = begin(profile_steps, Path(out) / "traces" if out is not None else None), Session()
     try:
         yield seen
     finally:

@@ -447,6 +447,21 @@ def test_traced_steps_say_how_much_of_a_step_waits_for_input(tmp_path):
         "waiting for input is inside" in n for n in seen.analysis.not_measured)
 
 
+def test_a_capture_of_a_batched_dataset_says_its_batch(tmp_path):
+    """fit(dataset) gives Keras no batch size: the capture reads it from the dataset's first batch (it said None)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfperf.watch.keras_hooks import capture
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((100, 4), "float32"), np.zeros((100, 2), "float32"))).batch(24)
+    said = capture(model, {"x": ds}, None, str(tmp_path))
+    assert said["batch_size"] == 24 and said["sample_rows"] == 100 and said["loss"] == "mse"
+
+
 def test_the_loss_is_named_as_the_doctor_takes_it():
     import keras
 

@@ -116,6 +116,8 @@ def capture(model: Any, arguments: dict, batch_size: int | None, folder: str) ->
     except Exception as exc:  # noqa: BLE001 - said in the report, never the program's failure
         said["model_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     x, y = arguments.get("x"), arguments.get("y")
+    if batch_size is None and hasattr(x, "element_spec"):  # batched by the program: its first batch says how
+        said["batch_size"] = _safe(lambda: int(len(np.asarray(_first_leaf(next(iter(x)))))))
     try:
         if hasattr(x, "element_spec"):
             x, y = _rows(x, CAPTURE_ROWS)[:2]

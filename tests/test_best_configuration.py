@@ -1,6 +1,7 @@
 """The doctor's best configuration (issue 71): the climb on the user's model, one recommendation as code that says
 what it measured and nothing else, and that code block applied as a user applies it, then raced against plain fit."""
 
+import dataclasses
 import json
 import math
 
@@ -39,6 +40,17 @@ def test_the_knobs_are_raced_in_the_cookbooks_order_and_a_config_says_what_it_ch
                           "model.fit(x, y, batch_size=128)"]
     assert code_lines(Config(), False) == ["model.compile(optimizer=optimizer, loss=loss)",
                                            "model.fit(x, y, batch_size=32)"]
+    # At the user's own batch (--train-batch, or what the watch saw): plain fit is that batch, and the batch knob
+    # and the learning rate's rule start from it (the search said "plain fit (batch 32)" for a fit at 64).
+    from tfperf.doctor.search import plain_fit
+
+    theirs = plain_fit(Options(train_batch=64))
+    assert theirs.label == "plain fit (batch 64)" and theirs.learning_rate_scale == 1
+    assert knobs(None, [64, 128, 256], base=64)[-1] == ("batch", (64, 128, 256))
+    bigger = dataclasses.replace(theirs, batch=256, steps_per_execution=16)
+    assert bigger.label == "steps_per_execution=16, batch 256" and bigger.learning_rate_scale == 2
+    assert code_lines(bigger, True)[0].startswith("optimizer.learning_rate = float(optimizer.learning_rate) * 2  "
+                                                  "# sqrt(256/64): fewer, larger steps (linear: x4;")
 
 
 def test_the_answer_recommends_only_what_its_own_race_against_plain_fit_found_faster():
@@ -155,7 +167,8 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
 
     monkeypatch.setattr(search, "race", scripted)
     monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", [64, 128, 256, 512]))
-    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()), options=SimpleNamespace(rounds=6, max_extensions=2),
+    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()),
+                          options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32),
                           progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
     best, at_your_batch, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {})
     spe64, spe64_128 = Config(steps_per_execution=64), Config(steps_per_execution=64, batch=128)
@@ -232,7 +245,8 @@ def test_a_race_that_fails_midway_is_said_and_the_climb_goes_on(monkeypatch):
 
     monkeypatch.setattr(search, "race", scripted)
     monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", []))
-    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()), options=SimpleNamespace(rounds=6, max_extensions=2),
+    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()),
+                          options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32),
                           progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
     skipped: dict = {}
     best, _, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=256), skipped)
@@ -289,7 +303,7 @@ def test_the_faster_of_two_candidates_is_the_one_whose_ratio_to_the_best_is_larg
                 {c.label: compared(ratios[c.batch]) for c in configs[1:]}, {c.label: 1.0 for c in configs})
 
     monkeypatch.setattr(search, "race", scripted)
-    ctx = SimpleNamespace(options=SimpleNamespace(rounds=6, max_extensions=2), progress=lambda step: None,
+    ctx = SimpleNamespace(options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32), progress=lambda step: None,
                           recorder=SimpleNamespace(add=lambda *a, **k: None))
     found, best = search.trial(ctx, SimpleNamespace(examples=1024), Config(), "batch", (32, 256, 512), 1.0, {})
     assert best == Config(batch=512) and [r.kept for r in found] == [False, True]

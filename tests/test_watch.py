@@ -201,8 +201,8 @@ def test_the_doctor_command_from_what_was_kept_or_why_not(tmp_path):
     kept = {"model": "model.keras", "loss": "mean_squared_error", "from_logits": False, "sample": "sample.npz",
             "sample_rows": 2048, "batch_size": 64}
     cmd, why = watch_command.doctor_command(kept, tmp_path / "capture", tmp_path)
-    assert cmd[:9] == ["tfperf", "doctor", str(tmp_path / "capture" / "model.keras"), "--quick", "--train",
-                       "--loss", "mean_squared_error", "--no-threads", "--sample"]
+    assert cmd[:11] == ["tfperf", "doctor", str(tmp_path / "capture" / "model.keras"), "--quick", "--train",
+                        "--loss", "mean_squared_error", "--no-threads", "--train-batch", "64", "--sample"]
     assert "2,048 of your rows and targets" in why
     no_rows = {**kept, "sample": None, "sample_error": "TypeError: fit() was given generator"}
     del no_rows["sample"]
@@ -235,16 +235,16 @@ def test_doctor_from_a_watch_folder_searches_what_it_kept_or_says_what_to_run(tm
     (tmp_path / "capture").mkdir()
     (tmp_path / "capture" / "capture.json").write_text(json.dumps(
         {"model": "model.keras", "loss": "sparse_categorical_crossentropy", "from_logits": True,
-         "sample": "sample.npz", "sample_rows": 256}))
+         "sample": "sample.npz", "sample_rows": 256, "batch_size": 64}))
     args = argparse.Namespace(model=None, from_watch=str(tmp_path), train=False, loss=None, from_logits=False,
-                              sample=None, out=None)
+                              sample=None, out=None, train_batch=None)
     from_watch(args)
-    assert (args.model, args.train, args.loss, args.from_logits) == (
-        str(tmp_path / "capture" / "model.keras"), True, "sparse_categorical_crossentropy", True)
+    assert (args.model, args.train, args.loss, args.from_logits, args.train_batch) == (
+        str(tmp_path / "capture" / "model.keras"), True, "sparse_categorical_crossentropy", True, 64)
     assert args.sample == str(tmp_path / "capture" / "sample.npz") and args.out == str(tmp_path / "doctor")
     # The flags the user gives win over what was kept; the capture folder itself may be given.
     args = argparse.Namespace(model=None, from_watch=str(tmp_path / "capture"), train=False, loss="mse",
-                              from_logits=False, sample="mine.npz", out="elsewhere")
+                              from_logits=False, sample="mine.npz", out="elsewhere", train_batch=None)
     from_watch(args)
     assert (args.loss, args.sample, args.out) == ("mse", "mine.npz", "elsewhere")
     # Each refusal one line, exit 2, before anything loads.

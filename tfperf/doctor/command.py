@@ -113,6 +113,7 @@ def from_watch(args: argparse.Namespace) -> None:
     args.model, args.train = str(kept / captured["model"]), True
     args.loss = args.loss or captured["loss"]
     args.from_logits = args.from_logits or bool(captured.get("from_logits"))
+    args.train_batch = args.train_batch or captured.get("batch_size")
     if not args.sample and captured.get("sample"):
         args.sample = str(kept / captured["sample"])
     args.out = args.out or str(Path(args.from_watch) / "doctor")

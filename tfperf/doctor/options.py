@@ -57,6 +57,7 @@ FROM_FLAGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "shape_axes": ("shape_axes", str), "load_time": ("load_time", bool), "keras_stacks": ("keras_stacks", bool),
     "devices": ("devices", int), "serve": ("serve", bool), "latency_budget_s": ("latency_budget", float),
     "percentile": ("percentile", float), "hosts": ("hosts", int), "link": ("link", str),
+    "train_batch": ("train_batch", int),
 }
 FLAGS_READ = frozenset({"quick", "input_shape", *(dest for dest, _ in FROM_FLAGS.values())})
 
@@ -73,6 +74,7 @@ class Options:
     loss: str | None = None
     from_logits: bool = False
     train_examples: int = 2048
+    train_batch: int = 32  # the user's fit() batch: plain fit's, where the search starts (Keras' default: 32)
     threads: bool = True
     exported: bool = True
     budget_s: float | None = None

@@ -43,12 +43,14 @@ MAX_GROWTH = 8
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """One configuration of compile() and fit(): plain `model.fit(x, y)` is Config()."""
+    """One configuration of compile() and fit(): plain `model.fit(x, y)` at the user's batch is `plain_fit(...)`
+    (Config() at Keras' default batch)."""
 
     jit_compile: bool = False
     steps_per_execution: int = 1
     policy: str | None = None
     batch: int = PLAIN_BATCH
+    base: int = PLAIN_BATCH  # the user's own batch: plain fit's, which a batch change is said against
 
     @property
     def label(self) -> str:
@@ -56,13 +58,13 @@ class Config:
         changes = [*(["jit_compile=True"] if self.jit_compile else []),
                    *([f"steps_per_execution={self.steps_per_execution}"] if self.steps_per_execution > 1 else []),
                    *([self.policy] if self.policy else []),
-                   *([f"batch {self.batch}"] if self.batch != PLAIN_BATCH else [])]
-        return ", ".join(changes) or f"plain fit (batch {PLAIN_BATCH})"
+                   *([f"batch {self.batch}"] if self.batch != self.base else [])]
+        return ", ".join(changes) or f"plain fit (batch {self.base})"
 
     @property
     def learning_rate_scale(self) -> float:
         """The square-root rule: a batch k times larger takes k times fewer steps, each sqrt(k) times larger."""
-        return math.sqrt(self.batch / PLAIN_BATCH)
+        return math.sqrt(self.batch / self.base)
 
     def compile_options(self) -> dict[str, Any]:
         """compile()'s keywords that differ from its defaults."""
@@ -79,14 +81,21 @@ def _ladder(subject: Subject, options: Options) -> tuple[str | None, list[int]]:
     return mixed_policy_here(), batches
 
 
-def knobs(mixed: str | None, batches: Sequence[int], strings: bool = False) -> list[tuple[str, tuple]]:
+def plain_fit(options: Options) -> Config:
+    """Plain `model.fit(x, y)` at the user's batch (--train-batch; Keras' default 32)."""
+    return Config(batch=options.train_batch, base=options.train_batch)
+
+
+def knobs(mixed: str | None, batches: Sequence[int], strings: bool = False,
+          base: int = PLAIN_BATCH) -> list[tuple[str, tuple]]:
     """The knobs in the order they are first raced, each with the values it may take: steps_per_execution,
     jit_compile (not for string inputs: XLA cannot compile string ops), the mixed policy this hardware supports,
-    then the batch (not where --data sets it)."""
+    then the batch upward from the user's `base` (not where --data sets it)."""
     found: list[tuple[str, tuple]] = [("steps_per_execution", (1, 16, 64))]
     found += [] if strings else [("jit_compile", (False, True))]
     found += [("policy", (None, mixed))] if mixed else []
-    return found + ([("batch", (PLAIN_BATCH, *batches))] if batches else [])
+    larger = [b for b in batches if b > base]
+    return found + ([("batch", (base, *larger))] if larger else [])
 
 
 def change(knob: str, value: Any) -> str:
@@ -102,9 +111,10 @@ def code_lines(config: Config, builds_under_policy: bool) -> list[str]:
     """The recommendation as the lines a user changes: the policy (where the model is built or loaded), compile()
     with the user's own optimizer and loss, fit() with the batch, and the learning rate scaled with it."""
     lines = [mixed_code(config.policy, builds_under_policy)] if config.policy else []
-    if config.batch != PLAIN_BATCH:
+    if config.batch != config.base:
         lines.append(f"optimizer.learning_rate = float(optimizer.learning_rate) * {config.learning_rate_scale:.3g}  "
-                     f"# sqrt({config.batch}/{PLAIN_BATCH}): fewer, larger steps (linear: x{config.batch // PLAIN_BATCH}"
+                     f"# sqrt({config.batch}/{config.base}): fewer, larger steps (linear: "
+                     f"x{config.batch / config.base:.3g}"
                      f"; a schedule: scale its initial rate)")
     keywords = "".join(f", {k}={v!r}" for k, v in config.compile_options().items())
     lines.append(f"model.compile(optimizer=optimizer, loss=loss{keywords})")
@@ -137,17 +147,18 @@ class Climbed:
     code: list[str]
     confirmed: dict[str, Any] | None = None  # the fresh process's reply
     losses: dict[str, float] = dataclasses.field(default_factory=dict)  # final loss per headline row
+    plain: Config = dataclasses.field(default_factory=Config)  # plain fit at the user's batch
 
     @property
     def pays(self) -> bool:
         """Whether the best configuration measured faster than plain fit in its own race."""
         from tfperf.measure.stats import FASTER
 
-        return self.best != Config() and self.headline[self.best.label].verdict == FASTER
+        return self.best != self.plain and self.headline[self.best.label].verdict == FASTER
 
     def describe(self) -> str:
         """The answer first: the recommendation, its gain, its code, and the confirmation."""
-        if self.best == Config():
+        if self.best == self.plain:
             tried = ", ".join(r.row for r in self.rungs)
             return f"**Best configuration for training**: plain fit; no change tried on top of it paid ({tried}).\n"
         c = self.headline[self.best.label]
@@ -156,23 +167,23 @@ class Climbed:
                     f"against plain fit in a race of its own it measured {c.describe()}: nothing is recommended "
                     f"(rerun without --quick for more rounds).\n")
         lines = [f"**Best configuration for training**: {self.best.label}: {c.describe()} against plain fit "
-                 f"(batch {PLAIN_BATCH}), every kept rung on top of the ones before it. Apply it as:", "",
+                 f"(batch {self.plain.batch}), every kept rung on top of the ones before it. Apply it as:", "",
                  "```python", *self.code, "```", ""]
         lines.append("Each kept rung's gain on top of those before it: " + "; ".join(
             f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + ".")
-        if self.best.batch != PLAIN_BATCH:
+        if self.best.batch != self.plain.batch:
             lines.append(self._batch_text())
         lines.append(self._confirmation())
         return "\n".join(lines) + "\n"
 
     def _batch_text(self) -> str:
-        loss, plain = self.losses[self.best.label], self.losses[Config().label]
+        loss, plain = self.losses[self.best.label], self.losses[self.plain.label]
         said = (f"Batch {self.best.batch} changes the optimisation: after the same examples its loss was "
                 f"{number(loss, 4)} "
                 f"against plain fit's {number(plain, 4)} (learning rate scaled by the square-root rule).")
-        if self.at_your_batch == Config():
-            return said + f" At your batch of {PLAIN_BATCH}, no other change paid."
-        return said + (f" At your batch of {PLAIN_BATCH}, the best is {self.at_your_batch.label}: "
+        if self.at_your_batch == self.plain:
+            return said + f" At your batch of {self.plain.batch}, no other change paid."
+        return said + (f" At your batch of {self.plain.batch}, the best is {self.at_your_batch.label}: "
                        f"{self.headline[self.at_your_batch.label].describe()} against plain fit.")
 
     def climb_text(self) -> str:
@@ -229,7 +240,7 @@ def sized_rows(subject: Subject, options: Options) -> Rows:
     rows = training_rows(subject, options)
     if rows.batch_given:
         return rows
-    timer, _ = trainer(subject, Config(), rows)
+    timer, _ = trainer(subject, plain_fit(options), rows)
     seconds = timer.take(1)[0]
     growth = 1
     while growth < MAX_GROWTH and seconds * growth < EPOCH_S[options.quick]:
@@ -310,7 +321,7 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
     except Exception as exc:  # a configuration that failed mid-race (memory): said, and the climb goes on without
         skipped[f"{CLIMB}: {knob}{suffix}"] = f"{type(exc).__name__}: {first_line(exc)}"
         return [], best
-    plain_loss = losses[best.label] if best == Config() else plain_loss
+    plain_loss = losses[best.label] if best == plain_fit(ctx.options) else plain_loss
     skipped.update({f"{CLIMB}: {candidates[label][0]}{suffix}": why for label, why in failed.items()})
     found, winner = [], best
     for label, c in comparisons.items():
@@ -359,10 +370,11 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
     nor batch 128). Returns the best, the best at the user's batch (before the batch rose), and the rungs tried;
     `started` keeps the trainers of plain fit and of those two, trained on from race to race."""
     strings = any(i.dtype == "string" for i in ctx.subject.inputs)  # XLA cannot compile string ops
-    ladder = knobs(*_ladder(ctx.subject, ctx.options), strings=strings)
+    ladder = knobs(*_ladder(ctx.subject, ctx.options), strings=strings, base=ctx.options.train_batch)
     if rows.batch_given:
         ladder = [(knob, values) for knob, values in ladder if knob != "batch"]
-    best, at_your_batch, tried, plain_loss = Config(), Config(), [], math.nan
+    plain = plain_fit(ctx.options)
+    best, at_your_batch, tried, plain_loss = plain, plain, [], math.nan
     raced_on: dict[str, Config] = {}  # each knob, and the best it was last raced on
     started = {} if started is None else started
     for turn in range(MAX_PASSES):
@@ -375,8 +387,8 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
             raced_on[knob] = best  # its values were all raced with the other knobs as they are now
             plain_loss = found[0].plain_loss if found else plain_loss
             tried += found
-            at_your_batch = best if best.batch == PLAIN_BATCH else at_your_batch
-            for label in set(started) - {Config().label, best.label, at_your_batch.label}:
+            at_your_batch = best if best.batch == plain.batch else at_your_batch
+            for label in set(started) - {plain.label, best.label, at_your_batch.label}:
                 del started[label]  # a configuration not kept: its model's memory back
         if best == start:
             break
@@ -388,7 +400,8 @@ def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows,
     """The best configuration against plain fit, in a race of its own with more rounds (and, where it raised the
     batch, the best at the user's batch beside it), recorded: (comparisons against plain fit by label, final losses
     by label)."""
-    configs = [Config(), *([at_your_batch] if at_your_batch not in (Config(), best) else []), best]
+    plain = plain_fit(ctx.options)
+    configs = [plain, *([at_your_batch] if at_your_batch not in (plain, best) else []), best]
     ctx.progress("best configuration against plain fit")
     ms, comparisons, losses = race(ctx, configs, rows, rounds=HEADLINE_ROUNDS * ctx.options.rounds, started=started)
     for config in configs:
@@ -414,23 +427,24 @@ def run(ctx: Context) -> Section:
     rows, started = sized_rows(ctx.subject, ctx.options), {}
     skipped = {} if ctx.options.races_one_switch else {"training, one switch at a time": ONE_SWITCH_FOLDED}
     best, at_your_batch, tried = climb(ctx, rows, skipped, started)
-    comparisons, losses = headline(ctx, best, at_your_batch, rows, started) if best != Config() else ({}, {})
+    plain = plain_fit(ctx.options)
+    comparisons, losses = headline(ctx, best, at_your_batch, rows, started) if best != plain else ({}, {})
     started.clear()  # the models' memory back before the confirmation process starts
     found = Climbed(tried, best, at_your_batch, comparisons, code_lines(best, ctx.subject.builds_under_policy),
-                    losses=losses)
+                    losses=losses, plain=plain)
     findings = []
     if found.pays:
         if not rows.batch_given and hasattr(rows.y, "shape"):  # the rows and one output's targets are handed over
-            found.confirmed = confirm(ctx, found.code, code_lines(Config(), ctx.subject.builds_under_policy),
+            found.confirmed = confirm(ctx, found.code, code_lines(plain, ctx.subject.builds_under_policy),
                                       rows.examples, HEADLINE_ROUNDS * ctx.options.rounds)
         else:
             skipped[f"{EXPERIMENT.name}: confirmation"] = ("not run: the fresh process trains on arrays and one "
                                                            "output's targets, not --data or several outputs")
-    if best != Config():
-        findings.append(Finding(HEADLINE, best.label, Config().label, comparisons[best.label], "; ".join(found.code),
+    if best != plain:
+        findings.append(Finding(HEADLINE, best.label, plain.label, comparisons[best.label], "; ".join(found.code),
                                 "every change of the code block together" + (
                                     "; a larger batch changes the optimisation: check the loss, scale the learning "
-                                    "rate" if best.batch != PLAIN_BATCH else "")))
+                                    "rate" if best.batch != plain.batch else "")))
     return Section(EXPERIMENT.name, findings, skipped, found, lead=found.describe(), detail=found.climb_text(),
                    leads=True)
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tfperf import flags
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject, all_layers
 from tfperf.doctor.facts import mfu
@@ -16,7 +17,7 @@ from tfperf.doctor.effect import policy_effect
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.xla import NO_STRINGS, XLA_REFUSED, xla_reason
 from tfperf.doctor.options import MIN_GAIN, DoctorError, Finding, Options
-from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code, synthetic_rows, training_loss
+from tfperf.doctor.targets import loss_check, mixed_code, synthetic_rows, training_loss
 from tfperf.gpus import mixed_policy_here
 
 
@@ -30,13 +31,14 @@ def training_configs(options: Options, examples: int, strings: bool = False,
     `builds_under_policy`: the user's code builds the model, rather than loading it from a file)."""
     data = options.data
     mixed = mixed_policy_here()  # float16 from compute capability 7.0, bfloat16 from 8.0 and on CPUs
-    configs = [(f"plain fit (batch {PLAIN_BATCH})", None, {}, PLAIN_BATCH, "", ""),
-               ("steps_per_execution=16", None, {"steps_per_execution": 16}, PLAIN_BATCH,
+    base = options.train_batch  # the user's own batch (Keras' default unless --train-batch says)
+    configs = [(f"plain fit (batch {base})", None, {}, base, "", ""),
+               ("steps_per_execution=16", None, {"steps_per_execution": 16}, base,
                 "model.compile(..., steps_per_execution=16)",
                 "callbacks and the progress bar see every 16th step"),
-               ("jit_compile=True", None, {"jit_compile": True}, PLAIN_BATCH,
+               ("jit_compile=True", None, {"jit_compile": True}, base,
                 "model.compile(..., jit_compile=True)", "an XLA compile before the first epoch (first call below)"),
-               (mixed, mixed, {}, PLAIN_BATCH, mixed_code(mixed, builds_under_policy),
+               (mixed, mixed, {}, base, mixed_code(mixed, builds_under_policy),
                 "lower-precision activations: check accuracy; keep the last layer float32")][:4 if mixed else 3]
     skipped = {} if mixed else {"training: mixed precision": "these GPUs have no tensor cores (compute capability "
                                                                   "below 7.0): lower precision would gain nothing"}
@@ -46,7 +48,7 @@ def training_configs(options: Options, examples: int, strings: bool = False,
     if data is None:
         configs += [(f"batch {b}", None, {}, b, f"model.fit(x, y, batch_size={b})",
                      "fewer optimizer steps per epoch: retune the learning rate; more activation memory")
-                    for b in sorted(set(options.batch_sizes)) if b > PLAIN_BATCH and b <= examples]
+                    for b in sorted(set(options.batch_sizes)) if b > base and b <= examples]
     else:
         configs[0] = (f"plain fit (batch {data.batch})", *configs[0][1:3], data.batch, "", "")
         skipped["training: batch sizes"] = f"set by {data.source} (batch {data.batch}): batch it otherwise to compare"
@@ -148,7 +150,7 @@ def training(subject: Subject, rec, options: Options, progress, facts: Mapping[s
         flops = facts.get("flops_per_example") if facts else None
         if data is None:  # on the user's pipeline, plain fit was traced by the input pipeline check
             profiler.trace(trainers[0][1], f"training: {plain}", "training", call_s=raced[plain].median_s, calls=1,
-                           steps_per_call=math.ceil(examples / PLAIN_BATCH),
+                           steps_per_call=math.ceil(examples / options.train_batch),
                            flops_per_call=3 * flops * examples if flops else None)
         for row, timer, _, _, _ in trainers[1:]:
             profiler.peak(timer, f"training: {row}", "training")
@@ -225,6 +227,9 @@ EXPERIMENT = Experiment(
     run=run, budgeted=False, applies=lambda subject, options: options.races_one_switch, prepare=prepare,
     flags=(flag("--train", action="store_true", help="also run the training experiments (needs --loss)"),
            flag("--loss", help="Keras loss name for --train, e.g. sparse_categorical_crossentropy"),
-           flag("--from-logits", action="store_true", help="the model outputs logits (for the --loss)")),
+           flag("--from-logits", action="store_true", help="the model outputs logits (for the --loss)"),
+           flag("--train-batch", type=flags.positive_int, metavar="N",
+                help="your fit()'s batch size: plain fit's, which every training row is raced against and the "
+                     "search starts from (default 32, Keras' own)")),
     rules=(lambda args: "--train needs --loss (a Keras loss name such as sparse_categorical_crossentropy)"
            if args.train and not args.loss else None, _loss_without_training))

@@ -122,6 +122,7 @@ def doctor_command(captured: Mapping[str, Any] | None, folder: Path, out: Path) 
     cmd = ["tfperf", "doctor", str(folder / "model.keras"), "--quick", "--train", "--loss", str(captured["loss"]),
            "--no-threads"]  # the question is training's: the thread sweep answers inference's
     cmd += ["--from-logits"] if captured.get("from_logits") else []
+    cmd += ["--train-batch", str(captured["batch_size"])] if captured.get("batch_size") else []
     cmd += ["--sample", str(folder / "sample.npz")] if "sample" in captured else []
     cmd += ["--out", str(out / "doctor")]
     rows = (f"{captured['sample_rows']:,} of your rows and targets" if "sample" in captured else

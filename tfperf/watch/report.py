@@ -120,8 +120,9 @@ def doctor_lines(doctor: Mapping[str, Any] | None) -> list[str]:
     if "said" not in doctor:
         return lines + [f"To search the best configuration (steps_per_execution, XLA, mixed precision, the batch) "
                         f"{doctor['why']}:", "", "```bash", cmd, "```", ""]
+    batch = c.get("batch_size") or 32
     return lines + [f"`{cmd}` searched {doctor['why']} (exit {doctor['exit_code']}); its figures are against plain "
-                    f"fit at batch 32 on those rows; its whole report is in {doctor['command'][-1]}:", "",
+                    f"fit at batch {batch} on those rows; its whole report is in {doctor['command'][-1]}:", "",
                     *training_answer(doctor["said"]), ""]
 
 

@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import re
+import sys
 from typing import Any, Callable
 
 probe: Any = None  # the probe module, set by patch()
@@ -265,6 +266,52 @@ def _time_callbacks(callback_list: Any, base: type) -> None:
                 pass  # a callback with __slots__ or a read-only hook stays untimed
 
 
+# -- TensorFlow's profiler over a few steps (--profile-steps): what share of a step waits for input ------------
+def _profile_ready(rec: Any) -> bool:
+    """The first fit's second epoch (its first runs the traces), or a one-epoch fit past its first steps."""
+    if not rec.profile_plan or rec.fit is None or rec.epoch is None or "profile" in rec.data:
+        return False
+    epochs = rec.fit.get("epochs") or 1
+    return bool(rec.fit["epochs_run"]) if epochs > 1 else rec.epoch["steps"] >= probe.PROFILE_SKIP
+
+
+def _profile_step_begin(rec: Any) -> None:
+    """Before a step: start the profiler when it is time, and mark the step for XProf's step breakdown."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or rec.validating or (rec.profiling is None and not _profile_ready(rec)):
+        return
+    if rec.profiling is None:
+        try:
+            tf.profiler.experimental.start(rec.profile_plan["dir"])
+        except Exception as exc:  # noqa: BLE001 - another profiler running, say: said, never the run's failure
+            rec.data["profile"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            return
+        rec.profiling = {"dir": rec.profile_plan["dir"], "steps": 0, "epoch": rec.epoch["epoch"],
+                         "fit": len(rec.data["fits"]) - 1}
+    try:
+        rec.profile_mark = tf.profiler.experimental.Trace("train", step_num=rec.profiling["steps"], _r=1)
+        rec.profile_mark.__enter__()
+    except Exception:  # noqa: BLE001 - an unmarked step: XProf reads the others
+        rec.profile_mark = None
+
+
+def _profile_step_end(rec: Any) -> None:
+    """After a step: close its mark; once the planned steps ran, stop the profiler (it writes the trace)."""
+    if rec.profiling is None:
+        return
+    if rec.profile_mark is not None:
+        try:
+            rec.profile_mark.__exit__(None, None, None)
+        except Exception:  # noqa: BLE001
+            pass
+        rec.profile_mark = None
+    rec.profiling["steps"] += 1
+    if rec.epoch is not None:
+        rec.epoch["profiled_steps"] = rec.epoch.get("profiled_steps", 0) + 1
+    if rec.profiling["steps"] >= rec.profile_plan["steps"]:
+        rec.stop_profile()
+
+
 def _patch_callback_list(module: Any, base: type) -> None:
     """Steps timed between the batch hooks (the train function's call), epochs between theirs."""
     cls = module.CallbackList
@@ -284,7 +331,7 @@ def _patch_callback_list(module: Any, base: type) -> None:
             epoch = probe.RECORDER.epoch
             if epoch is not None and epoch["first_step_s"] is None:
                 epoch["trace_s_before_step"] = epoch["trace_s"]
-            probe.RECORDER.profile_step_begin()  # starting the profiler is not the step's time
+            _profile_step_begin(probe.RECORDER)  # starting the profiler is not the step's time
             probe.RECORDER.step_started = (probe._clock(), batch)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -293,7 +340,7 @@ def _patch_callback_list(module: Any, base: type) -> None:
             started, first = probe.RECORDER.step_started
             probe.RECORDER.step_started = None
             probe.RECORDER.step(ended - started, max(1, int(batch) - int(first) + 1))
-            probe.RECORDER.profile_step_end()  # nor is writing its trace
+            _profile_step_end(probe.RECORDER)  # nor is writing its trace
         batch_end(self, batch, logs)
 
     def on_epoch_begin(self, epoch, logs=None):

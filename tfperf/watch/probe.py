@@ -192,50 +192,9 @@ class Recorder:
                 epoch["step_sample"].append(seconds)
                 epoch.setdefault("step_batches", []).append(batches)
 
-    # -- TensorFlow's profiler over a few steps (--profile-steps): what share of a step waits for input --------
-    def _profile_ready(self) -> bool:
-        """The first fit's second epoch (its first runs the traces), or a one-epoch fit past its first steps."""
-        if not self.profile_plan or self.fit is None or self.epoch is None or "profile" in self.data:
-            return False
-        epochs = self.fit.get("epochs") or 1
-        return bool(self.fit["epochs_run"]) if epochs > 1 else self.epoch["steps"] >= PROFILE_SKIP
-
-    def profile_step_begin(self) -> None:
-        """Before a step: start the profiler when it is time, and mark the step for XProf's step breakdown."""
-        tf = sys.modules.get("tensorflow")
-        if tf is None or self.validating or (self.profiling is None and not self._profile_ready()):
-            return
-        if self.profiling is None:
-            try:
-                tf.profiler.experimental.start(self.profile_plan["dir"])
-            except Exception as exc:  # noqa: BLE001 - another profiler running, say: said, never the run's failure
-                self.data["profile"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-                return
-            self.profiling = {"dir": self.profile_plan["dir"], "steps": 0, "epoch": self.epoch["epoch"],
-                              "fit": len(self.data["fits"]) - 1}
-        try:
-            self.profile_mark = tf.profiler.experimental.Trace("train", step_num=self.profiling["steps"], _r=1)
-            self.profile_mark.__enter__()
-        except Exception:  # noqa: BLE001 - an unmarked step: XProf reads the others
-            self.profile_mark = None
-
-    def profile_step_end(self) -> None:
-        """After a step: close its mark; once the planned steps ran, stop the profiler (it writes the trace)."""
-        if self.profiling is None:
-            return
-        if self.profile_mark is not None:
-            try:
-                self.profile_mark.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001
-                pass
-            self.profile_mark = None
-        self.profiling["steps"] += 1
-        if self.epoch is not None:
-            self.epoch["profiled_steps"] = self.epoch.get("profiled_steps", 0) + 1
-        if self.profiling["steps"] >= self.profile_plan["steps"]:
-            self.stop_profile()
-
+    # -- TensorFlow's profiler over a few steps (--profile-steps; started and stopped by keras_hooks) ----------
     def stop_profile(self) -> None:
+        """Stop the profiler, which writes the trace, and keep what it traced in the record."""
         if self.profiling is None:
             return
         started = _clock()

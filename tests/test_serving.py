@@ -292,6 +292,16 @@ def test_the_rate_bracket_holds_the_true_limit_and_never_probes_past_capacity():
     probed = []
     met, missed = bracket_rate(lambda r: probed.append(r) or True, 100.0, steps=8, limit=120.0)
     assert [round(r) for r in probed] == [100, 115, 120] and met == 120.0 and missed == math.inf
+    # Validation starts at the highest rate the probes found within; where they found none, a step below the lowest
+    # that missed (it started at 0.8x the closed loop's 1,076/s: 861/s, where 332/s had already missed).
+    from types import SimpleNamespace
+
+    from tfperf.serving.measure import Bench
+
+    bench, swept = SimpleNamespace(budget=None), SimpleNamespace(rate_within=lambda budget: 1076.0)
+    assert Bench.validation_rate(bench, swept, (420.0, 483.0)) == 420.0
+    assert Bench.validation_rate(bench, swept, (0.0, 332.0)) == pytest.approx(0.85 * 332)
+    assert Bench.validation_rate(bench, swept, None) == pytest.approx(0.8 * 1076)
 
 
 def test_loadgen_server_and_offline_on_a_tiny_server():

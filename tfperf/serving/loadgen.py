@@ -31,6 +31,7 @@ from tfperf.serving.batcher import Overloaded
 
 DETAIL = "mlperf_log_detail.txt"  # beside mlperf_log_summary.txt, the same results as JSON lines
 MIN_QUERIES_FOR_P99 = 460  # LoadGen's early stopping needs about this many on-time queries to claim a p99
+VALIDATION_STEP = 0.85  # an INVALID validation (not for want of queries) is tried again this much lower
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +242,6 @@ def validated(offer: Callable[[float, int], LoadGenResult], rate: float, seconds
         if result.too_short:
             queries = 2 * (result.query_count + result.more_queries_needed)
         else:
-            rate *= 0.85
+            rate *= VALIDATION_STEP
             queries = enough(rate)
     return attempts, ""

@@ -445,6 +445,18 @@ def test_traced_steps_say_how_much_of_a_step_waits_for_input(tmp_path):
     assert seen.analysis.input_line.startswith("Waiting for input: the steps traced in epoch 1 (XProf read ")
     assert seen.analysis.input_line.endswith("not input-bound.") and not any(
         "waiting for input is inside" in n for n in seen.analysis.not_measured)
+    # The fix fits what fit() was given: a PyDataset makes its batches in workers, not in a tf.data map.
+    from tfperf.watch.findings import traced_input
+    from tfperf.watch.keras_hooks import _input_kind
+
+    class Rows(keras.utils.PyDataset):
+        def __len__(self):
+            return 1
+
+    assert [_input_kind(v) for v in (quick, Rows(), iter([1]), x)] == ["tf.data", "PyDataset", "generator", "arrays"]
+    record = {"profile": {"fit": 0, "epoch": 1, "steps": 10, "input": {"share": 0.85, "steps": 8}}}
+    (found,), _ = traced_input(record, [{"input_kind": "PyDataset", "epochs_run": [{"steps_s": 2.0}]}])
+    assert "workers=4, use_multiprocessing=True" in found.fix and found.seconds == pytest.approx(1.7)
 
 
 def test_a_capture_of_a_batched_dataset_says_its_batch(tmp_path):

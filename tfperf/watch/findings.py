@@ -243,10 +243,24 @@ def traced_input(process: Mapping[str, Any], fits: Sequence[Mapping[str, Any]]) 
             f"analysis{stage})")
     if read["share"] < INPUT_BOUND:
         return [], f"Waiting for input: {said}: not input-bound."
-    fix = ("dataset.prefetch(tf.data.AUTOTUNE) at the end of the pipeline; map(..., num_parallel_calls="
-           "tf.data.AUTOTUNE); cache() after the costly steps where the data fits; `tfperf doctor MODEL --data "
-           "module:function` races those variants on your pipeline")
+    fix = TRACED_INPUT_FIXES.get(fit.get("input_kind"), TRACED_INPUT_FIXES["tf.data"])
     return [Finding("input", read["share"] * steps_s, said + ": the steps wait on the pipeline", fix)], ""
+
+
+# What makes the input faster, by what fit() was given (keras_hooks._input_kind).
+TRACED_INPUT_FIXES = {
+    "tf.data": ("dataset.prefetch(tf.data.AUTOTUNE) at the end of the pipeline; map(..., num_parallel_calls="
+                "tf.data.AUTOTUNE); cache() after the costly steps where the data fits; `tfperf doctor MODEL --data "
+                "module:function` races those variants on your pipeline"),
+    "PyDataset": ("make batches in parallel: super().__init__(workers=4, use_multiprocessing=True) in your "
+                  "PyDataset (threads for I/O, processes for Python-heavy decoding); or read it into a tf.data "
+                  "pipeline with map(..., num_parallel_calls=tf.data.AUTOTUNE) and prefetch"),
+    "generator": ("a keras.utils.PyDataset with workers=N (use_multiprocessing=True for Python-heavy work), or a "
+                  "tf.data pipeline: from_tensor_slices or TFRecords, map(..., num_parallel_calls=tf.data.AUTOTUNE), "
+                  "prefetch"),
+    "arrays": ("arrays are sliced into batches on the host: tf.data.Dataset.from_tensor_slices(...).batch(N)"
+               ".prefetch(tf.data.AUTOTUNE) lets the slicing overlap the steps"),
+}
 
 
 def fit_loop_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:

@@ -27,11 +27,20 @@ def _fit_summary(model: Any, bound: inspect.BoundArguments) -> dict:
             "validation": a.get("validation_data") is not None or bool(a.get("validation_split")),
             "validation_freq": a.get("validation_freq"), "x": type(x).__name__,
             "rows": len(x) if hasattr(x, "shape") and hasattr(x, "__len__") else None,
-            "validation_split": a.get("validation_split") or 0.0,
+            "validation_split": a.get("validation_split") or 0.0, "input_kind": _input_kind(x),
             "user_callbacks": [type(c).__name__ for c in (callbacks if isinstance(callbacks, list) else [])],
             "steps_per_execution": getattr(model, "steps_per_execution", None),
             "jit_compile": _safe(lambda: bool(model.jit_compile)),
             "dtype_policy": _safe(lambda: model.dtype_policy.name)}
+
+
+def _input_kind(x: Any) -> str:
+    """What fit() was given, for the fix a slow input gets: "tf.data", "PyDataset", "generator" or "arrays"."""
+    if hasattr(x, "element_spec"):
+        return "tf.data"
+    if any(c.__name__ == "PyDataset" for c in type(x).__mro__):
+        return "PyDataset"
+    return "generator" if inspect.isgenerator(x) or hasattr(x, "__next__") else "arrays"
 
 
 def _safe(read: Callable[[], Any]) -> Any:

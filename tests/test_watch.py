@@ -403,6 +403,13 @@ def test_a_keras_callback_watches_its_fit_and_gives_everything_back(tmp_path):
     assert probe.RECORDER is not None and broken.record is None
     model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[again])
     assert broken.record is not None and len(again.record["fits"]) == 1 and probe.RECORDER is None
+    # Under another watch (a session here; `tfperf watch --`'s probe alike) the callback steps aside, the fit runs.
+    from tfperf.watch import session
+
+    inside = tfperf.keras.Watch()
+    with session() as outer:
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[inside])
+    assert inside.record is None and "another tfperf watch" in inside.skipped and len(outer.record["fits"]) == 1
 
 
 def test_traced_steps_say_how_much_of_a_step_waits_for_input(tmp_path):

@@ -43,6 +43,14 @@ def fit_locals(callback: keras.callbacks.Callback) -> dict[str, Any]:
     return {}
 
 
+def recording_already() -> bool:
+    """Whether a watch records this process already: a session, or `tfperf watch --`'s probe (loaded by path)."""
+    from tfperf.watch import probe
+
+    return any(getattr(module, "RECORDER", None) is not None
+               for module in (probe, sys.modules.get("_tfperf_watch_probe")) if module is not None)
+
+
 class Watch(keras.callbacks.Callback):
     """Watch the fit() this callback is given to: `findings`, `record` and (with `out`) report.md once it ends."""
 
@@ -53,6 +61,7 @@ class Watch(keras.callbacks.Callback):
         self._opened: sessions.Opened | None = None
         self._timed: list[Any] = []
         self._fit_started: float | None = None
+        self.skipped = ""  # why this Watch recorded nothing, where it did not
 
     @property
     def findings(self) -> list:
@@ -67,6 +76,9 @@ class Watch(keras.callbacks.Callback):
             earlier._close("the fit raised before it ended")
         from tfperf.watch import probe
 
+        if recording_already():  # `tfperf watch --` or a session records this process: it sees this fit; the
+            self.skipped = "another tfperf watch records this process: its report has this fit"  # fit goes on
+            return
         traces = Path(self.out) / "traces" if self.out is not None else None
         self._opened, self.seen = sessions.begin(self.profile_steps, traces), sessions.Session()
         _OPEN.append(self)

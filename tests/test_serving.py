@@ -166,7 +166,9 @@ def test_closed_loop_counts_latencies_and_failures():
     began = time.perf_counter()
     level = closed_loop(lambda client: time.sleep(0.03 if time.perf_counter() - began < 0.15 else 0.002), 1,
                         window_s=0.1, max_windows=8, warmup_s=0.0)
-    assert level.stable and level.count == sum(len(w.latencies_s) for w in level.windows)
+    # (Stable or not: beside the other worker's load the windows may not settle in eight, and then every window
+    # counted before too; where they settle, the stalled ones were left out.)
+    assert level.count == sum(len(w.latencies_s) for w in level.windows) and len(level.windows) >= 3
     assert max(level.latencies_s) >= 0.03 and level.seconds == pytest.approx(sum(w.seconds for w in level.windows))
     m = level.metrics()
     assert m["p99_ci95_ms"][0] <= m["p99_ms"] and 0 <= m["client_cpu_share"] <= 1

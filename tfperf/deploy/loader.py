@@ -199,6 +199,13 @@ def _resolve_shape(name: str, dtype: str, shape: Sequence[int | None], given: Ma
     return InputSpec(name, dtype, tuple(FREE_SIZE if d is None else d for d in declared), declared)
 
 
+def names_cookbook_net(source: str) -> bool:
+    """Whether `source` is a cookbook net's name: it is unless it names a model on disk. A folder of that name that
+    holds no SavedModel (`tfperf doctor cnn --out cnn`, read again by the doctor's own processes) does not hide it."""
+    path = Path(source)
+    return source in MODEL_NAMES and not path.is_file() and not (path / "saved_model.pb").is_file()
+
+
 def load_subject(source: str, *, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                  trust: bool = False, signature: str | None = None, weights: str | None = None) -> Subject:
     """The model `source` names: a cookbook net (`cnn`, with `weights` from `tfperf train`), a .keras or .h5
@@ -211,9 +218,7 @@ def load_subject(source: str, *, input_shapes: Mapping[str, tuple[int, ...]] | N
                          f"its own weights")
     if signature is not None and not path.is_dir():
         raise ModelError("--signature is for SavedModel folders: a Keras model has one call")
-    # A cookbook net's name is the net unless it names a model on disk: a folder of that name that holds no
-    # SavedModel (`tfperf doctor cnn --out cnn`, read again by the doctor's own processes) does not hide it.
-    if source in MODEL_NAMES and not path.is_file() and not (path / "saved_model.pb").is_file():
+    if names_cookbook_net(source):
         return cookbook_subject(source, weights=weights, input_shape=given.pop("", None) or given.pop(
             COOKBOOK_INPUT, None))
     if path.is_dir():

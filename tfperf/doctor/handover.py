@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tfperf.deploy.loader import Subject
+from tfperf.deploy.loader import Subject, names_cookbook_net
 from tfperf.doctor.options import Options
 
 
@@ -19,11 +19,9 @@ def build(source: str, k, work: Path | None = None) -> Any:
     """The user's model under the Keras `k`: its file through that Keras' loader, a cookbook net built by that
     Keras at the size of the rows handed over in `work`, or its module:factory with `import keras` resolving to `k`
     (so that Keras 2 builds it as Keras 2 would)."""
-    from tfperf.catalog import MODEL_NAMES
-
     path = Path(source)
-    if source in MODEL_NAMES and not path.is_file() and not (path / "saved_model.pb").is_file():
-        from tfperf.models import get_net  # as the loader reads the name (a folder of that name does not hide it)
+    if names_cookbook_net(source):
+        from tfperf.models import get_net
 
         shape = None
         if work is not None and (work / "data.npz").is_file():

@@ -196,6 +196,8 @@ def test_the_console_script_on_a_users_model_in_a_fresh_environment(name, envs, 
     # The optional parts it could not use are listed with the extra that brings them, not silently left out.
     for extra in ("onnx", "litert", "profile", "report"):
         assert f"(tfperf's [{extra}] extra)" in report, extra
+    # The best way to call, its code block run in a fresh process of the installed package (python -m).
+    assert "**Best way to call for latency**" in report and "Not confirmed in a fresh process:" not in report
 
     # With the extras a user adds (on the highest TensorFlow), what was refused runs too: an ONNX export, and the
     # report's charts and HTML; in the same interpreter as the rest (a TensorFlow start saved).

@@ -47,7 +47,7 @@ def test_xla_failure_names_the_layer_and_times_the_rest_compiled(tmp_path):
     rec = Recorder("doctor", {})
     section = inference_section(Context(subject, rec, TINY, tmp_path, tmp_path / "traces", tmp_path,
                                         facts={"matmul_flops_per_s": 1e9}))
-    findings, skipped, failure = section.findings, section.skipped, section.found
+    findings, skipped, failure = section.findings, section.skipped, section.found.failure
     # Every variant tried is in the report: the XLA row with its reason at each batch size.
     for batch in TINY.batch_sizes:
         assert "AsString has no XLA kernel" in skipped[f"{XLA_ROW} at batch {batch}"]

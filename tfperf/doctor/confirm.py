@@ -9,7 +9,7 @@ a loaded model rebuilt under it), and raced against plain fit's lines on the sam
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,17 @@ from tfperf.doctor.experiment import Context, child_command
 from tfperf.doctor.options import MIN_GAIN
 
 LEARNING_RATE = 1e-3  # Adam's default, the doctor's optimizer everywhere
+
+
+def confirmation_text(confirmed: dict[str, Any] | None, against: str, figures: Callable[[dict[str, Any]], str],
+                      claimed: float, where: str = "the code above run in a fresh process") -> str:
+    """The sentence a recommendation's confirmation gives: its figure beside the claim, or why there is none."""
+    if confirmed is None:
+        return "Not confirmed in a fresh process."
+    if "error" in confirmed:
+        return f"Not confirmed in a fresh process: {confirmed['error']}."
+    return (f"Confirmed as applied: {where}, raced there against {against}: {confirmed['describe']} "
+            f"({figures(confirmed)}; claimed here: {claimed:.2f}x).")
 
 
 def confirm(ctx: Context, code: list[str], plain: list[str], examples: int, rounds: int) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Inference: "which way of calling my model is fastest, at batch 1 and in batches, and does XLA help?"
 
 predict(), model(x), tf.function, XLA, LiteRT and ONNX Runtime at each batch size, each checked against the model's
-own outputs; where XLA fails, the layers it cannot compile, and the rest compiled around them.
+own outputs; where XLA fails, the layers it cannot compile, and the rest compiled around them. Each row is raced
+against the call a user serves with (tfperf.doctor.calls.serving_baseline), not predict().
 
 The LiteRT and ONNX Runtime rows time the very files `tfperf export` writes (the same conversion, the
 same check against the model), so that the advice to use one is the export command that makes it.
@@ -18,6 +19,7 @@ from tfperf.deploy.formats import FLOAT_TOLERANCE, NOT_EVIDENCE, agreement, cons
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.calls import RUNTIMES, Call, Table, Tables, serving_baseline
 from tfperf.doctor.facts import mfu
 from tfperf.doctor.experiment import Context, Experiment, Section
 from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
@@ -26,12 +28,10 @@ from tfperf.extras import MissingExtra
 from tfperf.gpus import exact_float32, float32_tolerance, tf32_here
 from tfperf.records.units import number
 
-RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
 XLA_ROW = "tf.function, jit_compile=True"
 # A model that samples in its forward pass (a VAE, dropout called with training=True) answers differently each call:
 # a faster way to call it agrees when it differs from the model by no more than this times the model from itself.
 STOCHASTIC_MARGIN = 1.5
-Call = tuple[Callable[[], Any], bool, str, str]
 
 
 def export_command(subject: Subject, options: Options, fmt: str) -> list[str]:
@@ -39,20 +39,22 @@ def export_command(subject: Subject, options: Options, fmt: str) -> list[str]:
     return ["export", subject.source, "--format", fmt, *model_flags(subject, options)]
 
 
-def exported_runtimes(subject: Subject, options: Options, workdir: Path) -> tuple[dict[str, Callable], dict, dict]:
+def exported_runtimes(subject: Subject, options: Options, workdir: Path
+                      ) -> tuple[dict[str, Callable], dict, dict, dict[str, Path]]:
     """Each runtime with the model exported to it as its `tfperf export` command does (the same conversion
     and check against the model, from the model being timed), loaded with all cores: (calls on inputs by
-    name, what could not be exported and why, the export commands)."""
+    name, what could not be exported and why, the export commands, the export folders)."""
     import shlex
 
     from tfperf.deploy.layout import export_subject, load
 
-    runners, skipped, commands = {}, {}, {}
+    runners, skipped, commands, folders = {}, {}, {}, {}
     for row, fmt in RUNTIMES.items():
         try:
             exported = export_subject(subject, workdir / "exports", name=fmt, format=fmt, sample=options.sample,
                                       seed=options.seed)
             runners[row] = load(exported.path, threads=os.cpu_count())
+            folders[row] = Path(exported.path)
         except MissingExtra as exc:  # not installed here: said, with the extra that brings it
             skipped[row] = str(exc)
             continue
@@ -60,7 +62,7 @@ def exported_runtimes(subject: Subject, options: Options, workdir: Path) -> tupl
             skipped[row] = f"export failed: {type(exc).__name__}: {first_line(exc)}"
             continue
         commands[row] = shlex.join(["tfperf", *export_command(subject, options, fmt)])
-    return runners, skipped, commands
+    return runners, skipped, commands, folders
 
 
 def candidate_calls(subject: Subject, batch: int, flat, tensors, graph, xla, runtimes: Mapping[str, Any],
@@ -182,16 +184,16 @@ def _xla_findings(raced, calls: Mapping[str, Call], batch: int, failure: XlaFail
 
 
 def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
-              facts: Mapping[str, Any], profiler=None) -> tuple[list[Finding], dict, XlaFailure | None]:
-    """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size; where XLA fails, the
-    layers it cannot compile (bisected) and the model with the rest compiled, timed beside them. `profiler` (a
-    ProfilePass) then traces tf.function at the smallest and largest batch, and the peak memory of each
-    TensorFlow row at the largest."""
+              facts: Mapping[str, Any], profiler=None) -> tuple[list[Finding], dict, Tables]:
+    """predict() / model(x) / tf.function / XLA / LiteRT / ONNX Runtime, at each batch size, against the user's
+    call there; where XLA fails, the layers it cannot compile (bisected) and the model with the rest compiled, timed
+    beside them. `profiler` (a ProfilePass) then traces tf.function at the smallest and largest batch, and the peak
+    memory of each TensorFlow row at the largest."""
     import tensorflow as tf
 
     from tfperf.records.jsonl import race_table
 
-    findings, skipped = [], {}
+    findings, skipped, found = [], {}, Tables()
     runtimes, commands = {}, {}
     # TensorFlow's own rows run with TF32 where it is on (Ampere and newer GPUs): they are held to what TF32
     # allows, the exports (float32 on the CPU) to FLOAT_TOLERANCE; the reference is exact float32.
@@ -203,7 +205,8 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
         return max(FLOAT_TOLERANCE if row in runtimes else tensorflow_bar, STOCHASTIC_MARGIN * own[0])
 
     if options.exported:
-        runtimes, failed, commands = exported_runtimes(subject, options, workdir)
+        runtimes, failed, commands, found.exports = exported_runtimes(subject, options, workdir)
+        found.commands = commands
         skipped.update(failed)
     batches = [b for b in options.batch_sizes if subject.fixed_batch in (None, b)]
     if not batches:
@@ -218,6 +221,8 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
         tensors = subject.pack(to_tensors(flat))
         reference, own[0] = reference_answers(subject, flat, batch, skipped)
         calls = candidate_calls(subject, batch, flat, tensors, graph, xla, runtimes, commands)
+        baseline = serving_baseline(subject, batch)
+        calls = {baseline: calls.pop(baseline), **calls}  # race_table judges every row against the first
         if any(i.dtype == "string" for i in subject.inputs):  # refused before compiling: see xla.NO_STRINGS
             del calls[XLA_ROW]
             skipped[f"{XLA_ROW} at batch {batch}"] = XLA_REFUSED + f"the model {NO_STRINGS}"
@@ -233,6 +238,7 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             calls.update(extra)
             diffs.update(more_diffs)
             timers += more_timers
+        baseline = next(iter(calls))  # the user's call, unless it failed here (then said in skipped)
         table = "batch 1 latency" if batch == 1 else f"throughput at batch {batch}"
         raced = race_table(
             rec, table, timers,
@@ -243,7 +249,8 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             primary="ms_per_call" if batch == 1 else "rows_per_s", lower_is_better=batch == 1,
             rounds=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
             min_time_s=options.min_time_s, seed=options.seed, warmup=0)
-        baseline = next(iter(calls))
+        found.tables.append(Table(batch, baseline, dict(calls), {row: diffs[row] <= tolerance(row) for row in calls},
+                                  flat, reference, max(FLOAT_TOLERANCE, STOCHASTIC_MARGIN * own[0]), raced))
         for row, c in raced.comparisons.items():
             _, _, code, cost = calls[row]
             agrees = diffs[row] <= tolerance(row)
@@ -254,7 +261,8 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             _profile(profiler, timers, raced, batch, facts, memory=batch == batches[-1], runtimes=runtimes)
         findings += _xla_findings(raced, calls, batch, failure, agrees=lambda row: diffs[row] <= tolerance(
             "tf.function"))
-    return findings, skipped, failure
+    found.failure = failure
+    return findings, skipped, found
 
 
 def given_precision(subject: Subject, options: Options) -> tuple[list[tuple[str, Any]], dict[str, str]]:
@@ -280,9 +288,10 @@ def batch_steps(subject: Subject, options: Options) -> list[str]:
 def run(ctx: Context) -> Section:
     """The inference experiment as a section of the report."""
     precision, skipped = given_precision(ctx.subject, ctx.options)
-    findings, left_out, failure = inference(ctx.subject, ctx.recorder, ctx.options, ctx.workdir, ctx.progress,
-                                            ctx.facts, ctx.profiler)
-    return Section(EXPERIMENT.name, findings, {**skipped, **left_out}, failure, precision=precision,
+    findings, left_out, found = inference(ctx.subject, ctx.recorder, ctx.options, ctx.workdir, ctx.progress,
+                                          ctx.facts, ctx.profiler)
+    failure = found.failure
+    return Section(EXPERIMENT.name, findings, {**skipped, **left_out}, found, precision=precision,
                    detail=f"\n## When XLA fails\n\n{failure.describe()}\n" if failure is not None else "")
 
 

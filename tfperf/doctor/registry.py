@@ -1,21 +1,23 @@
 """Every experiment the doctor runs, in the order it runs them: the one list the command, the plan, the run and
 the report walk. Adding an experiment is a module with an `EXPERIMENT` (tfperf.doctor.experiment) and a line here.
 
-The order: inference first (what the model costs as it is called); the input pipeline before training (while
-training waits for data, a faster step gains nothing); the best configuration after the one-switch training race; what is asked for by a flag before the budget's last minutes
-go to the pitfalls (retracing); answers asked for by their own flag (serving, hosts) last, never cut by the budget.
+The order: inference first (what the model costs as it is called), then the best way to call it, made of those
+tables; the input pipeline before training (while training waits for data, a faster step gains nothing); the best
+configuration after the one-switch training race; what is asked for by a flag before the budget's last minutes go to
+the pitfalls (retracing); answers asked for by their own flag (serving, hosts) last, never cut by the budget.
 """
 
 from __future__ import annotations
 
 from tfperf.deploy.loader import Subject
-from tfperf.doctor import (custom_step, devices, inference, keras_stacks, lengths, loading, memory, pipeline,
+from tfperf.doctor import (best_call, custom_step, devices, inference, keras_stacks, lengths, loading, memory, pipeline,
                            retracing, scaling, search, serving, shapes, threads, training)
 from tfperf.doctor.experiment import Experiment
 from tfperf.doctor.options import Options
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     inference.EXPERIMENT,
+    best_call.EXPERIMENT,
     lengths.EXPERIMENT,
     threads.EXPERIMENT,
     pipeline.EXPERIMENT,

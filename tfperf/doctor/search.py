@@ -23,7 +23,7 @@ from typing import Any
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.confirm import LEARNING_RATE, confirm
+from tfperf.doctor.confirm import LEARNING_RATE, confirm, confirmation_text
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
 from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code
@@ -201,14 +201,8 @@ class Climbed:
         return "\n".join(lines) + "\n"
 
     def _confirmation(self) -> str:
-        if self.confirmed is None:
-            return "Not confirmed in a fresh process."
-        if "error" in self.confirmed:
-            return f"Not confirmed in a fresh process: {self.confirmed['error']}."
-        return (f"Confirmed as applied: the code above run in a fresh process, raced there against plain fit: "
-                f"{self.confirmed['describe']} ({self.confirmed['plain_samples_per_s']:,.0f} -> "
-                f"{self.confirmed['best_samples_per_s']:,.0f} examples/s; claimed here: "
-                f"{self.headline[self.best.label].ratio:.2f}x).")
+        return confirmation_text(self.confirmed, "plain fit", lambda c: f"{c['plain_samples_per_s']:,.0f} -> "
+                                 f"{c['best_samples_per_s']:,.0f} examples/s", self.headline[self.best.label].ratio)
 
 
 @dataclasses.dataclass
@@ -433,7 +427,9 @@ def run(ctx: Context) -> Section:
     found = Climbed(tried, best, at_your_batch, comparisons, code_lines(best, ctx.subject.builds_under_policy),
                     losses=losses, plain=plain)
     findings = []
-    if found.pays:
+    if found.pays and ctx.options.asked.get("no_confirm"):
+        skipped[f"{EXPERIMENT.name}: confirmation"] = "not run (--no-confirm)"
+    elif found.pays:
         if not rows.batch_given and hasattr(rows.y, "shape"):  # the rows and one output's targets are handed over
             found.confirmed = confirm(ctx, found.code, code_lines(plain, ctx.subject.builds_under_policy),
                                       rows.examples, HEADLINE_ROUNDS * ctx.options.rounds)

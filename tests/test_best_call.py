@@ -1,0 +1,147 @@
+"""Issue 71's inference half: each way of calling the model raced against the user's own call (model(x) one request
+at a time, the traced graph in batches), then the best way for each goal found on top of the tables (threads on an
+export), said as code, and that code run as printed in a fresh process."""
+
+import os
+from types import SimpleNamespace
+
+import keras
+import numpy as np
+import pytest
+
+from tfperf.deploy.loader import load_subject
+from tfperf.doctor import Diagnosis, summary
+from tfperf.doctor.best_call import Called, Step, Way, fastest, goal_tables, thread_counts
+from tfperf.doctor.best_call import run as best_call_section
+from tfperf.doctor.call_confirm import code_lines, signature_code
+from tfperf.doctor.experiment import Context
+from tfperf.doctor.calls import Table
+from tfperf.doctor.inference import run as inference_section
+from tfperf.doctor.options import Options
+from tfperf.measure.stats import FASTER, NO_DIFFERENCE, Comparison
+from tfperf.records.jsonl import Raced, Recorder
+
+FACTS = {"kind": "keras", "inputs": [], "outputs": [], "matmul_flops_per_s": 1e9}
+
+
+def compared(ratio: float, verdict: str = FASTER) -> Comparison:
+    return Comparison("a", "b", ratio, (ratio * 0.9, ratio * 1.1), verdict, paired=True, units=6)
+
+
+def table(batch: int, per_row_s: dict[str, float], agrees: dict[str, bool], baseline: str = "model(x)") -> Table:
+    measurements = {row: SimpleNamespace(median_per_item_s=s) for row, s in per_row_s.items()}
+    return Table(batch, baseline, {}, agrees, {}, {}, 1e-4, Raced(measurements, {}))
+
+
+def test_the_fastest_way_is_chosen_among_those_that_keep_the_answers_and_each_goal_reads_its_own_tables():
+    small = table(1, {"model(x)": 1e-3, "tf.function": 2e-4, "LiteRT interpreter": 1e-5},
+                  {"model(x)": True, "tf.function": True, "LiteRT interpreter": False})
+    larger = table(64, {"tf.function": 1e-5, "ONNX Runtime": 4e-6}, {"tf.function": True, "ONNX Runtime": True},
+                   baseline="tf.function")
+    largest = table(256, {"tf.function": 8e-6, "ONNX Runtime": 5e-6}, {"tf.function": True, "ONNX Runtime": True},
+                    baseline="tf.function")
+    tables = [small, larger, largest]
+    assert goal_tables(tables, "latency") == [small] and goal_tables(tables, "throughput") == [larger, largest]
+    assert goal_tables([small], "throughput") == [] and goal_tables([larger], "latency") == []
+    chosen, row = fastest(goal_tables(tables, "latency"))
+    assert (chosen.batch, row) == (1, "tf.function")  # LiteRT is 20x faster, and its answers differ
+    chosen, row = fastest(goal_tables(tables, "throughput"))
+    assert (chosen.batch, row) == (64, "ONNX Runtime")  # the most rows a second, at whichever batch
+    assert thread_counts(1) == [] and thread_counts(2) == [1] and thread_counts(16) == [1, 2, 4, 8]
+
+
+def test_each_answer_is_said_from_its_own_race_and_only_a_faster_one_comes_with_code():
+    mine, best = Way("model(x)", 1), Way("ONNX Runtime", 1, threads=1)
+    assert best.label == "ONNX Runtime, 1 thread at batch 1" and Way("ONNX Runtime", 8, 4).label.endswith(
+        "4 threads at batch 8")
+    measured = {mine.label: SimpleNamespace(median_s=4.2e-3, items_per_s=238.0),
+                best.label: SimpleNamespace(median_s=5.1e-5, items_per_s=19_600.0)}
+    steps = [Step("ONNX Runtime at batch 1", mine.label, compared(60.0), True),
+             Step(best.label, "ONNX Runtime, 2 threads at batch 1", compared(1.3), True)]
+    code = ["# in a shell: tfperf export m.keras --format onnx", "y = ..."]
+    paid = Called("latency", mine, best, steps, measured, compared(80.0), code,
+                  confirmed={"describe": "78.00x faster (95% CI 70-85x)", "your_ms": 4.0, "best_ms": 0.052,
+                             "ratio": 78.0})
+    text = paid.describe()
+    assert text.startswith("**Best way to call for latency**: ONNX Runtime, 1 thread at batch 1, 0.051 ms a call "
+                           "against 4.2 ms a call for model(x) at batch 1: 80.00x faster")
+    assert "```python\n# in a shell: tfperf export m.keras --format onnx\ny = ...\n```" in text
+    assert "ONNX Runtime, 1 thread at batch 1 on top of ONNX Runtime, 2 threads at batch 1: 1.30x faster" in text
+    assert "Confirmed as applied" in text and "(4 -> 0.052 ms a call; claimed here: 80.00x)" in text
+    paid.confirmed = {"error": "RuntimeError: tfperf export m.keras --format onnx failed"}
+    assert "Not confirmed in a fresh process: RuntimeError" in paid.describe()
+    level = Called("latency", mine, best, steps, measured, compared(1.01, NO_DIFFERENCE), code)
+    assert level.describe().startswith("**Best way to call for latency**: your call, model(x) at batch 1. The search "
+                                       "ended at ONNX Runtime, 1 thread at batch 1") and "```" not in level.describe()
+    throughput = Called("throughput", Way("tf.function", 64), Way("tf.function", 64), [])
+    assert throughput.describe() == ("**Best way to call for throughput**: your call, tf.function at batch 64; nothing "
+                                     "measured was faster with the same answers.\n")
+
+
+def test_the_code_for_a_traced_call_carries_the_models_real_signature_and_runs():
+    import tensorflow as tf
+
+    ids = keras.Input((5,), dtype="int32", name="ids")
+    side = keras.Input((None, 2), name="side")
+    pooled = keras.layers.GlobalAveragePooling1D()(side)
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()([keras.layers.Flatten()(keras.layers.Embedding(9, 2)(ids)),
+                                                             pooled]))
+    model = keras.Model({"ids": ids, "side": side}, out)
+    from tfperf.deploy.loader import keras_subject
+
+    subject = keras_subject(model, "two", factory=None)
+    assert signature_code(subject) == ("{'ids': tf.TensorSpec([None, 5], tf.int32), "
+                                       "'side': tf.TensorSpec([None, None, 2], tf.float32)}")
+    lines = code_lines(subject, "tf.function, jit_compile=True", 8, None, None, "")
+    assert lines[0] == "# requests answered in batches of 8" and lines[-1] == "y = serve(x)"
+    x = {"ids": np.ones((8, 5), "int32"), "side": np.ones((8, 3, 2), "float32")}
+    namespace = {"tf": tf, "model": model, "x": x}
+    for line in lines[1:]:
+        exec(line, namespace)
+    assert namespace["y"].shape == (8, 1)
+    runtime = code_lines(subject, "ONNX Runtime", 1, 2, "tfperf export two --format onnx", "")
+    assert runtime[0] == "# in a shell: tfperf export two --format onnx" and runtime[-1] == (
+        "y = tfperf.deploy.predict(serve, x)")  # a dict of inputs is already by name
+    assert code_lines(subject, "predict()", 32, None, None, "") == [
+        "# requests answered in batches of 32", "y = model.predict(x, batch_size=32, verbose=0)"]
+
+
+@pytest.mark.slow
+def test_on_a_model_file_the_best_way_to_call_is_found_on_top_of_the_tables_and_confirmed_as_printed(tmp_path):
+    keras.utils.set_random_seed(0)
+    keras.Sequential([keras.Input((6,), name="features"), keras.layers.Dense(16, activation="relu"),
+                      keras.layers.Dense(3)], name="small").save(tmp_path / "small.keras")
+    subject = load_subject(str(tmp_path / "small.keras"))
+    options = Options(batch_sizes=(1, 4), rounds=6, min_time_s=0.01, threads=False, max_extensions=0)
+    rec = Recorder("doctor", {})
+    ctx = Context(subject, rec, options, tmp_path / "work", tmp_path / "traces", tmp_path, facts=FACTS)
+    inference = inference_section(ctx)
+    tables = inference.found.tables
+    # The user's own call is each table's yardstick: model(x) one request at a time, the traced graph in batches.
+    assert [(t.batch, t.baseline) for t in tables] == [(1, "model(x)"), (4, "tf.function")]
+    assert [r["row"] for r in rec.table("batch 1 latency")][0] == "model(x)" and "predict()" in [
+        r["row"] for r in rec.table("batch 1 latency")]
+    assert all(f.baseline == ("model(x)" if f.section == "batch 1 latency" else "tf.function")
+               for f in inference.findings if f.section in ("batch 1 latency", "throughput at batch 4"))
+    for t in tables:  # the search is made to take the export (the TensorFlow rows are said to disagree)
+        t.agrees = {row: row in (t.baseline, "ONNX Runtime") for row in t.agrees}
+    section = best_call_section(Context(subject, rec, options, tmp_path / "work", tmp_path / "traces", tmp_path,
+                                       facts=FACTS, sections={"inference": inference}))
+    latency, throughput = section.found
+    assert latency.baseline == Way("model(x)", 1) and throughput.baseline == Way("tf.function", 4)
+    for answer in (latency, throughput):
+        assert answer.best.row == "ONNX Runtime" and answer.steps[0].kept
+        assert answer.steps[0].base == answer.baseline.label
+        if (os.cpu_count() or 1) > 1:  # 1 thread raced on top of all cores, in a table of its own
+            assert answer.steps[1].tried == f"ONNX Runtime, 1 thread at batch {answer.best.batch}"
+            assert rec.table(f"best way to call: threads for ONNX Runtime at batch {answer.best.batch}")
+        assert rec.table(f"best way to call: {answer.goal}")
+        assert answer.code[-1] == "y = tfperf.deploy.predict(serve, {'features': x})"
+        # The code block, run as printed in a fresh process (the export made there), raced against the user's call.
+        assert answer.pays and answer.confirmed is not None and "error" not in answer.confirmed, answer.confirmed
+        assert answer.confirmed["verdict"] == FASTER
+    assert section.leads and [f.section for f in section.findings] == ["best way to call: latency",
+                                                                       "best way to call: throughput"]
+    text = summary(Diagnosis(subject, rec, FACTS, {"inference": inference, "best way to call": section}))
+    assert text.startswith("**Best way to call for latency**: ONNX Runtime") and "Confirmed as applied" in text
+    assert text.index("**Best way to call for throughput**") < text.index("Advice, what this run was asked first")

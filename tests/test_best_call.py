@@ -68,6 +68,10 @@ def test_each_answer_is_said_from_its_own_race_and_only_a_faster_one_comes_with_
     assert "```python\n# in a shell: tfperf export m.keras --format onnx\ny = ...\n```" in text
     assert "ONNX Runtime, 1 thread at batch 1 on top of ONNX Runtime, 2 threads at batch 1: 1.30x faster" in text
     assert "Confirmed as applied" in text and "(4 -> 0.052 ms a call; claimed here: 80.00x)" in text
+    traced = Called("latency", mine, Way("tf.function", 1), [], {**measured, "tf.function at batch 1": measured[
+        best.label]}, compared(9.0), ["serve = tf.function(...)", "y = serve(x)"], confirmed=paid.confirmed)
+    assert "run in a fresh process, raced there against your call" in traced.describe()  # no export to make there
+    assert "(its export made there by its own command)" in text
     paid.confirmed = {"error": "RuntimeError: tfperf export m.keras --format onnx failed"}
     assert "Not confirmed in a fresh process: RuntimeError" in paid.describe()
     level = Called("latency", mine, best, steps, measured, compared(1.01, NO_DIFFERENCE), code)
@@ -94,6 +98,8 @@ def test_the_code_for_a_traced_call_carries_the_models_real_signature_and_runs()
                                        "'side': tf.TensorSpec([None, None, 2], tf.float32)}")
     lines = code_lines(subject, "tf.function, jit_compile=True", 8, None, None, "")
     assert lines[0] == "# requests answered in batches of 8" and lines[-1] == "y = serve(x)"
+    assert lines[2] == ("serve = tf.function(lambda x: model(x, training=False), jit_compile=True, "
+                        "input_signature=signature)")
     x = {"ids": np.ones((8, 5), "int32"), "side": np.ones((8, 3, 2), "float32")}
     namespace = {"tf": tf, "model": model, "x": x}
     for line in lines[1:]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.formats import agreement
-from tfperf.doctor.call_confirm import code_lines, confirm_calls
+from tfperf.doctor.call_confirm import SHELL, code_lines, confirm_calls
 from tfperf.doctor.confirm import confirmation_text
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.calls import RUNTIMES, Table, Tables
@@ -104,9 +104,10 @@ class Called:
                 return f"{number(c['your_ms'], 3)} -> {number(c['best_ms'], 3)} ms a call"
             return f"{c['your_rows_per_s']:,.0f} -> {c['best_rows_per_s']:,.0f} rows/s"
 
+        exported = " (its export made there by its own command)" if any(
+            line.startswith(SHELL) for line in self.code) else ""
         return confirmation_text(self.confirmed, "your call", figures, self.headline.ratio,
-                                 where="the code above run in a fresh process (its export made there by its own "
-                                       "command)")
+                                 where=f"the code above run in a fresh process{exported}")
 
 
 def goal_tables(tables: Sequence[Table], goal: str) -> list[Table]:

@@ -65,8 +65,9 @@ def code_lines(subject: Subject, row: str, batch: int, threads: int | None, comm
                 "  # the folder the export printed",
                 f"y = tfperf.deploy.predict(serve, {by_name_code(subject)})"]
     if row in TRACED:
-        return [*lines, f"serve = tf.function(lambda x: model(x, training=False){TRACED[row]}, "
-                        f"input_signature=[{signature_code(subject)}])", "y = serve(x)"]
+        return [*lines, f"signature = [{signature_code(subject)}]",
+                f"serve = tf.function(lambda x: model(x, training=False){TRACED[row]}, input_signature=signature)",
+                "y = serve(x)"]
     if row == "predict()":
         return [*lines, f"y = model.predict(x, batch_size={batch}, verbose=0)"]
     return [*lines, *(YOUR_CALL.get(row) or table_code.splitlines())]

@@ -151,3 +151,11 @@ def test_on_a_model_file_the_best_way_to_call_is_found_on_top_of_the_tables_and_
     text = summary(Diagnosis(subject, rec, FACTS, {"inference": inference, "best way to call": section}))
     assert text.startswith("**Best way to call for latency**: ONNX Runtime") and "Confirmed as applied" in text
     assert text.index("**Best way to call for throughput**") < text.index("Advice, what this run was asked first")
+    # With --train, the training answer leads and the best way to call follows it.
+    from tfperf.doctor.experiment import Section
+
+    section.leads = False
+    trained = Section("best configuration", lead="**Best configuration for training**: ...\n", leads=True)
+    text = summary(Diagnosis(subject, rec, FACTS, {"inference": inference, "best way to call": section,
+                                                   "best configuration": trained}))
+    assert text.index("**Best configuration for training**") < text.index("**Best way to call for latency**")

@@ -80,6 +80,13 @@ def test_the_answer_recommends_only_what_its_own_race_against_plain_fit_found_fa
     alone = Climbed(kept[1:], Config(batch=256), plain, {Config(batch=256).label: compared(1.5)},
                     code_lines(Config(batch=256), True), losses={Config(batch=256).label: 1.3, plain.label: 1.0})
     assert "At your batch of 32, no other change paid." in alone.describe()
+    # The gain in the user's time (issue 73): an epoch of theirs where known, else every 10,000 examples.
+    assert "every kept rung on top of the ones before it. Apply" in text  # no rates, no seconds said
+    found.rates = {plain.label: 2000.0, big.label: 6000.0}
+    assert ("every kept rung on top of the ones before it: every 10,000 examples in 1.7 s instead of 5 s (at the "
+            "examples a second measured here). Apply it as:") in found.describe()
+    found.epoch = 60_000
+    assert ": an epoch of your 60,000 examples in 10 s instead of 30 s (at the" in found.describe()
     climb = found.climb_text()
     assert "- batch 256, on top of steps_per_execution=64: 1.50x faster" in climb and climb.count("**kept**") == 2
 

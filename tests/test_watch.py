@@ -199,10 +199,11 @@ def test_command_helpers():
 
 def test_the_doctor_command_from_what_was_kept_or_why_not(tmp_path):
     kept = {"model": "model.keras", "loss": "mean_squared_error", "from_logits": False, "sample": "sample.npz",
-            "sample_rows": 2048, "batch_size": 64}
+            "sample_rows": 2048, "batch_size": 64, "epoch_examples": 60_000}
     cmd, why = watch_command.doctor_command(kept, tmp_path / "capture", tmp_path)
-    assert cmd[:11] == ["tfperf", "doctor", str(tmp_path / "capture" / "model.keras"), "--quick", "--train",
-                        "--loss", "mean_squared_error", "--no-threads", "--train-batch", "64", "--sample"]
+    assert cmd[:13] == ["tfperf", "doctor", str(tmp_path / "capture" / "model.keras"), "--quick", "--train",
+                        "--loss", "mean_squared_error", "--no-threads", "--train-batch", "64", "--epoch-examples",
+                        "60000", "--sample"]
     assert "2,048 of your rows and targets" in why
     no_rows = {**kept, "sample": None, "sample_error": "TypeError: fit() was given generator"}
     del no_rows["sample"]
@@ -235,16 +236,17 @@ def test_doctor_from_a_watch_folder_searches_what_it_kept_or_says_what_to_run(tm
     (tmp_path / "capture").mkdir()
     (tmp_path / "capture" / "capture.json").write_text(json.dumps(
         {"model": "model.keras", "loss": "sparse_categorical_crossentropy", "from_logits": True,
-         "sample": "sample.npz", "sample_rows": 256, "batch_size": 64}))
+         "sample": "sample.npz", "sample_rows": 256, "batch_size": 64, "epoch_examples": 6400}))
     args = argparse.Namespace(model=None, from_watch=str(tmp_path), train=False, loss=None, from_logits=False,
-                              sample=None, out=None, train_batch=None)
+                              sample=None, out=None, train_batch=None, epoch_examples=None)
     from_watch(args)
-    assert (args.model, args.train, args.loss, args.from_logits, args.train_batch) == (
-        str(tmp_path / "capture" / "model.keras"), True, "sparse_categorical_crossentropy", True, 64)
+    assert (args.model, args.train, args.loss, args.from_logits, args.train_batch, args.epoch_examples) == (
+        str(tmp_path / "capture" / "model.keras"), True, "sparse_categorical_crossentropy", True, 64, 6400)
     assert args.sample == str(tmp_path / "capture" / "sample.npz") and args.out == str(tmp_path / "doctor")
     # The flags the user gives win over what was kept; the capture folder itself may be given.
     args = argparse.Namespace(model=None, from_watch=str(tmp_path / "capture"), train=False, loss="mse",
-                              from_logits=False, sample="mine.npz", out="elsewhere", train_batch=None)
+                              from_logits=False, sample="mine.npz", out="elsewhere", train_batch=None,
+                              epoch_examples=None)
     from_watch(args)
     assert (args.loss, args.sample, args.out) == ("mse", "mine.npz", "elsewhere")
     # Each refusal one line, exit 2, before anything loads.
@@ -254,7 +256,8 @@ def test_doctor_from_a_watch_folder_searches_what_it_kept_or_says_what_to_run(tm
     for argv, said in [(["doctor", "--from", str(tmp_path / "nothing")], "no capture.json there"),
                        (["doctor", "m.keras", "--from", str(tmp_path)], "give a model or --from"),
                        (["doctor", "--from", str(tmp_path / "unsaved")], "could not be saved as a .keras file"),
-                       (["doctor"], "give the model to diagnose")]:
+                       (["doctor"], "give the model to diagnose"),
+                       (["doctor", "cnn", "--epoch-examples", "600"], "--epoch-examples is for --train")]:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -479,6 +482,22 @@ def test_a_capture_of_a_batched_dataset_says_its_batch(tmp_path):
     ds = tf.data.Dataset.from_tensor_slices((np.zeros((100, 4), "float32"), np.zeros((100, 2), "float32"))).batch(24)
     said = capture(model, {"x": ds}, None, str(tmp_path))
     assert said["batch_size"] == 24 and said["sample_rows"] == 100 and said["loss"] == "mse"
+    # An epoch's examples, for the doctor's gain in seconds an epoch: 5 batches of 24 (the last one counted whole).
+    assert said["epoch_examples"] == 120
+    from tfperf.watch.keras_hooks import epoch_rows
+
+    x = np.zeros((100, 4), "float32")
+    assert epoch_rows({"x": x, "validation_split": 0.2}, 32) == 80 and epoch_rows({"x": {"a": x}}, None) == 100
+    assert epoch_rows({"x": ds, "steps_per_epoch": 3}, 24) == 72 and epoch_rows({"x": ds.repeat()}, 24) is None
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 7
+
+        def __getitem__(self, index):
+            return x[:10], x[:10]
+
+    assert epoch_rows({"x": Batches()}, None) is None  # its len() counts batches, not examples
 
 
 def test_the_loss_is_named_as_the_doctor_takes_it():

@@ -134,7 +134,8 @@ def _model_lines(d: Diagnosis) -> list[str]:
 
 
 def _advice_lines(d: Diagnosis) -> list[str]:
-    lines = [s.lead for s in d.sections.values() if s.lead]
+    # The answers to what the run was asked first (--train's best configuration before the best way to call).
+    lines = [s.lead for s in sorted(d.sections.values(), key=lambda s: not s.leads) if s.lead]
     advice = d.advice
     if advice:
         asked_first = advice[0][0].section in d.leading

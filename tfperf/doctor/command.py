@@ -114,6 +114,7 @@ def from_watch(args: argparse.Namespace) -> None:
     args.loss = args.loss or captured["loss"]
     args.from_logits = args.from_logits or bool(captured.get("from_logits"))
     args.train_batch = args.train_batch or captured.get("batch_size")
+    args.epoch_examples = args.epoch_examples or captured.get("epoch_examples")
     if not args.sample and captured.get("sample"):
         args.sample = str(kept / captured["sample"])
     args.out = args.out or str(Path(args.from_watch) / "doctor")

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tfperf import flags
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.confirm import LEARNING_RATE, confirm, confirmation_text
@@ -32,6 +33,7 @@ from tfperf.records.units import number
 CLIMB = "best configuration: the climb"
 HEADLINE = "best configuration against plain fit"
 BATCHES = (64, 128, 256, 512)  # the batch is raised through these while it pays, up to the examples trained on
+EXAMPLES_SAID = 10_000  # the gain in seconds for this many examples, where the user's epoch is not known
 HEADLINE_ROUNDS = 2  # the headline race takes this many times the rounds: it is the figure the user acts on
 # A plain epoch is made at least this long (rows doubled, up to MAX_GROWTH times the examples asked for): on a
 # small model 512 rows train in 45 ms, and what a larger batch or a lower precision saves per step was lost in
@@ -148,6 +150,8 @@ class Climbed:
     confirmed: dict[str, Any] | None = None  # the fresh process's reply
     losses: dict[str, float] = dataclasses.field(default_factory=dict)  # final loss per headline row
     plain: Config = dataclasses.field(default_factory=Config)  # plain fit at the user's batch
+    rates: dict[str, float] = dataclasses.field(default_factory=dict)  # examples a second per headline row
+    epoch: int | None = None  # the examples in one of the user's epochs (--epoch-examples), where known
 
     @property
     def pays(self) -> bool:
@@ -167,7 +171,8 @@ class Climbed:
                     f"against plain fit in a race of its own it measured {c.describe()}: nothing is recommended "
                     f"(rerun without --quick for more rounds).\n")
         lines = [f"**Best configuration for training**: {self.best.label}: {c.describe()} against plain fit "
-                 f"(batch {self.plain.batch}), every kept rung on top of the ones before it. Apply it as:", "",
+                 f"(batch {self.plain.batch}), every kept rung on top of the ones before it{self._in_seconds()}. "
+                 f"Apply it as:", "",
                  "```python", *self.code, "```", ""]
         lines.append("Each kept rung's gain on top of those before it: " + "; ".join(
             f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + ".")
@@ -175,6 +180,16 @@ class Climbed:
             lines.append(self._batch_text())
         lines.append(self._confirmation())
         return "\n".join(lines) + "\n"
+
+    def _in_seconds(self) -> str:
+        """The gain in the user's time: an epoch of theirs (where known), else every 10,000 examples."""
+        plain, best = self.rates.get(self.plain.label), self.rates.get(self.best.label)
+        if not plain or not best:
+            return ""
+        examples, what = (self.epoch, f"an epoch of your {self.epoch:,} examples") if self.epoch else (
+            EXAMPLES_SAID, f"every {EXAMPLES_SAID:,} examples")
+        return (f": {what} in {number(examples / best, 2)} s instead of {number(examples / plain, 2)} s "
+                f"(at the examples a second measured here)")
 
     def _batch_text(self) -> str:
         loss, plain = self.losses[self.best.label], self.losses[self.plain.label]
@@ -390,10 +405,10 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
 
 
 def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows,
-             started: dict[str, tuple] | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+             started: dict[str, tuple] | None = None) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
     """The best configuration against plain fit, in a race of its own with more rounds (and, where it raised the
     batch, the best at the user's batch beside it), recorded: (comparisons against plain fit by label, final losses
-    by label)."""
+    by label, examples a second by label)."""
     plain = plain_fit(ctx.options)
     configs = [plain, *([at_your_batch] if at_your_batch not in (plain, best) else []), best]
     ctx.progress("best configuration against plain fit")
@@ -407,7 +422,7 @@ def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows,
                                                   "policy": config.policy or "float32"},
                          primary="samples_per_s", lower_is_better=False, measurement=ms[config.label],
                          comparison=comparisons.get(config.label), versus_first=False)
-    return comparisons, losses
+    return comparisons, losses, {label: m.items_per_s for label, m in ms.items()}
 
 
 def run(ctx: Context) -> Section:
@@ -422,10 +437,10 @@ def run(ctx: Context) -> Section:
     skipped = {} if ctx.options.races_one_switch else {"training, one switch at a time": ONE_SWITCH_FOLDED}
     best, at_your_batch, tried = climb(ctx, rows, skipped, started)
     plain = plain_fit(ctx.options)
-    comparisons, losses = headline(ctx, best, at_your_batch, rows, started) if best != plain else ({}, {})
+    comparisons, losses, rates = headline(ctx, best, at_your_batch, rows, started) if best != plain else ({}, {}, {})
     started.clear()  # the models' memory back before the confirmation process starts
     found = Climbed(tried, best, at_your_batch, comparisons, code_lines(best, ctx.subject.builds_under_policy),
-                    losses=losses, plain=plain)
+                    losses=losses, plain=plain, rates=rates, epoch=ctx.options.asked.get("epoch_examples"))
     findings = []
     if found.pays and ctx.options.asked.get("no_confirm"):
         skipped[f"{EXPERIMENT.name}: confirmation"] = "not run (--no-confirm)"
@@ -451,8 +466,13 @@ EXPERIMENT = Experiment(
     # The answer --train asks for is not cut by --budget (as --serve's is not): on MobileNetV2 at --quick the
     # one-switch race alone spent the 150 s, and the search was only listed under "Not measured".
     run=run, applies=lambda subject, options: options.searches, budgeted=False,
-    flags=(flag("--no-search", action="store_true",
+    flags=(flag("--epoch-examples", type=flags.positive_int, metavar="N",
+                help="with --train: the examples in one of your epochs, so that the gain is said in seconds an "
+                     "epoch (tfperf watch --capture passes it; default: seconds for every 10,000 examples)"),
+           flag("--no-search", action="store_true",
                 help="with --train: skip the best-configuration search (at --quick, the one-switch race runs "
                      "instead)"),),
+    rules=(lambda args: "--epoch-examples is for --train (the gain of its best configuration, in seconds an epoch)"
+           if args.epoch_examples and not args.train else None,),
     steps=lambda subject, options: [f"best configuration: {knob}" for knob, _ in knobs(*_ladder(subject, options))]
     + ["best configuration against plain fit", "best configuration, confirmed in a fresh process"])

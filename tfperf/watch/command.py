@@ -123,6 +123,7 @@ def doctor_command(captured: Mapping[str, Any] | None, folder: Path, out: Path) 
            "--no-threads"]  # the question is training's: the thread sweep answers inference's
     cmd += ["--from-logits"] if captured.get("from_logits") else []
     cmd += ["--train-batch", str(captured["batch_size"])] if captured.get("batch_size") else []
+    cmd += ["--epoch-examples", str(captured["epoch_examples"])] if captured.get("epoch_examples") else []
     cmd += ["--sample", str(folder / "sample.npz")] if "sample" in captured else []
     cmd += ["--out", str(out / "doctor")]
     rows = (f"{captured['sample_rows']:,} of your rows and targets" if "sample" in captured else

@@ -108,6 +108,20 @@ def _pack(like: Any, leaves: list) -> Any:
     return build(like)
 
 
+def epoch_rows(arguments: dict, batch_size: int | None) -> int | None:
+    """The examples one epoch of this fit() trains on, where fit() says: steps_per_epoch batches, the training part of
+    its arrays, or a finite dataset's batches (the last one counted whole); None where it cannot be known."""
+    x, steps = arguments.get("x"), arguments.get("steps_per_epoch")
+    if steps and batch_size:
+        return int(steps) * int(batch_size)
+    if hasattr(x, "element_spec"):
+        batches = _safe(lambda: int(x.cardinality()))
+        return batches * batch_size if batches and batches > 0 and batch_size else None
+    leaf = _safe(lambda: _first_leaf(x))
+    rows = _safe(lambda: len(leaf)) if hasattr(leaf, "shape") else None  # arrays: a PyDataset's len counts batches
+    return int(rows * (1 - (arguments.get("validation_split") or 0.0))) if rows else None
+
+
 def capture(model: Any, arguments: dict, batch_size: int | None, folder: str) -> dict:
     """What the doctor needs to search on the user's own fit: the model file, a sample of the rows with their
     targets (sample.npz, as `tfperf doctor --sample` reads it) and the compile settings; what could not be had, said."""
@@ -128,6 +142,7 @@ def capture(model: Any, arguments: dict, batch_size: int | None, folder: str) ->
     x, y = arguments.get("x"), arguments.get("y")
     if batch_size is None and hasattr(x, "element_spec"):  # batched by the program: its first batch says how
         said["batch_size"] = _safe(lambda: int(len(np.asarray(_first_leaf(next(iter(x)))))))
+    said["epoch_examples"] = epoch_rows(arguments, said["batch_size"])
     try:
         if hasattr(x, "element_spec"):
             x, y = _rows(x, CAPTURE_ROWS)[:2]

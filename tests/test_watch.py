@@ -10,9 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 

@@ -165,7 +165,7 @@ def markdown(analysis: Analysis, command: Sequence[str] | str, ending: str, sect
     lines += list(sections)
     if analysis.processes > 1:
         which = (f"rank 0 of {analysis.ranks} ranks" if p.get("rank") == 0 else
-                 f"the one with the most Keras work")
+                 "the one with the most Keras work")
         lines += [f"{analysis.processes} Python processes of this run were watched; this report reads {which} "
                   f"(pid {p.get('pid')}).", ""]
     if analysis.not_measured:

@@ -641,7 +641,7 @@ def test_the_watched_script_runs_as_its_own_and_the_report_names_what_it_did(cap
     # --capture: the first fit's model, 192 training rows (256 less the validation split) and its settings
     assert json.loads((out / "capture" / "capture.json").read_text())["sample_rows"] == 256
     assert ("tfperf doctor report/capture/model.keras --quick --train --loss sparse_categorical_crossentropy "
-            "--no-threads --from-logits --train-batch 32 --sample report/capture/sample.npz "
+            "--no-threads --from-logits --train-batch 32 --epoch-examples 192 --sample report/capture/sample.npz "
             "--out report/doctor") in report
     assert "Your first fit() ran at batch 32, steps_per_execution 1, jit_compile False, float32" in report
 

@@ -11,11 +11,11 @@ import pytest
 
 from tfperf.deploy.loader import load_subject
 from tfperf.doctor import Diagnosis, summary
-from tfperf.doctor.best_call import Called, Step, Way, fastest, goal_tables, thread_counts
+from tfperf.doctor.best_call import Called, Step, Way, fastest, goal_tables, thread_counts, ways
 from tfperf.doctor.best_call import run as best_call_section
 from tfperf.doctor.call_confirm import code_lines, signature_code
 from tfperf.doctor.experiment import Context
-from tfperf.doctor.calls import Table
+from tfperf.doctor.calls import Table, Tables
 from tfperf.doctor.inference import run as inference_section
 from tfperf.doctor.options import Options
 from tfperf.measure.stats import FASTER, NO_DIFFERENCE, Comparison
@@ -33,20 +33,29 @@ def table(batch: int, per_row_s: dict[str, float], agrees: dict[str, bool], base
     return Table(batch, baseline, {}, agrees, {}, {}, 1e-4, Raced(measurements, {}))
 
 
-def test_the_fastest_way_is_chosen_among_those_that_keep_the_answers_and_each_goal_reads_its_own_tables():
+def test_every_way_that_keeps_the_answers_is_a_candidate_and_each_goal_reads_its_own_tables():
     small = table(1, {"model(x)": 1e-3, "tf.function": 2e-4, "LiteRT interpreter": 1e-5},
                   {"model(x)": True, "tf.function": True, "LiteRT interpreter": False})
     larger = table(64, {"tf.function": 1e-5, "ONNX Runtime": 4e-6}, {"tf.function": True, "ONNX Runtime": True},
                    baseline="tf.function")
     largest = table(256, {"tf.function": 8e-6, "ONNX Runtime": 5e-6}, {"tf.function": True, "ONNX Runtime": True},
                     baseline="tf.function")
+    for t in (small, larger, largest):
+        t.calls = {row: (f"{row} at {t.batch}", True, "", "") for row in t.agrees}
     tables = [small, larger, largest]
     assert goal_tables(tables, "latency") == [small] and goal_tables(tables, "throughput") == [larger, largest]
     assert goal_tables([small], "throughput") == [] and goal_tables([larger], "latency") == []
-    chosen, row = fastest(goal_tables(tables, "latency"))
-    assert (chosen.batch, row) == (1, "tf.function")  # LiteRT is 20x faster, and its answers differ
-    chosen, row = fastest(goal_tables(tables, "throughput"))
-    assert (chosen.batch, row) == (64, "ONNX Runtime")  # the most rows a second, at whichever batch
+    # LiteRT is 20x faster at batch 1, and its answers differ: never a candidate. An export that was not written
+    # (no folder) is raced as the table ran it.
+    found = Tables(tables)
+    assert {w.label: call for w, (_, call) in ways(found, [small], {}).items()} == {
+        "model(x) at batch 1": "model(x) at 1", "tf.function at batch 1": "tf.function at 1"}
+    candidates = ways(found, goal_tables(tables, "throughput"), {})
+    assert [w.label for w in candidates] == ["tf.function at batch 64", "ONNX Runtime at batch 64",
+                                             "tf.function at batch 256", "ONNX Runtime at batch 256"]
+    raced = Raced({w.label: SimpleNamespace(median_per_item_s=t.raced[w.row].median_per_item_s)
+                   for w, (t, _) in candidates.items()}, {})
+    assert fastest(raced, list(candidates)) == Way("ONNX Runtime", 64)  # the most rows a second, at either batch
     assert thread_counts(1) == [] and thread_counts(2) == [1] and thread_counts(16) == [1, 2, 4, 8]
 
 
@@ -56,8 +65,8 @@ def test_each_answer_is_said_from_its_own_race_and_only_a_faster_one_comes_with_
         "4 threads at batch 8")
     measured = {mine.label: SimpleNamespace(median_s=4.2e-3, items_per_s=238.0),
                 best.label: SimpleNamespace(median_s=5.1e-5, items_per_s=19_600.0)}
-    steps = [Step("ONNX Runtime at batch 1", mine.label, compared(60.0), True),
-             Step(best.label, "ONNX Runtime, 2 threads at batch 1", compared(1.3), True)]
+    steps = [Step("ONNX Runtime, 2 threads at batch 1", mine.label, compared(60.0), False),
+             Step(best.label, mine.label, compared(78.0), True)]
     code = ["# in a shell: tfperf export m.keras --format onnx", "y = ..."]
     paid = Called("latency", mine, best, steps, measured, compared(80.0), code,
                   confirmed={"describe": "78.00x faster (95% CI 70-85x)", "your_ms": 4.0, "best_ms": 0.052,
@@ -66,7 +75,8 @@ def test_each_answer_is_said_from_its_own_race_and_only_a_faster_one_comes_with_
     assert text.startswith("**Best way to call for latency**: ONNX Runtime, 1 thread at batch 1, 0.051 ms a call "
                            "against 4.2 ms a call for model(x) at batch 1: 80.00x faster")
     assert "```python\n# in a shell: tfperf export m.keras --format onnx\ny = ...\n```" in text
-    assert "ONNX Runtime, 1 thread at batch 1 on top of ONNX Runtime, 2 threads at batch 1: 1.30x faster" in text
+    assert ("Every way that keeps the model's answers, raced together against model(x) at batch 1: **ONNX Runtime, "
+            "1 thread at batch 1** 78.00x faster (95% CI 70.20-85.80x); ONNX Runtime, 2 threads at batch 1 60") in text
     assert "Confirmed as applied" in text and "(4 -> 0.052 ms a call; claimed here: 80.00x)" in text
     traced = Called("latency", mine, Way("tf.function", 1), [], {**measured, "tf.function at batch 1": measured[
         best.label]}, compared(9.0), ["serve = tf.function(...)", "y = serve(x)"], confirmed=paid.confirmed)
@@ -136,11 +146,13 @@ def test_on_a_model_file_the_best_way_to_call_is_found_on_top_of_the_tables_and_
     latency, throughput = section.found
     assert latency.baseline == Way("model(x)", 1) and throughput.baseline == Way("tf.function", 4)
     for answer in (latency, throughput):
-        assert answer.best.row == "ONNX Runtime" and answer.steps[0].kept
-        assert answer.steps[0].base == answer.baseline.label
-        if (os.cpu_count() or 1) > 1:  # 1 thread raced on top of all cores, in a table of its own
-            assert answer.steps[1].tried == f"ONNX Runtime, 1 thread at batch {answer.best.batch}"
-            assert rec.table(f"best way to call: threads for ONNX Runtime at batch {answer.best.batch}")
+        assert answer.best.row == "ONNX Runtime" and [s.base for s in answer.steps] == [answer.baseline.label] * len(
+            answer.steps)
+        raced = {r["row"] for r in rec.table(f"best way to call: {answer.goal}, every way")}
+        batch = answer.best.batch
+        counts = {1, os.cpu_count() or 1}  # all cores and 1 (and each power of two between, where there are more)
+        assert {f"ONNX Runtime, {n} thread{'s' * (n > 1)} at batch {batch}" for n in counts} <= raced
+        assert [s.tried for s in answer.steps if s.kept] == [answer.best.label]
         assert rec.table(f"best way to call: {answer.goal}")
         assert answer.code[-1] == "y = tfperf.deploy.predict(serve, {'features': x})"
         # The code block, run as printed in a fresh process (the export made there), raced against the user's call.

@@ -47,7 +47,7 @@ class Way:
 
 @dataclasses.dataclass
 class Step:
-    """One step of the search: what was tried on top of what, the comparison, and whether it was kept."""
+    """One way the search raced: against what (the user's call), the comparison, and whether it was the fastest."""
 
     tried: str
     base: str
@@ -118,7 +118,7 @@ def goal_tables(tables: Sequence[Table], goal: str) -> list[Table]:
 
 
 def thread_counts(cores: int) -> list[int]:
-    """The thread counts raced on top of an export loaded with all cores: 1 and each power of two below `cores`."""
+    """The thread counts an export is raced at besides all cores: 1 and each power of two below `cores`."""
     return [n for n in (1, *(2 ** k for k in range(1, cores.bit_length()))) if n < cores]
 
 
@@ -183,7 +183,8 @@ def fastest(raced, candidates: Sequence[Way]) -> Way:
 
 
 def search(ctx: Context, found: Tables, goal: str, skipped: dict[str, str]) -> Called | None:
-    """One goal's search: the fastest agreeing row, threads on top, then raced against the user's call."""
+    """One goal's search: every way that keeps the answers raced together, the fastest then against the user's
+    call in a race of its own, and its code."""
     tables = goal_tables(found.tables, goal)
     if not tables:
         swept = "batch 1 was not swept" if goal == "latency" else "no batch above 1 was swept"

@@ -115,6 +115,8 @@ def test_the_code_for_a_traced_call_carries_the_models_real_signature_and_runs()
     for line in lines[1:]:
         exec(line, namespace)
     assert namespace["y"].shape == (8, 1)
+    odd = keras_subject(model, "it's", factory=None)  # a name a quote would end is made safe before it is written
+    assert "tfperf.deploy.load('saved_models/it-s/1', threads=2)" in code_lines(odd, "ONNX Runtime", 1, 2, "x", "")[2]
     runtime = code_lines(subject, "ONNX Runtime", 1, 2, "tfperf export two --format onnx", "")
     assert runtime[0] == "# in a shell: tfperf export two --format onnx" and runtime[-1] == (
         "y = tfperf.deploy.predict(serve, x)")  # a dict of inputs is already by name

@@ -95,7 +95,7 @@ class Called:
                  "```python", *self.code, "```", "",
                  f"Every way that keeps the model's answers, raced together against {self.baseline.label}: "
                  + "; ".join(f"{'**' * s.kept}{s.tried}{'**' * s.kept} {s.comparison.describe()}"
-                             for s in sorted(self.steps, key=lambda s: -s.comparison.ratio)) + ".",
+                             for s in sorted(self.steps, key=lambda s: -s.comparison.ratio)) + ".", "",
                  self._confirmation()]
         return "\n".join(lines) + "\n"
 

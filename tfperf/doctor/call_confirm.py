@@ -61,7 +61,7 @@ def code_lines(subject: Subject, row: str, batch: int, threads: int | None, comm
     lines = [f"# requests answered in batches of {batch}"] if batch > 1 else []
     if row in RUNTIME_ROWS:
         return [*lines, SHELL + command, "import tfperf.deploy",
-                f"serve = tfperf.deploy.load('saved_models/{subject.name}/1', threads={threads or os.cpu_count()})"
+                f"serve = tfperf.deploy.load({f'saved_models/{subject.name}/1'!r}, threads={threads or os.cpu_count()})"
                 "  # the folder the export printed",
                 f"y = tfperf.deploy.predict(serve, {by_name_code(subject)})"]
     if row in TRACED:

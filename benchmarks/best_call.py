@@ -141,8 +141,7 @@ def main() -> int:
                       f"the exhaustive best of {got['ways']} ways ({got['best']}) {best}")
                 same = " (the same way, raced as two arms)" if got["same"] else ""
                 print(f"  the doctor's block against the best{same}: {gap} (it reached {got['reached']:.2f} of its "
-                      f"speed); "
-                      f"the claim {ratio(claims[goal]):.2f}x", flush=True)
+                      f"speed); the claim {ratio(claims[goal]):.2f}x", flush=True)
     return 0
 
 

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from best_configuration import MODELS, ratio, run_json  # noqa: E402
+from best_configuration import ratio, run_json, saved_models  # noqa: E402
 
 ROUNDS = 10
 RACE_S = 3.0  # each arm's time in the final race, over its rounds: a 2 ms call read 0.78-2.82x against itself at 0.5 s
@@ -125,11 +125,7 @@ def main() -> int:
             print(json.dumps(measure(args.path, json.loads(args.blocks), Path(work))))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "user_models.py").write_text(MODELS)
-        for name in args.models:
-            path = Path(tmp) / f"{name}.keras"
-            subprocess.run([sys.executable, "-c", f"import user_models; user_models.{name}().save({str(path)!r})"],
-                           cwd=tmp, check=True, capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        for name, path in saved_models(Path(tmp), args.models):
             blocks, claims = doctor_blocks(path, Path(tmp) / f"doctor-{name}")
             found = run_json([__file__, "--role", "measure", "--path", str(path), "--blocks", json.dumps(blocks)])
             for goal, got in found.items():

@@ -63,6 +63,17 @@ def transformer(length=32, vocab=1000, dim=64, heads=4, blocks=2):
 '''
 
 
+def saved_models(folder: Path, names: list[str]):
+    """MODELS written to `folder` as a user's module, each model built and saved by it in a fresh process, as a user's
+    script saves one: (name, path of its .keras file), one at a time."""
+    (folder / "user_models.py").write_text(MODELS)
+    for name in names:
+        path = folder / f"{name}.keras"
+        subprocess.run([sys.executable, "-c", f"import user_models; user_models.{name}().save({str(path)!r})"],
+                       cwd=folder, check=True, capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        yield name, path
+
+
 def run_json(argv: list[str]) -> dict:
     """A fresh process of this script (or tfperf) whose last line of output is JSON."""
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
@@ -194,11 +205,7 @@ def main() -> int:
         print(json.dumps(race(args.path, args.rows, json.loads(args.arms))))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "user_models.py").write_text(MODELS)
-        for name in args.models:
-            path = Path(tmp) / f"{name}.keras"
-            subprocess.run([sys.executable, "-c", f"import user_models; user_models.{name}().save({str(path)!r})"],
-                           cwd=tmp, check=True, capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        for name, path in saved_models(Path(tmp), args.models):
             lines, claim, confirmed = doctor_block(path, Path(tmp) / f"doctor-{name}")
             me = [__file__, "--path", str(path), "--rows", str(args.rows)]
             screened = run_json([*me, "--role", "screen"])

@@ -10,8 +10,8 @@ the pitfalls (retracing); answers asked for by their own flag (serving, hosts) l
 from __future__ import annotations
 
 from tfperf.deploy.loader import Subject
-from tfperf.doctor import (best_call, custom_step, devices, inference, keras_stacks, lengths, loading, memory, pipeline,
-                           retracing, scaling, search, serving, shapes, threads, training)
+from tfperf.doctor import (best_call, custom_step, devices, inference, keras_stacks, lengths, loading, memory,
+                           pipeline, retracing, scaling, search, serving, shapes, threads, training)
 from tfperf.doctor.experiment import Experiment
 from tfperf.doctor.options import Options
 

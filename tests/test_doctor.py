@@ -783,11 +783,10 @@ def test_a_timer_server_reports_the_cores_its_process_kept_busy():
 
 def test_the_timing_and_the_profiler_are_said_to_agree_only_when_both_decided_the_same():
     """Issue 73: "The two agree" was printed where the timing said undecided (59% waiting, 95% CI 4-74%)."""
-    from types import SimpleNamespace
-
     from tfperf.doctor.pipeline import PIPELINE_ALONE, STEP_ALONE, YOURS, InputCheck
+    from tfperf.measure.profiles import InputAnalysis
 
-    bound = SimpleNamespace(input_share=0.6, input_bound=True, conclusion="HIGHLY input-bound", slowest_stage=None)
+    bound = InputAnalysis(10.0, 6.0, 4.0, 0.0, "HIGHLY input-bound", None, 4, (0.6, 0.6, 0.6, 0.6))
     ms = {YOURS: 10.0, STEP_ALONE: 4.0, PIPELINE_ALONE: 9.0}
     said = {interval: InputCheck("p:data", 0.59, interval, ms, bound).describe()
             for interval in [(0.5, 0.7), (0.04, 0.74), (0.01, 0.05)]}
@@ -795,6 +794,23 @@ def test_the_timing_and_the_profiler_are_said_to_agree_only_when_both_decided_th
     assert "**undecided**" in said[(0.04, 0.74)] and "The timing cannot say" in said[(0.04, 0.74)]
     assert "agree" not in said[(0.04, 0.74)]
     assert "**not input-bound**" in said[(0.01, 0.05)] and "The two disagree" in said[(0.01, 0.05)]
+
+
+def test_the_profilers_verdict_is_the_median_steps_and_an_epochs_first_step_is_said_apart():
+    """CI: a cached, prefetched pipeline read input-bound where its first step (0.7 waiting, the pipeline starting)
+    moved XProf's average over four steps; the three after it waited 3%."""
+    from tfperf.doctor.pipeline import PIPELINE_ALONE, STEP_ALONE, YOURS, InputCheck
+    from tfperf.measure.profiles import InputAnalysis
+
+    started = InputAnalysis(28.5, 15.3, 13.2, 0.0, "Your program is HIGHLY input-bound", None, 4,
+                            (0.7, 0.03, 0.03, 0.027), (6.5, 2.4, 2.5, 2.5))
+    assert started.input_share > 0.5 and started.median_input_share < 0.05 and not started.input_bound
+    said = InputCheck("p:fast", 0.35, (0.08, 0.7), {YOURS: 4.0, STEP_ALONE: 2.6, PIPELINE_ALONE: 0.5},
+                      started).describe()
+    assert "the median step 3% waiting for input (not input-bound, 54% averaged over its 4 steps" in said
+    waiting = InputAnalysis(25.0, 20.0, 5.0, 0.0, "HIGHLY", None, 4, (0.8, 0.8, 0.8, 0.8))
+    assert waiting.input_bound and "averaged" not in InputCheck("p:slow", 0.8, (0.7, 0.9), {
+        YOURS: 25.0, STEP_ALONE: 5.0, PIPELINE_ALONE: 20.0}, waiting).describe()
 
 
 def test_a_row_that_disagrees_without_a_note_says_so_and_no_sentence_dangles():

@@ -160,8 +160,11 @@ class InputCheck:
                  f"**{self.timing_verdict}** (from {INPUT_BOUND_SHARE:.0%}, XProf's bar)."]
         if self.profiler is not None:
             a = self.profiler
-            lines.append(f"The profiler: {a.input_share:.0%} of a step waiting for input "
-                         f"({'input-bound' if a.input_bound else 'not input-bound'}); XProf says: \"{a.conclusion}\""
+            average = (f", {a.input_share:.0%} averaged over its {a.steps} steps (the first waits while the "
+                       f"pipeline starts)" if (a.input_share >= INPUT_BOUND_SHARE) != a.input_bound else "")
+            lines.append(f"The profiler: the median step {a.median_input_share:.0%} waiting for input "
+                         f"({'input-bound' if a.input_bound else 'not input-bound'}{average}); "
+                         f"XProf says: \"{a.conclusion}\""
                          + (f" Slowest stage: {a.slowest_stage}." if a.slowest_stage else ""))
             if self.timing_verdict == "undecided":  # nothing to agree with: said as such, not as agreement
                 lines.append(f"The timing cannot say (its interval straddles {INPUT_BOUND_SHARE:.0%}); the "

@@ -162,11 +162,11 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
         batch = {32: 1.0, 64: 1.3}.get(c.batch, 1.4)
         return 100 * {1: 1.0, 16: 1.5, 64: 1.6}[c.steps_per_execution] * (1.1 if c.jit_compile else 1) * mixed * batch
 
-    raced = []
+    raced, how = [], []
 
     def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None):
         raced.append(configs)
-        assert extensions == 1 and started is not None  # the climb's races: one extension, trainers kept
+        how.append((rounds, extensions, started is not None))
         ms = {c.label: SimpleNamespace(items_per_s=speed(c)) for c in configs}
         comparisons = {c.label: compared(r := speed(c) / speed(configs[0]), FASTER if r > 1.05 else NO_DIFFERENCE)
                        for c in configs[1:]}
@@ -182,7 +182,13 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
     mixed = Config(steps_per_execution=64, policy="mixed_bfloat16", batch=128)
     assert [configs[0] for configs in raced] == [Config(), spe64, spe64, spe64,  # pass 1: each knob in turn
                                                  spe64_128, spe64_128, mixed,  # pass 2: mixed pays now
-                                                 mixed]  # pass 3: XLA on mixed; nothing changes, the climb stops
+                                                 mixed,  # pass 3: XLA on mixed; nothing changes
+                                                 mixed]  # XLA in place of mixed precision: slower, the climb stops
+    assert [c.label for c in raced[-1][1:]] == [f"jit_compile=True, steps_per_execution=64, batch {b}"
+                                                for b in (128, 256, 512)]  # at the best's batch and each larger
+    # The climb's races: six rounds, one extension, trainers kept; the exchange, the headline's rounds and the
+    # options' extensions (what it gains is smaller than what the knob it gives up measured).
+    assert how == [(6, 1, True)] * (len(raced) - 1) + [(12, 2, True)]
     # steps_per_execution is not raced again: what it saves, a step's fixed cost, does not depend on the others.
     assert [r.row for r in tried if r.row.startswith("steps_per_execution")] == [
         "steps_per_execution=16", "steps_per_execution=64"]
@@ -194,6 +200,50 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
     jit = next(r for r in tried if r.row == "jit_compile=True")
     assert jit.comparison.verdict == FASTER and not jit.kept and "final loss 5 against" in jit.note
     assert next(r for r in tried if r.row == "steps_per_execution=16").note == "steps_per_execution=64 was faster still"
+
+
+def test_where_xla_and_mixed_precision_pay_apart_and_not_together_the_one_kept_first_is_exchanged(monkeypatch):
+    """Shaped like the two-block Transformer on the CPU: XLA pays at batch 32 and is kept first, then batch 256;
+    with XLA, mixed precision is slower at every batch; without it, mixed precision at batch 512 is the fastest, and
+    no faster than XLA at 256. One knob at a time the climb stopped at XLA (0.79 of the best); the exchange, raced at
+    the best's batch and each larger one, reaches the best."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import search
+
+    def speed(c: Config) -> float:
+        mixed = {32: 0.9, 64: 1.0, 128: 1.2, 256: 1.3}.get(c.batch, 1.6) if c.policy else 1.0
+        xla = (0.6 if c.policy else 1.3) if c.jit_compile else 1.0
+        batch = {32: 1.0, 64: 1.2, 128: 1.3, 256: 1.4}.get(c.batch, 1.35)
+        return 100 * (1.2 if c.steps_per_execution > 1 else 1.0) * xla * mixed * batch
+
+    raced = []
+
+    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None):
+        raced.append(configs)
+        ms = {c.label: SimpleNamespace(items_per_s=speed(c)) for c in configs}
+        comparisons = {c.label: compared(r := speed(c) / speed(configs[0]), FASTER if r > 1.05 else NO_DIFFERENCE)
+                       for c in configs[1:]}
+        return ms, comparisons, {c.label: 1.0 for c in configs}
+
+    monkeypatch.setattr(search, "race", scripted)
+    monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", [64, 128, 256, 512]))
+    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()),
+                          options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32),
+                          progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
+    best, _, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {})
+    assert best == Config(steps_per_execution=16, policy="mixed_bfloat16", batch=512)
+    exchange = "mixed_bfloat16 instead of jit_compile=True, batch 512 (an exchange)"
+    assert [r.row for r in tried if r.kept] == ["steps_per_execution=16", "jit_compile=True", "batch 256", exchange]
+    at_256 = next(r for r in tried if r.row == "mixed_bfloat16 instead of jit_compile=True (an exchange)")
+    assert at_256.comparison.verdict == NO_DIFFERENCE and not at_256.kept
+    assert next(r for r in tried if r.row == exchange).base == "jit_compile=True, steps_per_execution=16, batch 256"
+    # After the exchange, the knobs it changed are raced again on it, and nothing moves: the climb stops.
+    assert not [r for r in tried[tried.index(next(r for r in tried if r.row == exchange)) + 1:] if r.kept]
+    text = Climbed(tried, best, Config(), {}, []).climb_text()
+    assert "were exchanged" in text and "were exchanged" not in Climbed(tried[:3], best, Config(), {}, []).climb_text()
+    # Where there is no mixed policy, nothing to exchange: the climb ends where a pass changes nothing.
+    assert search.exchanges(Config(jit_compile=True), Config(), [("jit_compile", (False, True))]) == []
 
 
 def test_plain_fit_and_the_best_train_on_from_race_to_race_and_losses_are_read_after_the_same_epochs(monkeypatch):

@@ -207,7 +207,9 @@ class Climbed:
                  "Each knob's values are raced together on top of the best configuration so far, from the same "
                  "weights on the same rows; the fastest is kept where its 95% interval clears the bar and its loss "
                  "after the same examples agrees with the configuration it changes (a larger batch's loss is said, "
-                 "not held to the bar). A knob is raced again once the others changed.", ""]
+                 "not held to the bar). A knob is raced again once the others changed." + (
+                     " Where a pass changed nothing, XLA and the mixed policy, which can each pay alone and not "
+                     "together, were exchanged." if any(r.row.endswith(EXCHANGED) for r in self.rungs) else ""), ""]
         for r in self.rungs:
             lines.append(f"- {r.row}, on top of {r.base}: {r.comparison.describe()}; final loss "
                          f"{number(r.loss, 4)} (plain "
@@ -312,23 +314,38 @@ def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int,
     return {m.name: m for m in ms}, dict(zip([c.label for c, _, _ in made[1:]], comparisons)), losses
 
 
+# A climb's race takes at most one extension where its rounds left it undecided (the headline race takes the
+# options' extensions): the climb races ten knobs' worth, and --quick's run is to end within 3 minutes.
+CLIMB_EXTENSIONS = 1
+
+
 def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[Any], plain_loss: float,
           skipped: dict[str, str], suffix: str = "", started: dict[str, tuple] | None = None
           ) -> tuple[list[Rung], Config]:
     """One knob's other values raced together against the best so far, and recorded: the rungs, and the best after
     it (the fastest candidate faster than the best with a loss that agrees; a new batch's loss is said, not held)."""
+    changed = [(change(knob, v), dataclasses.replace(best, **{knob: v})) for v in values if v != getattr(best, knob)]
+    return candidates_raced(ctx, rows, best, changed, knob, plain_loss, skipped, suffix, started)
+
+
+def candidates_raced(ctx: Context, rows: Rows, best: Config, changed: Sequence[tuple[str, Config]], step: str,
+                     plain_loss: float, skipped: dict[str, str], suffix: str = "",
+                     started: dict[str, tuple] | None = None, rounds: int | None = None,
+                     extensions: int = CLIMB_EXTENSIONS) -> tuple[list[Rung], Config]:
+    """Candidates (row, config) raced together against the best so far, and recorded: the rungs, and the best
+    after (the fastest faster than the best whose loss agrees with it, at the same batch). `rounds`: default the
+    options'; `extensions`: at most this many more where a comparison is undecided (and the options' at most)."""
     from tfperf.measure.stats import FASTER
 
-    changed = [(change(knob, v), dataclasses.replace(best, **{knob: v})) for v in values if v != getattr(best, knob)]
     candidates = {config.label: (row, config) for row, config in changed}
-    ctx.progress(f"best configuration: {knob}{suffix}")
+    ctx.progress(f"best configuration: {step}{suffix}")
     failed: dict[str, str] = {}
     try:
         ms, comparisons, losses = race(ctx, [best, *[c for _, c in candidates.values()]], rows,
-                                       rounds=ctx.options.rounds, failed=failed, started=started,
-                                       extensions=min(CLIMB_EXTENSIONS, ctx.options.max_extensions))
+                                       rounds=rounds or ctx.options.rounds, failed=failed, started=started,
+                                       extensions=min(extensions, ctx.options.max_extensions))
     except Exception as exc:  # a configuration that failed mid-race (memory): said, and the climb goes on without
-        skipped[f"{CLIMB}: {knob}{suffix}"] = f"{type(exc).__name__}: {first_line(exc)}"
+        skipped[f"{CLIMB}: {step}{suffix}"] = f"{type(exc).__name__}: {first_line(exc)}"
         return [], best
     plain_loss = losses[best.label] if best == plain_fit(ctx.options) else plain_loss
     skipped.update({f"{CLIMB}: {candidates[label][0]}{suffix}": why for label, why in failed.items()})
@@ -336,10 +353,10 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
     for label, c in comparisons.items():
         row, candidate = candidates[label]
         loss = losses[label]
-        if knob == "batch":  # a batch's loss is said beside plain fit's (in the climb's lines), not held to a bar
-            agrees, note = True, ""
-        else:  # any other knob changes one thing in the best so far: its loss is held to that configuration's
-            agrees, note = loss_check(row, loss, losses[best.label], best.label)
+        # A new batch's loss is said beside plain fit's (in the climb's lines), not held to a bar; any other change
+        # is held to the configuration it changes.
+        agrees, note = (True, "") if candidate.batch != best.batch else loss_check(row, loss, losses[best.label],
+                                                                                  best.label)
         found.append(Rung(row + suffix, best.label, c, c.verdict == FASTER and agrees, loss, plain_loss, note))
         # The fastest by its ratio to the best so far, round by round (the figure the climb prints), not by its
         # median rate: a batch 512 said "1.86x faster" was passed over for a batch 256 said "1.75x faster".
@@ -348,7 +365,7 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
     for rung, (label, c) in zip(found, comparisons.items()):
         rung.kept = label == winner.label
         if c.verdict == FASTER and not rung.kept and not rung.note:
-            rung.note = f"{change(knob, getattr(winner, knob))} was faster still"
+            rung.note = f"{candidates[winner.label][0]} was faster still"
         ctx.recorder.add(CLIMB, rung.row, {"samples_per_s": ms[label].items_per_s, "on_top_of": best.label,
                                            "kept": rung.kept, "final_loss": rung.loss, "plain_fit_loss": plain_loss,
                                            "batch": candidates[label][1].batch, "rows": rows.examples},
@@ -360,14 +377,36 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
 ONE_SWITCH_FOLDED = ("not run at --quick: the best configuration races each switch on top of the others; without "
                      "--quick (or with --no-search) each is also raced alone against plain fit, with whether mixed "
                      "precision took effect and, where it is slower, why, kernel by kernel")
-# A climb's race takes at most one extension where its rounds left it undecided (the headline race takes the
-# options' extensions): the climb races ten knobs' worth, and --quick's run is to end within 3 minutes.
-CLIMB_EXTENSIONS = 1
 MAX_PASSES = 3  # the knobs are raced again while a pass changes the best; mixed precision pays at a larger batch
 # What each knob's gain depends on: it is raced again once one of these changed. steps_per_execution saves a step's
 # fixed cost whatever the step does; XLA, the precision and the batch each change the cost of an example's work.
 DEPENDS_ON = {"steps_per_execution": (), "jit_compile": ("policy", "batch"), "policy": ("jit_compile", "batch"),
               "batch": ("jit_compile", "policy")}
+# Knobs that may each pay alone and not together, both changing how the step is compiled: on a two-block
+# Transformer on the CPU, XLA paid 1.29x at batch 32 and was kept first; with it, mixed_bfloat16 measured slower at
+# every batch, where mixed_bfloat16 without XLA at batch 512 was the fastest of 60 combinations (the climb reached
+# 0.79 of it). Once a pass changes nothing, the one kept is exchanged for the other, and the climb goes on from there.
+EXCHANGES = (("jit_compile", "policy"),)
+EXCHANGED = " (an exchange)"  # how an exchange's row ends
+
+
+def exchanges(best: Config, plain: Config, ladder: Sequence[tuple[str, tuple]]) -> list[tuple[str, Config]]:
+    """The best with one knob of a pair in EXCHANGES put back to plain fit's and the other, still plain fit's,
+    set to each of its values, at the best's batch and each larger one the climb may take: (row, config). What the
+    other saves can show only at a larger batch (on the Transformer mixed_bfloat16 in place of XLA measured 1.03x at
+    batch 256, where at 512 it was the fastest of 60 combinations)."""
+    values, found = dict(ladder), []
+    batches = [b for b in values.get("batch", ()) if b >= best.batch] or [best.batch]
+    for pair in EXCHANGES:
+        for kept, other in (pair, pair[::-1]):
+            if kept not in values or other not in values or getattr(best, other) != getattr(plain, other) or (
+                    getattr(best, kept) == getattr(plain, kept)):
+                continue
+            found += [(f"{change(other, v)} instead of {change(kept, getattr(best, kept))}"
+                       f"{'' if b == best.batch else ', ' + change('batch', b)}{EXCHANGED}",
+                       dataclasses.replace(best, **{kept: getattr(plain, kept), other: v, "batch": b}))
+                      for v in values[other] if v != getattr(plain, other) for b in batches]
+    return found
 
 
 def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
@@ -376,8 +415,9 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
     raced again on a best whose knobs it depends on changed since, until a pass changes nothing: what a rung saves
     depends on the others (on a small conv net the fastest of 60 combinations was steps_per_execution=64,
     mixed_bfloat16 and batch 128, where a climb of one rung at a time, each tried once, kept neither mixed precision
-    nor batch 128). Returns the best, the best at the user's batch (before the batch rose), and the rungs tried;
-    `started` keeps the trainers of plain fit and of those two, trained on from race to race."""
+    nor batch 128). Where a pass changes nothing, XLA and the mixed policy are exchanged once (EXCHANGES), and the
+    climb goes on where that paid. Returns the best, the best at the user's batch (before the batch rose), and the
+    rungs tried; `started` keeps the trainers of plain fit and of those two, trained on from race to race."""
     strings = any(i.dtype == "string" for i in ctx.subject.inputs)  # XLA cannot compile string ops
     ladder = knobs(*_ladder(ctx.subject, ctx.options), strings=strings, base=ctx.options.train_batch)
     if rows.batch_given:
@@ -386,21 +426,35 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
     best, at_your_batch, tried, plain_loss = plain, plain, [], math.nan
     raced_on: dict[str, Config] = {}  # each knob, and the best it was last raced on
     started = {} if started is None else started
-    for turn in range(MAX_PASSES):
-        start = best
+
+    def step(found: list[Rung], new_best: Config) -> None:
+        nonlocal best, at_your_batch, plain_loss
+        best, plain_loss = new_best, found[0].plain_loss if found else plain_loss
+        tried.extend(found)
+        at_your_batch = best if best.batch == plain.batch else at_your_batch
+        for label in set(started) - {plain.label, best.label, at_your_batch.label}:
+            del started[label]  # a configuration not kept: its model's memory back
+
+    turn, passes, exchanged = 0, MAX_PASSES, False
+    while turn < passes:
+        start, suffix = best, f", again (pass {turn + 1})" if turn else ""
         for knob, values in ladder:
             if knob in raced_on and all(getattr(raced_on[knob], k) == getattr(best, k) for k in DEPENDS_ON[knob]):
                 continue
-            found, best = trial(ctx, rows, best, knob, values, plain_loss, skipped,
-                                f", again (pass {turn + 1})" if turn else "", started)
+            step(*trial(ctx, rows, best, knob, values, plain_loss, skipped, suffix, started))
             raced_on[knob] = best  # its values were all raced with the other knobs as they are now
-            plain_loss = found[0].plain_loss if found else plain_loss
-            tried += found
-            at_your_batch = best if best.batch == plain.batch else at_your_batch
-            for label in set(started) - {plain.label, best.label, at_your_batch.label}:
-                del started[label]  # a configuration not kept: its model's memory back
-        if best == start:
+        turn += 1
+        if best == start and (exchanged or not exchanges(best, plain, ladder)):
             break
+        if best == start:  # nothing left to climb one knob at a time: one exchange, then the passes it needs
+            exchanged = True
+            # With the headline's rounds and the options' extensions: it gives up a knob that measured faster for
+            # one that measured slower on it, and what it gains is smaller (the Transformer's 1.13x read 1.06x,
+            # 95% CI 0.95-1.22x, in a climb's six rounds).
+            step(*candidates_raced(ctx, rows, best, exchanges(best, plain, ladder), "an exchange", plain_loss,
+                                   skipped, started=started, rounds=HEADLINE_ROUNDS * ctx.options.rounds,
+                                   extensions=ctx.options.max_extensions))
+            passes = turn + MAX_PASSES - 1 if best != start else turn
     return best, at_your_batch, tried
 
 

@@ -59,6 +59,28 @@ def test_every_way_that_keeps_the_answers_is_a_candidate_and_each_goal_reads_its
     assert thread_counts(1) == [] and thread_counts(2) == [1] and thread_counts(16) == [1, 2, 4, 8]
 
 
+def test_a_row_its_table_found_twice_as_slow_as_your_call_even_at_its_best_is_not_raced_again():
+    """predict() (a data adapter a call) took three quarters of the search on a small model: a row at least 2x slower
+    than the user's call at the fast end of its interval is left out, and said; one that might be within reach is
+    raced, and the user's call always is."""
+    from tfperf.measure.stats import SLOWER
+
+    t = table(1, {"model(x)": 1e-3, "predict()": 5e-2, "tf.function": 1.5e-3, "XLA": 1.9e-3},
+              {"model(x)": True, "predict()": True, "tf.function": True, "XLA": True})
+    t.calls = {row: (row, True, "", "") for row in t.agrees}
+    t.raced.comparisons.update({
+        "predict()": Comparison("predict()", "model(x)", 0.02, (0.015, 0.03), SLOWER, paired=True, units=6),
+        "tf.function": Comparison("tf.function", "model(x)", 0.66, (0.45, 0.9), SLOWER, paired=True, units=6),
+        "XLA": Comparison("XLA", "model(x)", 0.45, (0.4, 0.5), SLOWER, paired=True, units=6)})
+    skipped: dict = {}
+    assert [w.row for w in ways(Tables([t]), [t], skipped)] == ["model(x)", "tf.function"]
+    assert skipped == {
+        "best way to call: predict() at batch 1": "not raced again: 50.00x slower (95% CI 33.33-66.67x) against "
+                                                  "model(x) in its table",
+        "best way to call: XLA at batch 1": "not raced again: 2.22x slower (95% CI 2.00-2.50x) against model(x) in "
+                                            "its table"}
+
+
 def test_each_answer_is_said_from_its_own_race_and_only_a_faster_one_comes_with_code():
     mine, best = Way("model(x)", 1), Way("ONNX Runtime", 1, threads=1)
     assert best.label == "ONNX Runtime, 1 thread at batch 1" and Way("ONNX Runtime", 8, 4).label.endswith(

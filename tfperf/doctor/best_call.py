@@ -159,14 +159,32 @@ def race(ctx: Context, table_name: str, ways: dict[Way, Any], goal: str, rounds:
         min_time_s=ctx.options.min_time_s, seed=ctx.options.seed, warmup=0)
 
 
+# A row its table measured at least this many times slower than the user's call, at the fast end of its 95%
+# interval, is not raced again: the tables' noise spread a row 49-83% about its median, not twice over, and
+# predict() (a data adapter a call, 50-100 ms on a small model) took three quarters of this search's time.
+OUT_OF_REACH = 2.0
+
+
+def out_of_reach(table: Table, row: str) -> bool:
+    """Whether `row` measured at least OUT_OF_REACH times slower than the table's baseline, its interval included."""
+    c = table.raced.comparisons.get(row) if row != table.baseline else None
+    return c is not None and c.ci95[1] * OUT_OF_REACH <= 1.0
+
+
 def ways(found: Tables, tables: Sequence[Table], skipped: dict[str, str]) -> dict[Way, tuple[Table, Any]]:
-    """Every way a goal chooses among: each row of its tables that keeps the model's answers, an exported runtime at
-    every thread count (1, each power of two below the cores, all cores), each with its table and its call."""
+    """Every way a goal chooses among: each row of its tables that keeps the model's answers and is not out of reach,
+    an exported runtime at every thread count (1, each power of two below the cores, all cores), each with its table
+    and its call."""
     cores = os.cpu_count() or 1
     found_ways: dict[Way, tuple[Table, Any]] = {}
     for table in tables:
         for row in table.raced.measurements:
             if not table.agrees.get(row):
+                continue
+            if out_of_reach(table, row):
+                c = table.raced.comparisons[row]
+                skipped[f"{EXPERIMENT.name}: {row} at batch {table.batch}"] = (
+                    f"not raced again: {c.describe()} against {table.baseline} in its table")
                 continue
             if row in RUNTIMES and row in found.exports:
                 counts = [cores, *thread_counts(cores)]

@@ -24,16 +24,15 @@ from typing import Any
 from tfperf import flags
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.confirm import LEARNING_RATE, confirm, confirmation_text
+from tfperf.doctor.climbed import EXCHANGED, Climbed, Config, Rung, change, code_lines
+from tfperf.doctor.confirm import LEARNING_RATE, confirm
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
-from tfperf.doctor.targets import PLAIN_BATCH, loss_check, mixed_code
-from tfperf.records.units import number
+from tfperf.doctor.targets import PLAIN_BATCH, loss_check
 
 CLIMB = "best configuration: the climb"
 HEADLINE = "best configuration against plain fit"
 BATCHES = (64, 128, 256, 512)  # the batch is raised through these while it pays, up to the examples trained on
-EXAMPLES_SAID = 10_000  # the gain in seconds for this many examples, where the user's epoch is not known
 HEADLINE_ROUNDS = 2  # the headline race takes this many times the rounds: it is the figure the user acts on
 # A plain epoch is made at least this long (rows doubled, up to MAX_GROWTH times the examples asked for): on a
 # small model 512 rows train in 45 ms, and what a larger batch or a lower precision saves per step was lost in
@@ -41,37 +40,6 @@ HEADLINE_ROUNDS = 2  # the headline race takes this many times the rounds: it is
 # times: at 4 (2,048 rows) the MLP's best epoch took 55 ms, and its climb's races read 512 against 256 within noise.
 EPOCH_S = {True: 0.2, False: 1.0}  # --quick, and not
 MAX_GROWTH = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """One configuration of compile() and fit(): plain `model.fit(x, y)` at the user's batch is `plain_fit(...)`
-    (Config() at Keras' default batch)."""
-
-    jit_compile: bool = False
-    steps_per_execution: int = 1
-    policy: str | None = None
-    batch: int = PLAIN_BATCH
-    base: int = PLAIN_BATCH  # the user's own batch: plain fit's, which a batch change is said against
-
-    @property
-    def label(self) -> str:
-        """What it changes from plain fit, or "plain fit"."""
-        changes = [*(["jit_compile=True"] if self.jit_compile else []),
-                   *([f"steps_per_execution={self.steps_per_execution}"] if self.steps_per_execution > 1 else []),
-                   *([self.policy] if self.policy else []),
-                   *([f"batch {self.batch}"] if self.batch != self.base else [])]
-        return ", ".join(changes) or f"plain fit (batch {self.base})"
-
-    @property
-    def learning_rate_scale(self) -> float:
-        """The square-root rule: a batch k times larger takes k times fewer steps, each sqrt(k) times larger."""
-        return math.sqrt(self.batch / self.base)
-
-    def compile_options(self) -> dict[str, Any]:
-        """compile()'s keywords that differ from its defaults."""
-        return {**({"jit_compile": True} if self.jit_compile else {}),
-                **({"steps_per_execution": self.steps_per_execution} if self.steps_per_execution > 1 else {})}
 
 
 def _ladder(subject: Subject, options: Options) -> tuple[str | None, list[int]]:
@@ -98,128 +66,6 @@ def knobs(mixed: str | None, batches: Sequence[int], strings: bool = False,
     found += [("policy", (None, mixed))] if mixed else []
     larger = [b for b in batches if b > base]
     return found + ([("batch", (base, *larger))] if larger else [])
-
-
-def change(knob: str, value: Any) -> str:
-    """What setting one knob to a value says, as a row: "jit_compile=True", "batch 128", "float32"."""
-    if knob == "batch":
-        return f"batch {value}"
-    if knob == "policy":
-        return value or "float32"
-    return f"{knob}={value}"
-
-
-def code_lines(config: Config, builds_under_policy: bool) -> list[str]:
-    """The recommendation as the lines a user changes: the policy (where the model is built or loaded), compile()
-    with the user's own optimizer and loss, fit() with the batch, and the learning rate scaled with it."""
-    lines = [mixed_code(config.policy, builds_under_policy)] if config.policy else []
-    if config.batch != config.base:
-        lines.append(f"optimizer.learning_rate = float(optimizer.learning_rate) * {config.learning_rate_scale:.3g}  "
-                     f"# sqrt({config.batch}/{config.base}): fewer, larger steps (linear: "
-                     f"x{config.batch / config.base:.3g}"
-                     f"; a schedule: scale its initial rate)")
-    keywords = "".join(f", {k}={v!r}" for k, v in config.compile_options().items())
-    lines.append(f"model.compile(optimizer=optimizer, loss=loss{keywords})")
-    lines.append(f"model.fit(x, y, batch_size={config.batch})")
-    return lines
-
-
-@dataclasses.dataclass
-class Rung:
-    """One rung tried: against what, its comparison, whether it was kept, its loss beside plain fit's."""
-
-    row: str
-    base: str
-    comparison: Any  # stats.Comparison
-    kept: bool
-    loss: float
-    plain_loss: float
-    note: str = ""
-
-
-@dataclasses.dataclass
-class Climbed:
-    """What the search found: the rungs, the best configuration (and the best at the user's batch size), the
-    headline race against plain fit, and the confirmation in a fresh process."""
-
-    rungs: list[Rung]
-    best: Config
-    at_your_batch: Config
-    headline: dict[str, Any]  # row -> stats.Comparison against plain fit
-    code: list[str]
-    confirmed: dict[str, Any] | None = None  # the fresh process's reply
-    losses: dict[str, float] = dataclasses.field(default_factory=dict)  # final loss per headline row
-    plain: Config = dataclasses.field(default_factory=Config)  # plain fit at the user's batch
-    rates: dict[str, float] = dataclasses.field(default_factory=dict)  # examples a second per headline row
-    epoch: int | None = None  # the examples in one of the user's epochs (--epoch-examples), where known
-
-    @property
-    def pays(self) -> bool:
-        """Whether the best configuration measured faster than plain fit in its own race."""
-        from tfperf.measure.stats import FASTER
-
-        return self.best != self.plain and self.headline[self.best.label].verdict == FASTER
-
-    def describe(self) -> str:
-        """The answer first: the recommendation, its gain, its code, and the confirmation."""
-        if self.best == self.plain:
-            tried = ", ".join(r.row for r in self.rungs)
-            return f"**Best configuration for training**: plain fit; no change tried on top of it paid ({tried}).\n"
-        c = self.headline[self.best.label]
-        if not self.pays:
-            return (f"**Best configuration for training**: plain fit. The climb kept {self.best.label}, but raced "
-                    f"against plain fit in a race of its own it measured {c.describe()}: nothing is recommended "
-                    f"(rerun without --quick for more rounds).\n")
-        lines = [f"**Best configuration for training**: {self.best.label}: {c.describe()} against plain fit "
-                 f"(batch {self.plain.batch}), every kept rung on top of the ones before it{self._in_seconds()}. "
-                 f"Apply it as:", "",
-                 "```python", *self.code, "```", ""]
-        lines.append("Each kept rung's gain on top of those before it: " + "; ".join(
-            f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + ".")
-        if self.best.batch != self.plain.batch:
-            lines.append(self._batch_text())
-        lines.append(self._confirmation())
-        return "\n".join(lines) + "\n"
-
-    def _in_seconds(self) -> str:
-        """The gain in the user's time: an epoch of theirs (where known), else every 10,000 examples."""
-        plain, best = self.rates.get(self.plain.label), self.rates.get(self.best.label)
-        if not plain or not best:
-            return ""
-        examples, what = (self.epoch, f"an epoch of your {self.epoch:,} examples") if self.epoch else (
-            EXAMPLES_SAID, f"every {EXAMPLES_SAID:,} examples")
-        return (f": {what} in {number(examples / best, 2)} s instead of {number(examples / plain, 2)} s "
-                f"(at the examples a second measured here)")
-
-    def _batch_text(self) -> str:
-        loss, plain = self.losses[self.best.label], self.losses[self.plain.label]
-        said = (f"Batch {self.best.batch} changes the optimisation: after the same examples its loss was "
-                f"{number(loss, 4)} "
-                f"against plain fit's {number(plain, 4)} (learning rate scaled by the square-root rule).")
-        if self.at_your_batch == self.plain:
-            return said + f" At your batch of {self.plain.batch}, no other change paid."
-        return said + (f" At your batch of {self.plain.batch}, the best is {self.at_your_batch.label}: "
-                       f"{self.headline[self.at_your_batch.label].describe()} against plain fit.")
-
-    def climb_text(self) -> str:
-        """Every rung tried, against what, and whether it was kept: the report's own part for the search."""
-        lines = ["## Best configuration: the climb", "",
-                 "Each knob's values are raced together on top of the best configuration so far, from the same "
-                 "weights on the same rows; the fastest is kept where its 95% interval clears the bar and its loss "
-                 "after the same examples agrees with the configuration it changes (a larger batch's loss is said, "
-                 "not held to the bar). A knob is raced again once the others changed." + (
-                     " Where a pass changed nothing, XLA and the mixed policy, which can each pay alone and not "
-                     "together, were exchanged." if any(r.row.endswith(EXCHANGED) for r in self.rungs) else ""), ""]
-        for r in self.rungs:
-            lines.append(f"- {r.row}, on top of {r.base}: {r.comparison.describe()}; final loss "
-                         f"{number(r.loss, 4)} (plain "
-                         f"fit {number(r.plain_loss, 4)}): {'**kept**' if r.kept else 'not kept'}"
-                         + (f" ({r.note})" if r.note and not r.kept else ""))
-        return "\n".join(lines) + "\n"
-
-    def _confirmation(self) -> str:
-        return confirmation_text(self.confirmed, "plain fit", lambda c: f"{c['plain_samples_per_s']:,.0f} -> "
-                                 f"{c['best_samples_per_s']:,.0f} examples/s", self.headline[self.best.label].ratio)
 
 
 @dataclasses.dataclass
@@ -387,7 +233,6 @@ DEPENDS_ON = {"steps_per_execution": (), "jit_compile": ("policy", "batch"), "po
 # every batch, where mixed_bfloat16 without XLA at batch 512 was the fastest of 60 combinations (the climb reached
 # 0.79 of it). Once a pass changes nothing, the one kept is exchanged for the other, and the climb goes on from there.
 EXCHANGES = (("jit_compile", "policy"),)
-EXCHANGED = " (an exchange)"  # how an exchange's row ends
 
 
 def exchanges(best: Config, plain: Config, ladder: Sequence[tuple[str, tuple]]) -> list[tuple[str, Config]]:

@@ -194,6 +194,8 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
         "steps_per_execution=16", "steps_per_execution=64"]
     assert [c.label for c in raced[3][1:]] == [Config(steps_per_execution=64, batch=b).label for b in (32, 64, 128,
                                                                                                         256, 512)][1:]
+    # Raced again, the batch races the values either side of its own (each was raced once, all together).
+    assert [c.batch for c in raced[6][1:]] == [64, 256]
     assert best == mixed and at_your_batch == spe64
     kept = [r.row for r in tried if r.kept]
     assert kept == ["steps_per_execution=64", "batch 128", "mixed_bfloat16, again (pass 2)"]
@@ -238,7 +240,9 @@ def test_where_xla_and_mixed_precision_pay_apart_and_not_together_the_one_kept_f
     at_256 = next(r for r in tried if r.row == "mixed_bfloat16 instead of jit_compile=True (an exchange)")
     assert at_256.comparison.verdict == NO_DIFFERENCE and not at_256.kept
     assert next(r for r in tried if r.row == exchange).base == "jit_compile=True, steps_per_execution=16, batch 256"
-    # After the exchange, the knobs it changed are raced again on it, and nothing moves: the climb stops.
+    # After the exchange, the knobs it changed are raced again on it (the batch either side of its own), and
+    # nothing moves: the climb stops.
+    assert [r.row for r in tried if r.row.startswith("batch") and "again" in r.row] == ["batch 256, again (pass 3)"]
     assert not [r for r in tried[tried.index(next(r for r in tried if r.row == exchange)) + 1:] if r.kept]
     text = Climbed(tried, best, Config(), {}, []).climb_text()
     assert "were exchanged" in text and "were exchanged" not in Climbed(tried[:3], best, Config(), {}, []).climb_text()

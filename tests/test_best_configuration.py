@@ -148,19 +148,13 @@ def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_
     assert np.isfinite([r.loss for r in found.rungs]).all()
 
 
-def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch):
-    """The decisions alone, on scripted races shaped like a small conv net's: a knob's values race together and the
-    fastest that pays with a loss that agrees is kept (jit_compile is faster here, but its loss is not plain fit's);
-    mixed precision, slower at batch 32, is raced again once the batch rose and kept there; a knob is raced again
-    only where a knob it depends on changed; the best at the user's batch is the best before the batch rose."""
+def scripted_climb(monkeypatch, speed, loss=lambda c: 1.0):
+    """The climb on scripted races: a configuration's examples a second are `speed(config)`, faster where over 5% above
+    the race's first, its loss `loss(config)`: (best, best at your batch, rungs tried, each race's configurations,
+    each race's (rounds, extensions, whether trainers were kept))."""
     from types import SimpleNamespace
 
     from tfperf.doctor import search
-
-    def speed(c: Config) -> float:
-        mixed = {32: 0.8, 64: 1.0}.get(c.batch, 1.6) if c.policy else 1.0
-        batch = {32: 1.0, 64: 1.3}.get(c.batch, 1.4)
-        return 100 * {1: 1.0, 16: 1.5, 64: 1.6}[c.steps_per_execution] * (1.1 if c.jit_compile else 1) * mixed * batch
 
     raced, how = [], []
 
@@ -170,14 +164,28 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
         ms = {c.label: SimpleNamespace(items_per_s=speed(c)) for c in configs}
         comparisons = {c.label: compared(r := speed(c) / speed(configs[0]), FASTER if r > 1.05 else NO_DIFFERENCE)
                        for c in configs[1:]}
-        return ms, comparisons, {c.label: 5.0 if c.jit_compile else 1.0 for c in configs}
+        return ms, comparisons, {c.label: loss(c) for c in configs}
 
     monkeypatch.setattr(search, "race", scripted)
     monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", [64, 128, 256, 512]))
     ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()),
                           options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32),
                           progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
-    best, at_your_batch, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {})
+    return (*search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {}), raced, how)
+
+
+def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch):
+    """The decisions alone, on scripted races shaped like a small conv net's: a knob's values race together and the
+    fastest that pays with a loss that agrees is kept (jit_compile is faster here, but its loss is not plain fit's);
+    mixed precision, slower at batch 32, is raced again once the batch rose and kept there; a knob is raced again
+    only where a knob it depends on changed; the best at the user's batch is the best before the batch rose."""
+    def speed(c: Config) -> float:
+        mixed = {32: 0.8, 64: 1.0}.get(c.batch, 1.6) if c.policy else 1.0
+        batch = {32: 1.0, 64: 1.3}.get(c.batch, 1.4)
+        return 100 * {1: 1.0, 16: 1.5, 64: 1.6}[c.steps_per_execution] * (1.1 if c.jit_compile else 1) * mixed * batch
+
+    best, at_your_batch, tried, raced, how = scripted_climb(monkeypatch, speed,
+                                                            lambda c: 5.0 if c.jit_compile else 1.0)
     spe64, spe64_128 = Config(steps_per_execution=64), Config(steps_per_execution=64, batch=128)
     mixed = Config(steps_per_execution=64, policy="mixed_bfloat16", batch=128)
     assert [configs[0] for configs in raced] == [Config(), spe64, spe64, spe64,  # pass 1: each knob in turn
@@ -209,8 +217,6 @@ def test_where_xla_and_mixed_precision_pay_apart_and_not_together_the_one_kept_f
     with XLA, mixed precision is slower at every batch; without it, mixed precision at batch 512 is the fastest, and
     no faster than XLA at 256. One knob at a time the climb stopped at XLA (0.79 of the best); the exchange, raced at
     the best's batch and each larger one, reaches the best."""
-    from types import SimpleNamespace
-
     from tfperf.doctor import search
 
     def speed(c: Config) -> float:
@@ -219,21 +225,7 @@ def test_where_xla_and_mixed_precision_pay_apart_and_not_together_the_one_kept_f
         batch = {32: 1.0, 64: 1.2, 128: 1.3, 256: 1.4}.get(c.batch, 1.35)
         return 100 * (1.2 if c.steps_per_execution > 1 else 1.0) * xla * mixed * batch
 
-    raced = []
-
-    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None):
-        raced.append(configs)
-        ms = {c.label: SimpleNamespace(items_per_s=speed(c)) for c in configs}
-        comparisons = {c.label: compared(r := speed(c) / speed(configs[0]), FASTER if r > 1.05 else NO_DIFFERENCE)
-                       for c in configs[1:]}
-        return ms, comparisons, {c.label: 1.0 for c in configs}
-
-    monkeypatch.setattr(search, "race", scripted)
-    monkeypatch.setattr(search, "_ladder", lambda subject, options: ("mixed_bfloat16", [64, 128, 256, 512]))
-    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()),
-                          options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32),
-                          progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
-    best, _, tried = search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {})
+    best, _, tried, _, _ = scripted_climb(monkeypatch, speed)
     assert best == Config(steps_per_execution=16, policy="mixed_bfloat16", batch=512)
     exchange = "mixed_bfloat16 instead of jit_compile=True, batch 512 (an exchange)"
     assert [r.row for r in tried if r.kept] == ["steps_per_execution=16", "jit_compile=True", "batch 256", exchange]

@@ -807,7 +807,8 @@ def test_the_profilers_verdict_is_the_median_steps_and_an_epochs_first_step_is_s
     assert started.input_share > 0.5 and started.median_input_share < 0.05 and not started.input_bound
     said = InputCheck("p:fast", 0.35, (0.08, 0.7), {YOURS: 4.0, STEP_ALONE: 2.6, PIPELINE_ALONE: 0.5},
                       started).describe()
-    assert "the median step 3% waiting for input (not input-bound, 54% averaged over its 4 steps" in said
+    assert ("the median step 3% waiting for input (not input-bound; 54% averaged over its 4 steps, the first "
+            "waiting while the pipeline starts)") in said
     waiting = InputAnalysis(25.0, 20.0, 5.0, 0.0, "HIGHLY", None, 4, (0.8, 0.8, 0.8, 0.8))
     assert waiting.input_bound and "averaged" not in InputCheck("p:slow", 0.8, (0.7, 0.9), {
         YOURS: 25.0, STEP_ALONE: 5.0, PIPELINE_ALONE: 20.0}, waiting).describe()

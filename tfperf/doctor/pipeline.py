@@ -160,8 +160,8 @@ class InputCheck:
                  f"**{self.timing_verdict}** (from {INPUT_BOUND_SHARE:.0%}, XProf's bar)."]
         if self.profiler is not None:
             a = self.profiler
-            average = (f", {a.input_share:.0%} averaged over its {a.steps} steps (the first waits while the "
-                       f"pipeline starts)" if (a.input_share >= INPUT_BOUND_SHARE) != a.input_bound else "")
+            average = (f"; {a.input_share:.0%} averaged over its {a.steps} steps, the first waiting while the "
+                       f"pipeline starts" if (a.input_share >= INPUT_BOUND_SHARE) != a.input_bound else "")
             lines.append(f"The profiler: the median step {a.median_input_share:.0%} waiting for input "
                          f"({'input-bound' if a.input_bound else 'not input-bound'}{average}); "
                          f"XProf says: \"{a.conclusion}\""

@@ -808,7 +808,10 @@ def test_the_profilers_verdict_is_the_median_steps_and_an_epochs_first_step_is_s
     said = InputCheck("p:fast", 0.35, (0.08, 0.7), {YOURS: 4.0, STEP_ALONE: 2.6, PIPELINE_ALONE: 0.5},
                       started).describe()
     assert ("the median step 3% waiting for input (not input-bound; 54% averaged over its 4 steps, the first "
-            "waiting while the pipeline starts)") in said
+            "waiting 70% while the pipeline starts)") in said
+    stalled = InputAnalysis(28.5, 15.3, 13.2, 0.0, "HIGHLY", None, 4, (0.03, 0.7, 0.03, 0.027))
+    assert "a few steps waiting far longer than the median" in InputCheck(
+        "p:fast", 0.35, (0.08, 0.7), {YOURS: 4.0, STEP_ALONE: 2.6, PIPELINE_ALONE: 0.5}, stalled).describe()
     waiting = InputAnalysis(25.0, 20.0, 5.0, 0.0, "HIGHLY", None, 4, (0.8, 0.8, 0.8, 0.8))
     assert waiting.input_bound and "averaged" not in InputCheck("p:slow", 0.8, (0.7, 0.9), {
         YOURS: 25.0, STEP_ALONE: 5.0, PIPELINE_ALONE: 20.0}, waiting).describe()

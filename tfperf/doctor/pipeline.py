@@ -160,8 +160,12 @@ class InputCheck:
                  f"**{self.timing_verdict}** (from {INPUT_BOUND_SHARE:.0%}, XProf's bar)."]
         if self.profiler is not None:
             a = self.profiler
-            average = (f"; {a.input_share:.0%} averaged over its {a.steps} steps, the first waiting while the "
-                       f"pipeline starts" if (a.input_share >= INPUT_BOUND_SHARE) != a.input_bound else "")
+            average = ""
+            if (a.input_share >= INPUT_BOUND_SHARE) != a.input_bound:  # a few steps carried the average past the bar
+                shares = a.step_input_shares
+                which = (f"the first waiting {shares[0]:.0%} while the pipeline starts" if shares and
+                         shares[0] == max(shares) else "a few steps waiting far longer than the median")
+                average = f"; {a.input_share:.0%} averaged over its {a.steps} steps, {which}"
             lines.append(f"The profiler: the median step {a.median_input_share:.0%} waiting for input "
                          f"({'input-bound' if a.input_bound else 'not input-bound'}{average}); "
                          f"XProf says: \"{a.conclusion}\""

@@ -555,6 +555,7 @@ def test_the_command_writes_only_into_out_and_refuses_to_overwrite(tmp_path, cap
         assert lines[start + 2] == "(no TensorFlow operation in this trace)"
     records = read_records(out / "doctor.jsonl")
     threads = [r for r in records if r["table"] == "threads at batch 8"]
+    assert threads, next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("- threads"))
     assert threads[0]["row"] == "default threads" and len(threads) >= 2
     assert all(r["timing"]["rounds"] >= 6 for r in threads)
     # oneDNN off and OpenMP held to one thread, each in its process, with the cores each process kept busy.
@@ -900,3 +901,15 @@ def test_a_stopped_doctor_reports_what_it_measured_marked_partial_and_exits_143(
         assert f"third: not run: stopped by {said} during second" in report
         assert f"second: not finished: stopped by {said} during second" in report
         assert {r["row"] for r in read_records(out / "doctor.jsonl")} >= {"a row", "measured before the signal"}
+
+
+def test_a_child_that_refused_is_said_by_its_refusal_not_the_log_lines_before_it():
+    """CI: the thread sweep failed as "ChildError: python exited with 2: I0000 ... oneDNN custom operations are
+    on...": the child's one-line refusal (exit 2) was among its last lines, after TensorFlow's log."""
+    from tfperf.doctor.run import failure
+    from tfperf.measure.processes import ChildError
+
+    said = failure(ChildError("python exited with 2: I0000 port.cc:153] oneDNN custom operations are on. | "
+                              "tfperf doctor: error: the model took 800 MB past the 640 MB ceiling"))
+    assert said == "ChildError: tfperf doctor: error: the model took 800 MB past the 640 MB ceiling"
+    assert failure(ChildError("python exited with 1: x | ValueError: bad shape")) == "ValueError: bad shape"

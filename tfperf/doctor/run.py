@@ -47,6 +47,10 @@ def failure(exc: Exception) -> str:
     line ('ModelError: ...'), not the lines of where."""
     parts = [part.strip() for part in str(exc).split(" | ")]
     said = [p for p in parts if re.match(r"[\w.]+(Error|Exception): ", p)]
+    # A command line's refusal ('tfperf doctor: error: ...', exit 2), not the TensorFlow log lines printed before it.
+    refused = [p for p in parts if ": error: " in p]
+    if refused and not said:
+        return f"{type(exc).__name__}: {said_line(refused[-1])}"
     line = said_line(said[-1] if said else str(exc)) or type(exc).__name__
     return re.sub(r"^(?:\w+\.)+(\w+(?:Error|Exception): )", r"\1", line) if said else f"{type(exc).__name__}: {line}"
 

@@ -748,6 +748,23 @@ def test_the_thread_sweep_covers_counts_onednn_and_openmp_and_says_when_a_limit_
     assert "did not take effect" not in cores_text(1.9, 2.0, limits=False)
 
 
+def test_a_thread_sweep_process_counts_its_memory_share_from_what_it_holds_with_tensorflow_imported(
+        tmp_path, monkeypatch, capsys):
+    """A small share (64 MB) on a process that holds far more with TensorFlow imported: it times the model and
+    answers. Counted against all it held, this process ended itself, as the sweep's children did in CI ("the model
+    took 838 MB of memory, past the 377 MB ceiling"); a process over its share ends with one line (test_hostile)."""
+    import io
+
+    from tfperf.doctor.threads import child
+    from tfperf.measure.processes import replies
+
+    keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)]).save(tmp_path / "small.keras")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("take batch 8 3\nquit\n"))
+    assert child([str(tmp_path / "small.keras"), "--batch-sizes", "8", "--child-memory-limit", str(64 * 2**20)]) == 0
+    ready, samples = replies(capsys.readouterr().out)
+    assert ready["batch 8"]["items_per_call"] == 8 and len(samples) == 3 and min(samples) > 0
+
+
 @pytest.mark.whole_machine  # it asks for both cores
 def test_a_timer_server_reports_the_cores_its_process_kept_busy():
     """Two threads hashing in the child (hashlib lets go of the GIL on large buffers): its CPU time over the wall

@@ -413,6 +413,28 @@ def test_a_keras_callback_watches_its_fit_and_gives_everything_back(tmp_path):
     assert inside.record is None and "another tfperf watch" in inside.skipped and len(outer.record["fits"]) == 1
 
 
+def test_under_a_launcher_each_ranks_watch_writes_its_own_report(tmp_path, monkeypatch):
+    """Under `horovodrun -np 2` each rank runs the same script with the same `out`: rank 0 writes there, as alone,
+    and rank 1 in out/rank1, each report naming its rank (both had written one report.md, the last one kept)."""
+    import keras
+    import numpy as np
+
+    import tfperf.keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    x, y = np.zeros((64, 4), "float32"), np.zeros((64, 2), "float32")
+    for rank in ("1", "0"):
+        monkeypatch.setenv("HOROVOD_RANK", rank)
+        watch = tfperf.keras.Watch(out=tmp_path / "w")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[watch])
+        assert watch.record["rank"] == int(rank)
+    assert sorted(p.relative_to(tmp_path / "w").as_posix() for p in (tmp_path / "w").rglob("*.md")) == [
+        "rank1/report.md", "report.md"]
+    assert "reads the process of rank 1 alone" in (tmp_path / "w" / "rank1" / "report.md").read_text()
+    assert "reads the process of rank 0 alone" in (tmp_path / "w" / "report.md").read_text()
+
+
 def test_traced_steps_say_how_much_of_a_step_waits_for_input(tmp_path):
     """--profile-steps (issue 72): a few steps of the first fit traced, and XProf's share of a step waiting for input
     read: a pipeline that sleeps for each batch is named with the fix; a cached, prefetched one is said not to be;

@@ -79,7 +79,7 @@ class Watch(keras.callbacks.Callback):
         if recording_already():  # `tfperf watch --` or a session records this process: it sees this fit; the
             self.skipped = "another tfperf watch records this process: its report has this fit"  # fit goes on
             return
-        traces = Path(self.out) / "traces" if self.out is not None else None
+        traces = sessions.rank_folder(self.out) / "traces" if self.out is not None else None
         self._opened, self.seen = sessions.begin(self.profile_steps, traces), sessions.Session()
         _OPEN.append(self)
         hooks = sys.modules["_tfperf_watch_keras"]  # the probe's Keras half, as install() loaded it

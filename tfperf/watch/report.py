@@ -168,6 +168,10 @@ def markdown(analysis: Analysis, command: Sequence[str] | str, ending: str, sect
                  "the one with the most Keras work")
         lines += [f"{analysis.processes} Python processes of this run were watched; this report reads {which} "
                   f"(pid {p.get('pid')}).", ""]
+    elif p.get("rank") is not None:  # a session or a Watch in one rank of a launcher's run: it saw its rank alone
+        lines += [f"This report reads the process of rank {p['rank']} alone (pid {p.get('pid')}); under a launcher "
+                  f"each rank's tfperf.keras.Watch() or session writes its own report (rank 0's in the folder "
+                  f"given, rank N's in its rankN folder).", ""]
     if analysis.not_measured:
         lines += ["## Not measured", "", *[f"- {n}" for n in analysis.not_measured], ""]
     return "\n".join(lines)

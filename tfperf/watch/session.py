@@ -35,6 +35,15 @@ class Opened:
     started: float
 
 
+def rank_folder(out: str | Path) -> Path:
+    """Where this process writes what it saw: `out`, or `out`/rankN in a launched rank other than 0 (under
+    `horovodrun -np 2` both ranks run the same script with the same `out`, and wrote one report over the other)."""
+    from tfperf.watch import probe
+
+    rank = probe.launcher_rank()
+    return Path(out) if not rank else Path(out) / f"rank{rank}"
+
+
 def begin(profile_steps: int = 0, traces: str | Path | None = None) -> Opened:
     """Start watching this process (the probe installed, Keras and TensorFlow patched). One at a time.
     `profile_steps`: trace that many steps of the first fit into `traces` (default: a scratch folder)."""
@@ -65,7 +74,7 @@ def end(opened: Opened, seen: Session, out: str | Path | None, name: str, ending
     shutil.rmtree(opened.folder, ignore_errors=True)
     seen.analysis = analyse([seen.record] if seen.record else [], wall)
     if out is not None:
-        folder_out = Path(out)
+        folder_out = rank_folder(out)
         folder_out.mkdir(parents=True, exist_ok=True)
         seen.report = folder_out / "report.md"
         seen.report.write_text(markdown(seen.analysis, name, ending))
@@ -79,9 +88,9 @@ def end(opened: Opened, seen: Session, out: str | Path | None, name: str, ending
 def session(out: str | Path | None = None, name: str = "with tfperf.watch.session()",
             profile_steps: int = 0) -> Iterator[Session]:
     """Watch the block's Keras and TensorFlow work; at its end put every patch back, and write report.md and
-    watch.json to `out` (when given). One session at a time in a process. `profile_steps`: as `tfperf watch
+    watch.json to `out` (when given; `out`/rankN in a launcher's rank N > 0). One session at a time in a process. `profile_steps`: as `tfperf watch
     --profile-steps` (the trace kept in `out`/traces when `out` is given)."""
-    opened, seen = begin(profile_steps, Path(out) / "traces" if out is not None else None), Session()
+    opened, seen = begin(profile_steps, rank_folder(out) / "traces" if out is not None else None), Session()
     try:
         yield seen
     finally:

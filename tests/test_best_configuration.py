@@ -20,6 +20,36 @@ def compared(ratio: float, verdict: str = FASTER) -> Comparison:
     return Comparison("a", "b", ratio, (ratio * 0.9, ratio * 1.1), verdict, paired=True, units=6)
 
 
+def test_an_optimizer_built_before_fit_makes_no_variable_inside_its_traced_step():
+    """Keras 3 on TensorFlow, without a distribution strategy, builds the optimizer inside fit's first trace, and a
+    tf.function that makes variables in its first trace is traced again: the climb's trainers build it first."""
+    import tensorflow as tf
+
+    from tfperf.train import build_optimizer
+
+    def variables_fit_made(prebuilt: bool) -> list[str]:
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(keras.optimizers.Adam(1e-3), "mse")
+        if prebuilt:
+            assert build_optimizer(model)
+        made: list[str] = []
+
+        def creator(next_creator, **kwargs):
+            made.append(kwargs.get("name"))
+            return next_creator(**kwargs)
+
+        with tf.variable_creator_scope(creator):
+            model.fit(np.zeros((32, 4), "float32"), np.zeros((32, 2), "float32"), epochs=1, verbose=0)
+        return made
+
+    assert any("momentum" in name for name in variables_fit_made(False))  # Adam's slots, made inside the trace
+    assert not any("momentum" in name or "iteration" in name for name in variables_fit_made(True))
+    built = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    built.compile(keras.optimizers.Adam(1e-3), "mse")
+    assert build_optimizer(built) and not build_optimizer(built)  # built once
+    assert not build_optimizer(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))  # not compiled
+
+
 def test_the_knobs_are_raced_in_the_cookbooks_order_and_a_config_says_what_it_changes():
     assert knobs("mixed_bfloat16", [64, 128]) == [
         ("steps_per_execution", (1, 16, 64)), ("jit_compile", (False, True)), ("policy", (None, "mixed_bfloat16")),

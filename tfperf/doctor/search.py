@@ -111,11 +111,12 @@ def trainer(subject: Subject, config: Config, rows: Rows):
     import keras
 
     from tfperf.measure import Timer
-    from tfperf.train import fit_epochs
+    from tfperf.train import build_optimizer, fit_epochs
 
     model = subject.fresh(config.policy)
     model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE * config.learning_rate_scale), loss=rows.loss,
                   **config.compile_options())
+    build_optimizer(model)  # its first epoch traces the step once, not twice: the climb builds twenty of them
     epoch, losses = fit_epochs(model, rows.x, rows.y, shuffle=False,
                                **({} if rows.batch_given else {"batch_size": config.batch}))
     timer = Timer(epoch, name=config.label, items_per_call=rows.examples)

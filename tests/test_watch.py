@@ -84,6 +84,45 @@ def test_a_slow_first_epoch_is_split_into_its_first_step_and_tracing():
     found = f.first_epoch_findings([fit([one_step] + [epoch(i) for i in range(1, 4)])])
     assert "1 step(s) an epoch, so its first step cannot be told" in found[0].text and "tracing 1.5 s" in found[0].text
     assert f.first_epoch_findings([fit([epoch(0, seconds=9.0)])]) == []  # one epoch: nothing to compare with
+    assert "again" not in found[0].text and "optimizer" not in found[0].fix
+
+
+def test_a_step_traced_twice_in_the_first_epoch_is_named_with_its_cause_and_what_it_cost():
+    """Keras 3 on TensorFlow builds an optimizer not yet built inside fit's first trace; TensorFlow then traces the
+    step again. Recorded in a real fit (its optimizer built first: nothing traced again), then each branch said."""
+    import keras
+    import numpy as np
+
+    from tfperf.train import build_optimizer
+    from tfperf.watch import session
+
+    x, y = np.zeros((64, 4), "float32"), np.zeros((64, 2), "float32")
+    recorded = []
+    for built in (False, True):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile("adam", "mse")
+        if built:
+            build_optimizer(model)
+        with session() as seen:
+            model.fit(x, y, epochs=2, verbose=0)
+        (fitted,) = seen.record["fits"]
+        recorded.append((fitted["optimizer_unbuilt"], fitted["epochs_run"][0]["retraced_inside_s"]))
+    (unbuilt, again), (unbuilt_after, again_after) = recorded
+    assert unbuilt and again > 0 and not unbuilt_after and again_after == 0.0, recorded
+
+    def first_epoch(retraced_inside_s: float, optimizer_unbuilt: bool = False):
+        first = {**epoch(0, seconds=5.0, traces=1, trace_s=1.5, first=3.0, first_trace=1.4),
+                 "retraced_inside_s": retraced_inside_s}
+        return f.first_epoch_findings([fit([first] + [epoch(i) for i in range(1, 4)],
+                                           optimizer_unbuilt=optimizer_unbuilt)])[0]
+
+    said = first_epoch(retraced_inside_s=0.6, optimizer_unbuilt=True)
+    assert "traced fit's step again inside that trace (600 ms)" in said.text
+    assert "model.optimizer.build(model.trainable_variables)" in said.fix and "at least 600 ms" in said.fix
+    other = first_epoch(retraced_inside_s=0.6)
+    assert "its first trace made variables" in other.text and "optimizer" not in other.fix
+    assert "build the model before fit()" in other.fix
+    assert "again" not in first_epoch(retraced_inside_s=0.01, optimizer_unbuilt=True).text  # under RETRACED_MIN_S
 
 
 def trace(fn, signature, site="train.py:20", seconds=0.2, own=True, defined_at="train.py:5"):

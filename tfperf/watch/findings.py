@@ -199,12 +199,32 @@ def first_epoch_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
         outside = max(0.0, e0["trace_s"] - in_step)
         if outside >= 0.001:
             parts.append(f"tracing {seconds(outside)}" + (" outside the first step" if in_step else ""))
+        again, fix = retraced_step(fit, e0)
         text = (f"the first epoch of fit() at {fit.get('site')} took {seconds(first)}, {first / others:.1f}x the "
-                f"others' median {seconds(others)}: {seconds(extra)} more; " + "; ".join(parts))
-        fix = ("paid once per fit() of a new or recompiled model: call fit() once for all epochs "
-               "(not once an epoch), keep one model rather than rebuilding it")
+                f"others' median {seconds(others)}: {seconds(extra)} more; " + "; ".join(parts + again))
         found.append(Finding("first epoch", extra, text, fix))
     return found
+
+
+RETRACED_MIN_S = 0.05  # a step traced again inside its own trace is named from this much
+
+
+def retraced_step(fit: Mapping[str, Any], epoch: Mapping[str, Any]) -> tuple[list[str], str]:
+    """What the first epoch's tracing did twice, and the fix: ([the part said, if any], the fix)."""
+    fix = "paid once per fit() of a new or recompiled model: call fit() once for all epochs (not once an epoch), " \
+          "keep one model rather than rebuilding it"
+    again = epoch.get("retraced_inside_s") or 0.0
+    if again < RETRACED_MIN_S:
+        return [], fix
+    if fit.get("optimizer_unbuilt"):
+        return ([f"TensorFlow traced fit's step again inside that trace ({seconds(again)}): Keras builds an optimizer "
+                 f"not yet built inside the first trace, and a trace that makes variables is done twice"],
+                f"build the optimizer after compile(): `model.optimizer.build(model.trainable_variables)`, which saves "
+                f"the second trace (at least {seconds(again)}); and " + fix)
+    return ([f"TensorFlow traced a function again inside fit's step ({seconds(again)}): its first trace made "
+             f"variables (a layer building its weights inside the step)"],
+            f"build the model before fit() (call it once on a batch) to save the second trace (at least "
+            f"{seconds(again)}); and " + fix)
 
 
 def input_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:

@@ -31,6 +31,8 @@ def _fit_summary(model: Any, bound: inspect.BoundArguments) -> dict:
             "user_callbacks": [type(c).__name__ for c in (callbacks if isinstance(callbacks, list) else [])],
             "steps_per_execution": getattr(model, "steps_per_execution", None),
             "jit_compile": _safe(lambda: bool(model.jit_compile)),
+            # Keras 3 on TensorFlow builds an optimizer not yet built inside fit's first traced step
+            "optimizer_unbuilt": _safe(lambda: model.optimizer is not None and not model.optimizer.built),
             "dtype_policy": _safe(lambda: model.dtype_policy.name)}
 
 

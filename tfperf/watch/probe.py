@@ -103,6 +103,7 @@ class Recorder:
         self.validating = False
         self.step_started: float | None = None
         self.tracing = 0
+        self.inner_traces: list[list] = []  # the functions traced inside the trace under way: [name, seconds]
         self.written = 0.0
         self.capture_to = os.environ.get(CAPTURE_ENV) or None
         self.apply = json.loads(os.environ.get(APPLY_ENV) or "{}")
@@ -230,6 +231,7 @@ class Recorder:
                 if holder is not None:
                     holder["traces"] += 1
                     holder["trace_s"] += entry["seconds"]
+                    holder["retraced_inside_s"] = holder.get("retraced_inside_s", 0.0) + entry["retraced_inside_s"]
 
     def function_call(self, key: int, describe: Callable[[], dict], seconds: float) -> None:
         """A call of one of the program's own tf.functions outside fit (a custom training loop's step)."""
@@ -316,6 +318,19 @@ def _defined_at(python_function: Any) -> tuple[str | None, bool]:
     return f"{name}:{code.co_firstlineno}", not _is_library(code.co_filename)
 
 
+def _retraced_inside(inner: list[list]) -> float:
+    """The seconds of a trace spent tracing again a function it had traced already (by name: the second trace wraps
+    the Python function anew): TensorFlow traces a tf.function a second time when its first trace made variables,
+    as Keras 3 fit()'s step does where it builds the optimizer inside it."""
+    seen: set[str] = set()
+    again = 0.0
+    for name, seconds in inner:
+        if name in seen:
+            again += seconds
+        seen.add(name)
+    return again
+
+
 def patch_tracing() -> None:
     """Every tf.function trace: which function, from which line of the program, for what signature, how long."""
     module = sys.modules.get("tensorflow.python.eager.polymorphic_function.tracing_compilation")
@@ -326,19 +341,27 @@ def patch_tracing() -> None:
     @functools.wraps(original)
     def create(function_type, type_context, func_graph, tracing_options):
         rec = RECORDER
-        if rec is None or rec.tracing:  # a function traced inside another's trace is part of that one
+        if rec is None:
             return original(function_type, type_context, func_graph, tracing_options)
-        started, site = _clock(), user_site(2)
+        fn, started = tracing_options.python_function, _clock()
+        if rec.tracing:  # a function traced inside another's trace is part of that one: kept with it
+            rec.tracing += 1
+            try:
+                return original(function_type, type_context, func_graph, tracing_options)
+            finally:
+                rec.tracing -= 1
+                rec.inner_traces.append([str(getattr(tracing_options, "name", "")), _clock() - started])
+        site, rec.inner_traces = user_site(2), []
         rec.tracing += 1
         try:
             return original(function_type, type_context, func_graph, tracing_options)
         finally:
             rec.tracing -= 1
-            fn = tracing_options.python_function
             defined_at, own = _defined_at(fn)
             rec.trace({"name": str(getattr(tracing_options, "name", "function")), "function": id(fn),
                        "defined_at": defined_at, "own": own, "site": site, "seconds": _clock() - started,
-                       "signature": _describe(function_type) if own else [], "at_s": started - rec.t0})
+                       "signature": _describe(function_type) if own else [], "at_s": started - rec.t0,
+                       "retraced_inside_s": _retraced_inside(rec.inner_traces)})
 
     create._tfperf_watched = True
     replace(module, "_create_concrete_function", create)

@@ -88,8 +88,8 @@ def end(opened: Opened, seen: Session, out: str | Path | None, name: str, ending
 def session(out: str | Path | None = None, name: str = "with tfperf.watch.session()",
             profile_steps: int = 0) -> Iterator[Session]:
     """Watch the block's Keras and TensorFlow work; at its end put every patch back, and write report.md and
-    watch.json to `out` (when given; `out`/rankN in a launcher's rank N > 0). One session at a time in a process. `profile_steps`: as `tfperf watch
-    --profile-steps` (the trace kept in `out`/traces when `out` is given)."""
+    watch.json to `out` (when given; `out`/rankN in a launcher's rank N > 0). One session at a time in a process.
+    `profile_steps`: as `tfperf watch --profile-steps` (the trace kept in `out`/traces when `out` is given)."""
     opened, seen = begin(profile_steps, rank_folder(out) / "traces" if out is not None else None), Session()
     try:
         yield seen

@@ -852,10 +852,12 @@ def test_a_row_that_disagrees_without_a_note_says_so_and_no_sentence_dangles():
     assert line.endswith("; and its answers or loss disagree")
 
 
-def test_what_a_flag_asked_for_is_neither_cut_by_the_budget_nor_counted_in_it(tmp_path, monkeypatch):
-    """Issue 73: four opt-in flags spent --quick's budget and retracing, a default experiment, was skipped. On a
-    clock the experiments move: the flag's 1,000 s leave the default ones their budget; 200 s of default ones spend
-    it, and the next is skipped, saying why."""
+def test_what_a_flag_asked_for_runs_first_is_never_cut_and_the_default_ones_get_what_is_left(tmp_path,
+                                                                                              monkeypatch):
+    """Issue 73: four opt-in flags spent --quick's budget and retracing, a default experiment, was skipped; issue 71:
+    the default experiments ran first and the answer --train asked for ended a --quick run at 295 s. On a clock the
+    experiments move: what a flag asked for runs first, whatever the budget; the default ones then run while the
+    budget lasts, and the first past it is skipped, saying why. Without an asked one the sentence does not name it."""
     from types import SimpleNamespace
 
     from tfperf.doctor import registry
@@ -864,9 +866,11 @@ def test_what_a_flag_asked_for_is_neither_cut_by_the_budget_nor_counted_in_it(tm
 
     clock = [0.0]
     monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    seen: list[float | None] = []
 
     def taking(name: str, seconds: float, budgeted: bool = True) -> Experiment:
         def run(ctx):
+            seen.append(ctx.ends_by)
             clock[0] += seconds
             return Section(name)
         return Experiment(name, "?", run, budgeted=budgeted)
@@ -874,13 +878,22 @@ def test_what_a_flag_asked_for_is_neither_cut_by_the_budget_nor_counted_in_it(tm
     keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)], name="tiny").save(tmp_path / "m.keras")
     subject = load_subject(str(tmp_path / "m.keras"))
     options = doctor.Options(**{**TINY, "budget_s": 150.0, "profile": False})
-    monkeypatch.setattr(registry, "EXPERIMENTS", (taking("default", 10), taking("asked by a flag", 1000, False),
-                                                  taking("retracing", 5), taking("long default", 200),
-                                                  taking("last default", 1)))
+    monkeypatch.setattr(registry, "EXPERIMENTS", (taking("default", 10), taking("asked by a flag", 100, False),
+                                                  taking("retracing", 5), taking("long default", 60),
+                                                  taking("last default", 1), taking("asked too", 20, False)))
     d = doctor.diagnose(subject, options, tmp_path / "work")
-    assert list(d.took_s)[1:] == ["default", "asked by a flag", "retracing", "long default"]
-    assert d.skipped == {"last default": "not run: the --budget of 150 s was spent (215 s by the experiments run by "
-                                         "default; what a flag asked for is neither counted nor cut)"}
+    assert list(d.took_s)[1:] == ["asked by a flag", "asked too", "default", "retracing", "long default"]
+    assert d.skipped == {"last default": "not run: the --budget of 150 s was spent (195 s, 120 s of it by what the "
+                                         "flags asked for, which runs first and is never cut)"}
+    assert seen[0] == 150.0  # the clock read 0 when the run began: the budget ends 150 s on
+
+    seen.clear()
+    monkeypatch.setattr(registry, "EXPERIMENTS", (taking("default", 200), taking("next", 1)))
+    d = doctor.diagnose(subject, options, tmp_path / "work2")
+    assert d.skipped == {"next": "not run: the --budget of 150 s was spent (200 s)"}
+    options = doctor.Options(**{**TINY, "budget_s": None, "profile": False})
+    doctor.diagnose(subject, options, tmp_path / "work3")
+    assert seen[-1] is None
 
 
 def test_a_stopped_doctor_reports_what_it_measured_marked_partial_and_exits_143(tmp_path, monkeypatch):

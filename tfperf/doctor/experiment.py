@@ -85,6 +85,9 @@ class Context:
     profiler: Any = None
     sections: dict[str, Section] = dataclasses.field(default_factory=dict)
     say: Callable[[str], None] = lambda what: None  # a line of what a long part is doing, for the command to show
+    # When the budget is spent, on time.perf_counter()'s clock (None: no budget): a part that may take as long as it
+    # is given (the best-configuration search) sizes itself to it.
+    ends_by: float | None = None
 
 
 def _always(subject: Subject, options: Options) -> bool:
@@ -105,8 +108,8 @@ class Experiment:
     # Checks and reads what needs the model (a --data pipeline, a --train-step), before anything is measured:
     # the options with what it read, or DoctorError.
     prepare: Callable[[Subject, Options], Options] | None = None
-    # Skipped once --budget is spent, and its time counted: an answer asked for by its own flag (--train, --serve,
-    # --shapes) is not; a run given four such flags skipped retracing, a default one, noted only under Not measured.
+    # Skipped once --budget is spent: an answer asked for by its own flag (--train, --serve, --shapes) is not, and
+    # runs before every budgeted one, its time counted (registry.taken): the budget goes to the question asked.
     budgeted: bool = True
 
     def step_names(self, subject: Subject, options: Options) -> list[str]:

@@ -58,8 +58,8 @@ def failure(exc: Exception) -> str:
 def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path | None = None,
              out: Path | None = None, progress: Callable[[str], None] = lambda step: None,
              say: Callable[[str], None] = lambda what: None, since: float | None = None) -> Diagnosis:
-    """Every experiment the run takes, in turn, each skipped (and said so) once the budget is spent, except the
-    answers asked for by their own flag, whose time the budget does not count either. The profile pass writes its
+    """Every experiment the run takes, in turn (what a flag asked for first), each skipped (and said so) once the
+    budget is spent, except the answers asked for by their own flag, which are never cut. The profile pass writes its
     traces under `traces` (default: workdir/traces); a section that writes beside the report writes in `out`
     (default: workdir); `say` shows what a long part is doing. `since`: when the process started (on
     time.perf_counter()'s clock), so that the time the report says is the run's by the wall clock, loading
@@ -81,8 +81,10 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
     profiler = ProfilePass(traces, rec, facts) if options.profile and extras.installed("xprof") else None
     if options.profile and profiler is None:
         left_out["profile pass"] = f"not run: {extras.message('xprof', 'the profile pass')}"
-    ctx = Context(subject, rec, options, workdir, traces, out or workdir, progress, facts, profiler, say=say)
-    spent = took[FIRST_STEP]  # what the budget counts: not the start-up, nor what a flag asked for
+    ctx = Context(subject, rec, options, workdir, traces, out or workdir, progress, facts, profiler, say=say,
+                  ends_by=None if options.budget_s is None else started + options.budget_s)
+    # What the budget counts: the run's time but its start-up, what a flag asked for (which runs first) included.
+    spent, asked = took[FIRST_STEP], 0.0
     stopped: tuple[str, int] | None = None
     for experiment in registry.taken(subject, options):
         if stopped is not None:
@@ -91,8 +93,9 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
             continue
         if experiment.budgeted and options.budget_s is not None and spent > options.budget_s:
             ctx.sections[experiment.name] = Section(experiment.name, skipped={
-                experiment.name: f"not run: the --budget of {options.budget_s:.0f} s was spent ({spent:.0f} s by "
-                                 f"the experiments run by default; what a flag asked for is neither counted nor cut)"})
+                experiment.name: f"not run: the --budget of {options.budget_s:.0f} s was spent ({spent:.0f} s"
+                                 + (f", {asked:.0f} s of it by what the flags asked for, which runs first and is "
+                                    f"never cut" if asked else "") + ")"})
             continue
         began = time.perf_counter()
         try:
@@ -110,7 +113,8 @@ def diagnose(subject: Subject, options: Options, workdir: Path, *, traces: Path 
                 experiment.name: f"failed: {reason} (the other experiments ran; please report it)"})
             say(f"{experiment.name} failed: {reason}")
         took[experiment.name] = time.perf_counter() - began
-        spent += took[experiment.name] if experiment.budgeted else 0.0
+        spent += took[experiment.name]
+        asked += 0.0 if experiment.budgeted else took[experiment.name]
     elapsed = time.perf_counter() - (started if since is None else since)
     return Diagnosis(subject, rec, facts, ctx.sections, left_out, elapsed, took, profiler,
                      partial=stopped[0] if stopped else None, exit_code=stopped[1] if stopped else 0)

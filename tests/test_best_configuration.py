@@ -178,19 +178,22 @@ def test_the_search_climbs_on_a_users_model_and_confirms_what_it_recommends(tmp_
     assert np.isfinite([r.loss for r in found.rungs]).all()
 
 
-def scripted_climb(monkeypatch, speed, loss=lambda c: 1.0):
+def scripted_climb(monkeypatch, speed, loss=lambda c: 1.0, budget=None,
+                   cost=lambda configs, started, rounds, budget: None, skipped=None):
     """The climb on scripted races: a configuration's examples a second are `speed(config)`, faster where over 5% above
-    the race's first, its loss `loss(config)`: (best, best at your batch, rungs tried, each race's configurations,
-    each race's (rounds, extensions, whether trainers were kept))."""
+    the race's first, its loss `loss(config)`; `cost` is called with each race (to move a clock): (best, best at your
+    batch, rungs tried, each race's configurations, each race's (rounds, extensions, whether trainers were kept))."""
     from types import SimpleNamespace
 
     from tfperf.doctor import search
 
     raced, how = [], []
 
-    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None):
+    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None, budget=None):
         raced.append(configs)
         how.append((rounds, extensions, started is not None))
+        cost(configs, started, rounds, budget)
+        started.update({c.label: None for c in configs})
         ms = {c.label: SimpleNamespace(items_per_s=speed(c)) for c in configs}
         comparisons = {c.label: compared(r := speed(c) / speed(configs[0]), FASTER if r > 1.05 else NO_DIFFERENCE)
                        for c in configs[1:]}
@@ -201,7 +204,8 @@ def scripted_climb(monkeypatch, speed, loss=lambda c: 1.0):
     ctx = SimpleNamespace(subject=SimpleNamespace(inputs=()),
                           options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32),
                           progress=lambda step: None, recorder=SimpleNamespace(add=lambda *a, **k: None))
-    return (*search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {}), raced, how)
+    return (*search.climb(ctx, SimpleNamespace(batch_given=False, examples=2048), {} if skipped is None else skipped,
+                          budget=budget), raced, how)
 
 
 def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch):
@@ -223,7 +227,7 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
                                                  mixed,  # pass 3: XLA on mixed; nothing changes
                                                  mixed]  # XLA in place of mixed precision: slower, the climb stops
     assert [c.label for c in raced[-1][1:]] == [f"jit_compile=True, steps_per_execution=64, batch {b}"
-                                                for b in (128, 256, 512)]  # at the best's batch and each larger
+                                                for b in (128, 512)]  # at the best's batch and the largest
     # The climb's races: six rounds, one extension, trainers kept; the exchange, the headline's rounds and the
     # options' extensions (what it gains is smaller than what the knob it gives up measured).
     assert how == [(6, 1, True)] * (len(raced) - 1) + [(12, 2, True)]
@@ -242,11 +246,91 @@ def test_each_knob_is_raced_whole_and_again_once_the_others_changed(monkeypatch)
     assert next(r for r in tried if r.row == "steps_per_execution=16").note == "steps_per_execution=64 was faster still"
 
 
+def test_the_climb_leaves_out_the_races_its_budget_cannot_hold_and_says_so(monkeypatch):
+    """Issue 71: --quick on a two-block Transformer took 295 s, 222 s of it the search (builds of 3-8 s each). On
+    scripted races shaped like it, each moving a clock by what it costs (a build of 4 s, 8 s with XLA, for each
+    configuration not training yet; an epoch of 0.5 s each round, extended once), and a budget that ends 190 s on: the races are
+    estimated from what the climb measured, run while they and what must follow them (the headline race and the
+    confirmation) fit, and the rest are left out, each said with its estimate; the estimate held (the clock stayed
+    within the budget with the headline's and the confirmation's time to spare)."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import climb_costs
+    from tfperf.doctor.climb_costs import Budget
+
+    clock = [0.0]
+    monkeypatch.setattr(climb_costs, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def cost(configs, started, rounds, budget):
+        for c in configs:
+            if c.label not in started:
+                clock[0] += 8.0 if c.jit_compile else 4.0
+                budget.costs.built(c, 8.0 if c.jit_compile else 4.0)
+        clock[0] += 2 * rounds * 0.5 * len(configs)  # its rounds and an extension of as many
+        budget.costs.raced({c.label: 0.5 for c in configs})
+
+    def speed(c: Config) -> float:
+        mixed = {32: 0.9, 64: 1.0, 128: 1.2, 256: 1.3}.get(c.batch, 1.6) if c.policy else 1.0
+        xla = (0.6 if c.policy else 1.3) if c.jit_compile else 1.0
+        batch = {32: 1.0, 64: 1.2, 128: 1.3, 256: 1.4}.get(c.batch, 1.35)
+        return 100 * (1.2 if c.steps_per_execution > 1 else 1.0) * xla * mixed * batch
+
+    budget, skipped = Budget(ends_by=190.0, rounds=12), {}
+    best, _, tried, raced, _ = scripted_climb(monkeypatch, speed, budget=budget, cost=cost, skipped=skipped)
+    firsts = ["steps_per_execution", "jit_compile", "policy", "batch"]
+    assert [r.row for r in tried][:4] == ["steps_per_execution=16", "steps_per_execution=64", "jit_compile=True",
+                                          "mixed_bfloat16"]  # the first pass ran whole
+    assert budget.cut and budget.cut[0] not in firsts  # the budget cut later races: a second pass, the exchange
+    assert set(skipped) == {f"best configuration: the climb: {step}" for step in budget.cut}
+    assert all(why.startswith("not raced: about ") and "of the --budget were left" in why for why in skipped.values())
+    after = budget.costs.after_climb(budget.heading, budget.heading[0], best, 12)
+    assert clock[0] + after <= 190.0 and after > climb_costs.CHILD_START_S
+    assert best == Config(steps_per_execution=16, jit_compile=True, batch=256)  # what it kept before the cut
+    said = Climbed(tried, best, Config(), {best.label: compared(1.5, FASTER)}, ["model.fit(x, y)"],
+                   losses={best.label: 1.0, Config().label: 1.0}, cut=budget.cut).describe()
+    assert "The --budget left out the climb's race" in said and budget.cut[0] in said
+
+    # A budget that holds part of a race: the batch race takes the batches that fit, spread down from the largest
+    # (the others said), and the exchange waits for a climb the budget did not cut.
+    clock[0], budget, skipped = 0.0, Budget(ends_by=160.0, rounds=12), {}
+    best, _, tried, raced, _ = scripted_climb(monkeypatch, speed, budget=budget, cost=cost, skipped=skipped)
+    assert [c.batch for c in raced[3][1:]] == [128, 512] and best.batch == 512
+    assert budget.cut[0] == "batch: batch 64, batch 256"
+    assert skipped["best configuration: the climb: batch: batch 64, batch 256"].startswith(
+        "not raced: about 62 s for the race with them, where ")
+    assert not [r for r in tried if r.row.endswith("(an exchange)")]
+
+    # Without a budget the same climb runs to its end: the exchange finds mixed precision at batch 512.
+    clock[0] = 0.0
+    best, _, _, _, _ = scripted_climb(monkeypatch, speed, budget=Budget(None, 12), cost=cost)
+    assert best == Config(steps_per_execution=16, policy="mixed_bfloat16", batch=512)
+    assert "left out" not in Climbed(tried, best, Config(), {best.label: compared(1.5, FASTER)}, [],
+                                     losses={best.label: 1.0, Config().label: 1.0}).describe()
+
+
+def test_a_race_is_estimated_from_the_builds_and_epochs_measured():
+    """A build not yet measured is taken from those alike (XLA or not; an XLA one from the others times XLA_BUILD), an
+    epoch from the configuration it changes; a configuration already training costs no build."""
+    from tfperf.doctor.climb_costs import XLA_BUILD, Costs
+
+    costs, plain = Costs(), Config()
+    assert costs.race([plain], plain, 6) == 0.0  # nothing measured: nothing to refuse on
+    costs.built(plain, 4.0)
+    costs.raced({plain.label: 0.5})
+    jit, spe = Config(jit_compile=True), Config(steps_per_execution=16)
+    assert costs.build(jit) == 4.0 * XLA_BUILD and costs.build(spe) == 4.0
+    assert costs.race([plain, spe, jit], plain, 6, started=[plain.label]) == 4.0 + 4.0 * XLA_BUILD + 6 * 3 * 0.5
+    costs.built(jit, 10.0)
+    costs.raced({jit.label: 0.25})
+    both = Config(jit_compile=True, steps_per_execution=16)
+    assert costs.build(both) == 10.0 and costs.epoch(both, jit) == 0.25 and costs.epoch(both, spe) == 0.5
+
+
 def test_where_xla_and_mixed_precision_pay_apart_and_not_together_the_one_kept_first_is_exchanged(monkeypatch):
     """Shaped like the two-block Transformer on the CPU: XLA pays at batch 32 and is kept first, then batch 256;
     with XLA, mixed precision is slower at every batch; without it, mixed precision at batch 512 is the fastest, and
     no faster than XLA at 256. One knob at a time the climb stopped at XLA (0.79 of the best); the exchange, raced at
-    the best's batch and each larger one, reaches the best."""
+    the best's batch and the largest, reaches the best."""
     from tfperf.doctor import search
 
     def speed(c: Config) -> float:
@@ -318,7 +402,7 @@ def test_a_race_that_fails_midway_is_said_and_the_climb_goes_on(monkeypatch):
 
     from tfperf.doctor import search
 
-    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None):
+    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None, budget=None):
         if any(c.policy for c in configs):
             raise MemoryError("out of memory at the third epoch")
         pays = lambda c: c.steps_per_execution == 16 != configs[0].steps_per_execution  # noqa: E731
@@ -379,7 +463,7 @@ def test_the_faster_of_two_candidates_is_the_one_whose_ratio_to_the_best_is_larg
 
     from tfperf.doctor import search
 
-    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None):
+    def scripted(ctx, configs, rows, *, rounds, failed=None, started=None, extensions=None, budget=None):
         rates = {32: 100.0, 256: 190.0, 512: 180.0}  # the medians say 256
         ratios = {256: 1.75, 512: 1.86}  # round by round, 512
         return ({c.label: SimpleNamespace(items_per_s=rates[c.batch]) for c in configs},

@@ -98,6 +98,7 @@ class Climbed:
     plain: Config = dataclasses.field(default_factory=Config)  # plain fit at the user's batch
     rates: dict[str, float] = dataclasses.field(default_factory=dict)  # examples a second per headline row
     epoch: int | None = None  # the examples in one of the user's epochs (--epoch-examples), where known
+    cut: list[str] = dataclasses.field(default_factory=list)  # the climb's races the budget left out
 
     @property
     def pays(self) -> bool:
@@ -109,23 +110,32 @@ class Climbed:
     def describe(self) -> str:
         """The answer first: the recommendation, its gain, its code, and the confirmation."""
         if self.best == self.plain:
-            tried = ", ".join(r.row for r in self.rungs)
-            return f"**Best configuration for training**: plain fit; no change tried on top of it paid ({tried}).\n"
+            tried = ", ".join(r.row for r in self.rungs) or "nothing"
+            return (f"**Best configuration for training**: plain fit; no change tried on top of it paid "
+                    f"({tried}).{self._cut_text()}\n")
         c = self.headline[self.best.label]
         if not self.pays:
             return (f"**Best configuration for training**: plain fit. The climb kept {self.best.label}, but raced "
                     f"against plain fit in a race of its own it measured {c.describe()}: nothing is recommended "
-                    f"(rerun without --quick for more rounds).\n")
+                    f"(rerun without --quick for more rounds).{self._cut_text()}\n")
         lines = [f"**Best configuration for training**: {self.best.label}: {c.describe()} against plain fit "
                  f"(batch {self.plain.batch}), every kept rung on top of the ones before it{self._in_seconds()}. "
                  f"Apply it as:", "",
                  "```python", *self.code, "```", ""]
         lines.append("Each kept rung's gain on top of those before it: " + "; ".join(
-            f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + ".")
+            f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + "." + self._cut_text())
         if self.best.batch != self.plain.batch:
             lines.append(self._batch_text())
         lines.append(self._confirmation())
         return "\n".join(lines) + "\n"
+
+    def _cut_text(self) -> str:
+        """The races the budget left out, in one sentence (empty where it left none out)."""
+        if not self.cut:
+            return ""
+        return (f" The --budget left out the climb's {'race' if len(self.cut) == 1 else 'races'} of "
+                f"{'; '.join(self.cut)} (each under Not measured with its estimate): without --quick "
+                f"{'it runs' if len(self.cut) == 1 else 'they run'}, and may find more.")
 
     def _in_seconds(self) -> str:
         """The gain in the user's time: an epoch of theirs (where known), else every 10,000 examples."""

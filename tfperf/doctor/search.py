@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfperf import flags
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
+from tfperf.doctor.climb_costs import Budget
 from tfperf.doctor.climbed import EXCHANGED, Climbed, Config, Rung, change, code_lines
 from tfperf.doctor.confirm import LEARNING_RATE, confirm
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
@@ -91,17 +93,22 @@ def training_rows(subject: Subject, options: Options, examples: int | None = Non
     return Rows(*synthetic_rows(subject, options, examples), loss, examples, False)
 
 
-def sized_rows(subject: Subject, options: Options) -> Rows:
+def sized_rows(subject: Subject, options: Options, budget: Budget | None = None) -> Rows:
     """The rows the climb trains on: doubled until a plain epoch takes EPOCH_S (timed once, after a first epoch),
-    at most MAX_GROWTH times options.train_examples; the user's --data as it is."""
+    at most MAX_GROWTH times options.train_examples; the user's --data as it is. `budget` notes plain fit's costs."""
     rows = training_rows(subject, options)
     if rows.batch_given:
         return rows
+    began = time.perf_counter()
     timer, _ = trainer(subject, plain_fit(options), rows)
+    built = time.perf_counter() - began
     seconds = timer.take(1)[0]
     growth = 1
     while growth < MAX_GROWTH and seconds * growth < EPOCH_S[options.quick]:
         growth *= 2
+    if budget is not None:
+        budget.costs.built(plain_fit(options), built)
+        budget.costs.raced({plain_fit(options).label: seconds * growth})
     return rows if growth == 1 else training_rows(subject, options, growth * options.train_examples)
 
 
@@ -126,23 +133,31 @@ def trainer(subject: Subject, config: Config, rows: Rows):
 
 def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int,
          failed: dict[str, str] | None = None, started: dict[str, tuple] | None = None,
-         extensions: int | None = None):
+         extensions: int | None = None, budget: Budget | None = None):
     """Train each configuration an epoch at a time in interleaved rounds: (measurements by label, comparisons of
     each against the first, final losses by label after as many epochs for every one). With `failed`, a
     configuration after the first that cannot train (an XLA refusal, memory) is named there and left out. With
     `started`, a configuration's trainer is taken from there where it is (and put there where it is not): going on
     training the same copy costs an epoch, where a new one is built, compiled and run a first epoch. `extensions`:
-    at most this many rounds more for a comparison its rounds left undecided (default: the options')."""
+    at most this many rounds more for a comparison its rounds left undecided (default: the options'). `budget`
+    notes each build's seconds and each configuration's median epoch."""
     from tfperf.measure.rounds import race as interleaved
+
+    def build(config: Config) -> tuple:
+        began = time.perf_counter()
+        made = trainer(ctx.subject, config, rows)
+        if budget is not None:
+            budget.costs.built(config, time.perf_counter() - began)
+        return made
 
     made = []
     for config in configs:
         try:
             if started is None:
-                made.append((config, *trainer(ctx.subject, config, rows)))
+                made.append((config, *build(config)))
                 continue
             if config.label not in started:
-                started[config.label] = trainer(ctx.subject, config, rows)
+                started[config.label] = build(config)
             made.append((config, *started[config.label]))
         except Exception as exc:
             if failed is None or config == configs[0]:
@@ -158,6 +173,8 @@ def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int,
     ms, comparisons = interleaved([t for _, t, _ in made], rounds=rounds, samples=rounds, threshold=MIN_GAIN,
                                   max_extensions=options.max_extensions if extensions is None else extensions,
                                   warmup=0, seed=options.seed, on_first_rounds=read)
+    if budget is not None:
+        budget.costs.raced({m.name: m.median_s for m in ms})
     return {m.name: m for m in ms}, dict(zip([c.label for c, _, _ in made[1:]], comparisons)), losses
 
 
@@ -167,34 +184,66 @@ CLIMB_EXTENSIONS = 1
 
 
 def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[Any], plain_loss: float,
-          skipped: dict[str, str], suffix: str = "", started: dict[str, tuple] | None = None
-          ) -> tuple[list[Rung], Config]:
+          skipped: dict[str, str], suffix: str = "", started: dict[str, tuple] | None = None,
+          budget: Budget | None = None) -> tuple[list[Rung], Config]:
     """One knob's other values raced together against the best so far, and recorded: the rungs, and the best after
     it (the fastest candidate faster than the best with a loss that agrees; a new batch's loss is said, not held)."""
     changed = [(change(knob, v), dataclasses.replace(best, **{knob: v})) for v in values if v != getattr(best, knob)]
-    return candidates_raced(ctx, rows, best, changed, knob, plain_loss, skipped, suffix, started)
+    return candidates_raced(ctx, rows, best, changed, knob, plain_loss, skipped, suffix, started, budget=budget)
+
+
+def fitted(budget: Budget | None, best: Config, changed: Sequence[tuple[str, Config]], rounds: int,
+           started: Sequence[str], step: str, skipped: dict[str, str]) -> tuple[list[tuple[str, Config]], float]:
+    """The candidates a race takes within the budget, and its estimated seconds (NaN without a budget): all of them
+    where they fit, else the most that fit, spread from the last (the largest batch, steps_per_execution=64)
+    down every other value; those left out are said in `skipped`. On the Transformer the batch race (four builds
+    with XLA, about 49 s) did not fit whole, where two of its batches did."""
+    if budget is None:
+        return list(changed), math.nan
+    whole = budget.costs.race([best, *[config for _, config in changed]], best, rounds, started)
+    preferred = [*changed[::-1][::2], *changed[::-1][1::2]]
+    for count in range(len(changed), 0, -1):
+        taken = [candidate for candidate in changed if candidate in preferred[:count]]
+        estimated = budget.costs.race([best, *[config for _, config in taken]], best, rounds, started)
+        if budget.fits(estimated):
+            if count < len(changed):
+                left_out = ", ".join(row for row, config in changed if (row, config) not in taken)
+                skipped[f"{CLIMB}: {step}: {left_out}"] = budget.refusal(f"{step}: {left_out}", whole, partly=True)
+            return taken, estimated
+    skipped[f"{CLIMB}: {step}"] = budget.refusal(step, whole)
+    return [], math.nan
 
 
 def candidates_raced(ctx: Context, rows: Rows, best: Config, changed: Sequence[tuple[str, Config]], step: str,
                      plain_loss: float, skipped: dict[str, str], suffix: str = "",
                      started: dict[str, tuple] | None = None, rounds: int | None = None,
-                     extensions: int = CLIMB_EXTENSIONS) -> tuple[list[Rung], Config]:
+                     extensions: int = CLIMB_EXTENSIONS, budget: Budget | None = None) -> tuple[list[Rung], Config]:
     """Candidates (row, config) raced together against the best so far, and recorded: the rungs, and the best
     after (the fastest faster than the best whose loss agrees with it, at the same batch). `rounds`: default the
-    options'; `extensions`: at most this many more where a comparison is undecided (and the options' at most)."""
+    options'; `extensions`: at most this many more where a comparison is undecided (and the options' at most);
+    `budget`: the race is left out, and said, where it would not leave the headline and the confirmation their time."""
     from tfperf.measure.stats import FASTER
 
+    rounds, extensions = rounds or ctx.options.rounds, min(extensions, ctx.options.max_extensions)
+    # Its extensions counted as run: on the Transformer the first race and the batch race took 28 s and 49 s where
+    # their rounds alone were estimated at 17 s and 37 s; each was extended.
+    changed, estimated = fitted(budget, best, changed, rounds * (1 + extensions), started or (), step + suffix,
+                                skipped)
+    if not changed:
+        return [], best
     candidates = {config.label: (row, config) for row, config in changed}
+    configs = [best, *[c for _, c in candidates.values()]]
     ctx.progress(f"best configuration: {step}{suffix}")
     failed: dict[str, str] = {}
+    began = time.perf_counter()
     try:
-        ms, comparisons, losses = race(ctx, [best, *[c for _, c in candidates.values()]], rows,
-                                       rounds=rounds or ctx.options.rounds, failed=failed, started=started,
-                                       extensions=min(extensions, ctx.options.max_extensions))
+        ms, comparisons, losses = race(ctx, configs, rows, rounds=rounds, failed=failed, started=started,
+                                       extensions=extensions, budget=budget)
     except Exception as exc:  # a configuration that failed mid-race (memory): said, and the climb goes on without
         skipped[f"{CLIMB}: {step}{suffix}"] = f"{type(exc).__name__}: {first_line(exc)}"
         return [], best
     plain_loss = losses[best.label] if best == plain_fit(ctx.options) else plain_loss
+    took = time.perf_counter() - began
     skipped.update({f"{CLIMB}: {candidates[label][0]}{suffix}": why for label, why in failed.items()})
     found, winner = [], best
     for label, c in comparisons.items():
@@ -215,7 +264,10 @@ def candidates_raced(ctx: Context, rows: Rows, best: Config, changed: Sequence[t
             rung.note = f"{candidates[winner.label][0]} was faster still"
         ctx.recorder.add(CLIMB, rung.row, {"samples_per_s": ms[label].items_per_s, "on_top_of": best.label,
                                            "kept": rung.kept, "final_loss": rung.loss, "plain_fit_loss": plain_loss,
-                                           "batch": candidates[label][1].batch, "rows": rows.examples},
+                                           "batch": candidates[label][1].batch, "rows": rows.examples,
+                                           # the race's seconds beside what the budget estimated for it
+                                           "race_s": took,
+                                           **({"race_estimated_s": estimated} if budget is not None else {})},
                          primary="samples_per_s", lower_is_better=False, measurement=ms[label], comparison=c,
                          versus_first=False)
     return found, winner
@@ -238,11 +290,12 @@ EXCHANGES = (("jit_compile", "policy"),)
 
 def exchanges(best: Config, plain: Config, ladder: Sequence[tuple[str, tuple]]) -> list[tuple[str, Config]]:
     """The best with one knob of a pair in EXCHANGES put back to plain fit's and the other, still plain fit's,
-    set to each of its values, at the best's batch and each larger one the climb may take: (row, config). What the
+    set to each of its values, at the best's batch and the largest the climb may take: (row, config). What the
     other saves can show only at a larger batch (on the Transformer mixed_bfloat16 in place of XLA measured 1.03x at
-    batch 256, where at 512 it was the fastest of 60 combinations)."""
+    batch 256, where at 512 it was the fastest of 60 combinations); the batches between cost a build each (8 s on
+    that Transformer with XLA) and the batch is raced again around the one kept."""
     values, found = dict(ladder), []
-    batches = [b for b in values.get("batch", ()) if b >= best.batch] or [best.batch]
+    batches = sorted({best.batch, max(values.get("batch", ()), default=best.batch)})
     for pair in EXCHANGES:
         for kept, other in (pair, pair[::-1]):
             if kept not in values or other not in values or getattr(best, other) != getattr(plain, other) or (
@@ -263,15 +316,16 @@ def neighbours(values: Sequence[int], current: int) -> list[int]:
     return list(values)[max(0, at - 1):at + 2]
 
 
-def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
-          started: dict[str, tuple] | None = None) -> tuple[Config, Config, list[Rung]]:
+def climb(ctx: Context, rows: Rows, skipped: dict[str, str], started: dict[str, tuple] | None = None,
+          budget: Budget | None = None) -> tuple[Config, Config, list[Rung]]:
     """Each knob's values raced together on top of the best so far, the fastest that pays kept; then each knob
     raced again on a best whose knobs it depends on changed since, until a pass changes nothing: what a rung saves
     depends on the others (on a small conv net the fastest of 60 combinations was steps_per_execution=64,
     mixed_bfloat16 and batch 128, where a climb of one rung at a time, each tried once, kept neither mixed precision
     nor batch 128). Where a pass changes nothing, XLA and the mixed policy are exchanged once (EXCHANGES), and the
     climb goes on where that paid. Returns the best, the best at the user's batch (before the batch rose), and the
-    rungs tried; `started` keeps the trainers of plain fit and of those two, trained on from race to race."""
+    rungs tried; `started` keeps the trainers of plain fit and of those two, trained on from race to race. With
+    `budget`, a race that would not leave the headline and the confirmation their time is left out, and said."""
     strings = any(i.dtype == "string" for i in ctx.subject.inputs)  # XLA cannot compile string ops
     ladder = knobs(*_ladder(ctx.subject, ctx.options), strings=strings, base=ctx.options.train_batch)
     if rows.batch_given:
@@ -280,12 +334,15 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
     best, at_your_batch, tried, plain_loss = plain, plain, [], math.nan
     raced_on: dict[str, Config] = {}  # each knob, and the best it was last raced on
     started = {} if started is None else started
+    budget = budget or Budget(None, ctx.options.rounds)
+    budget.heading = (plain,)
 
     def step(found: list[Rung], new_best: Config) -> None:
         nonlocal best, at_your_batch, plain_loss
         best, plain_loss = new_best, found[0].plain_loss if found else plain_loss
         tried.extend(found)
         at_your_batch = best if best.batch == plain.batch else at_your_batch
+        budget.heading = tuple(dict.fromkeys((plain, best, at_your_batch)))
         for label in set(started) - {plain.label, best.label, at_your_batch.label}:
             del started[label]  # a configuration not kept: its model's memory back
 
@@ -297,10 +354,12 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
                 continue
             again = knob in raced_on
             step(*trial(ctx, rows, best, knob, neighbours(values, getattr(best, knob)) if again and knob == "batch"
-                        else values, plain_loss, skipped, suffix, started))
+                        else values, plain_loss, skipped, suffix, started, budget))
             raced_on[knob] = best  # its values were raced with the other knobs as they are now
         turn += 1
-        if best == start and (exchanged or not exchanges(best, plain, ladder)):
+        # A climb the budget cut is not done one knob at a time: the exchange (which gives up a knob measured
+        # faster) waits for a climb that is.
+        if best == start and (exchanged or budget.cut or not exchanges(best, plain, ladder)):
             break
         if best == start:  # nothing left to climb one knob at a time: one exchange, then the passes it needs
             exchanged = True
@@ -309,7 +368,7 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str],
             # 95% CI 0.95-1.22x, in a climb's six rounds).
             step(*candidates_raced(ctx, rows, best, exchanges(best, plain, ladder), "an exchange", plain_loss,
                                    skipped, started=started, rounds=HEADLINE_ROUNDS * ctx.options.rounds,
-                                   extensions=ctx.options.max_extensions))
+                                   extensions=ctx.options.max_extensions, budget=budget))
             passes = turn + MAX_PASSES - 1 if best != start else turn
     return best, at_your_batch, tried
 
@@ -343,14 +402,16 @@ def run(ctx: Context) -> Section:
     if ctx.subject.fresh is None:
         return Section(EXPERIMENT.name, skipped={EXPERIMENT.name: "not run: a SavedModel has no Keras model to "
                                                                   "compile and fit"})
-    rows, started = sized_rows(ctx.subject, ctx.options), {}
+    budget = Budget(ctx.ends_by, HEADLINE_ROUNDS * ctx.options.rounds)
+    rows, started = sized_rows(ctx.subject, ctx.options, budget), {}
     skipped = {} if ctx.options.races_one_switch else {"training, one switch at a time": ONE_SWITCH_FOLDED}
-    best, at_your_batch, tried = climb(ctx, rows, skipped, started)
+    best, at_your_batch, tried = climb(ctx, rows, skipped, started, budget)
     plain = plain_fit(ctx.options)
     comparisons, losses, rates = headline(ctx, best, at_your_batch, rows, started) if best != plain else ({}, {}, {})
     started.clear()  # the models' memory back before the confirmation process starts
     found = Climbed(tried, best, at_your_batch, comparisons, code_lines(best, ctx.subject.builds_under_policy),
-                    losses=losses, plain=plain, rates=rates, epoch=ctx.options.asked.get("epoch_examples"))
+                    losses=losses, plain=plain, rates=rates, epoch=ctx.options.asked.get("epoch_examples"),
+                    cut=budget.cut)
     findings = []
     if found.pays and ctx.options.asked.get("no_confirm"):
         skipped[f"{EXPERIMENT.name}: confirmation"] = "not run (--no-confirm)"

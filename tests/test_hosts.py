@@ -125,11 +125,59 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     mwms = rec.table(ENGINES)[0]
     assert mwms["metrics"]["samples_per_s"] > 0 and mwms["metrics"]["addresses"].startswith("10.77.0.1:")
     conclusion = RECIPE.conclude(args, rec, found)
-    assert "ring model" in conclusion.text and "MultiWorkerMirroredStrategy" in conclusion.text
+    # The answer first, in a paragraph of its own (issue 73: it was the middle of one of some 700 words).
+    answer = conclusion.text.split("\n\n")[0]
+    assert "the scaling model t1 + t2" in answer and "MultiWorkerMirroredStrategy" in answer
+    assert "What pays when the link is slow" in answer and len(answer.split()) < 150, answer
+    assert "ring model" in conclusion.text
     assert re.search(r"Every all-reduce has a fixed cost whatever its size, read from a 4 KiB one beyond the link's "
                      r"share: 200mbit \d+\.\d ms", conclusion.text), conclusion.text
     assert conclusion.headline is not None
     assert stale() == [] and time.perf_counter() - started < 300
+
+
+def test_the_across_hosts_conclusion_answers_first_in_each_branch():
+    """Issue 73: the recipe's conclusion was one paragraph of some 700 words, its answer in the middle. On made-up
+    records: the first paragraph holds the scaling model's verdict (where communication took half a step or more,
+    with its largest error; or that no case tested it), what pays on a slow link, and MWMS against Horovod; how it
+    was measured follows in paragraphs of its own."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
+    from across_hosts import ALLREDUCE, ENGINES, HELPS, LINKS, RECIPE, SCALING
+
+    from tfperf.measure.stats import compare_times
+    from tfperf.records.jsonl import Recorder
+
+    def records(share: float) -> Recorder:
+        rec = Recorder("across_hosts", {})
+        rec.add(LINKS, "1gbit", {"measured_mbit_s": 950.0, "delivered": 0.95, "rtt_us": 80.0, "fixed_cost_ms": 4.0},
+                primary="measured_mbit_s", lower_is_better=False, versus_first=False)
+        for size in ("0.25 MiB", "16.00 MiB"):
+            rec.add(ALLREDUCE, f"1gbit, {size}", {"ms": 10.0, "ring_model_ms": 11.0, "error": 0.1,
+                                                  "link_only_ms": 7.0, "error_link_only": -0.3},
+                    primary="ms", lower_is_better=True, versus_first=False)
+        rec.add(SCALING, "wide MLP, 1gbit", {"measured_samples_s": 500.0, "predicted_samples_s": 450.0, "error": 0.11,
+                                             "error_ci95": [0.05, 0.14], "communication_share": share},
+                primary="measured_samples_s", lower_is_better=False, versus_first=False)
+        faster = compare_times([0.02] * 8, [0.01, 0.0101] * 4, names=("plain", "fp16"), threshold=0.05)
+        rec.add(HELPS, "fp16 compression, 1gbit", {"samples_per_s": 200.0, "final_loss_vs_plain": 1.0, "link": "1gbit"},
+                primary="samples_per_s", lower_is_better=False, versus_first=False, comparison=faster)
+        rec.add(ENGINES, "MultiWorkerMirroredStrategy, wide MLP, 1gbit", {"samples_per_s": 400.0},
+                primary="samples_per_s", lower_is_better=False, versus_first=False,
+                comparison=compare_times([0.01, 0.0101] * 4, [0.0125, 0.0126] * 4, names=("Horovod", "MWMS"),
+                                         threshold=0.05))
+        return rec
+
+    found = SimpleNamespace(links={"1gbit": {}}, shared_cores=False)
+    text = RECIPE.conclude(None, records(0.7), found).text
+    answer, *rest = text.split("\n\n")
+    assert answer.startswith("Where communication took half of a step or more (1 of 1 cases), the scaling model")
+    assert "within the +-15% goal by its 95% interval in 1; its largest error +11% (wide MLP, 1gbit)" in answer
+    assert "fp16 compression: pays on 1gbit" in answer and "MultiWorkerMirroredStrategy" in answer
+    assert rest[0].startswith("Two hosts") and rest[1].startswith("Every all-reduce has a fixed cost")
+    answer = RECIPE.conclude(None, records(0.2), found).text.split("\n\n")[0]
+    assert answer.startswith("In none of the 1 cases did communication take half of a step") and "+-15%" not in answer
 
 
 # Beside the other worker's tests (its hosts share cores with them): what it asserts is what ended, what was named

@@ -493,7 +493,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
                     f"slower. The measured rate fell between the two in {len(between)} of {len(overlapped)} cases ("
                     + ", ".join(f"{r['row']}: {r['metrics']['error']:+.0%} and {r['metrics']['error_overlap']:+.0%}"
                                 for r in overlapped) + "). It matters where compute and communication are alike; where "
-                    f"one dominates, the two meet." if overlapped else "")
+                    "one dominates, the two meet." if overlapped else "")
     pays = {}
     for r in rec.table(HELPS):
         label, _, link = r["row"].rpartition(", ")

@@ -106,6 +106,7 @@ class Budget:
         """Why the race `step`, of about `race_s` seconds, is not run (`partly`: why its candidates named in `step`
         are not); `step` is noted as cut."""
         self.cut.append(step)
-        return (f"not raced: about {race_s:.0f} s{' for the race with them' if partly else ''}, where {max(self.left(), 0.0):.0f} s of the --budget were left and "
-                f"the headline race and the confirmation need about {self.after_s():.0f} s (measured on this model "
-                f"as the climb went); without --quick, or with a larger --budget, it runs")
+        return (f"not raced: about {race_s:.0f} s{' for the race with them' if partly else ''}, where "
+                f"{max(self.left(), 0.0):.0f} s of the --budget were left and the headline race and the confirmation "
+                f"need about {self.after_s():.0f} s (measured on this model as the climb went); without --quick, or "
+                f"with a larger --budget, it runs")

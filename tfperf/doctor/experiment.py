@@ -1,8 +1,9 @@
 """The one shape every doctor experiment has: its flags and their rules, when it applies, its steps, and a
 `Section` (what it found, what it left out and why, its own part of the report).
 
-`tfperf.doctor.registry.EXPERIMENTS` lists them in the order they run; the command adds their flags and checks
-their rules, `run.plan` and `run.diagnose` walk the list, and the report reads each section it gave back.
+`tfperf.doctor.registry.EXPERIMENTS` lists them in the order they run (what a flag asked for first); the command
+adds their flags and checks their rules, `run.plan` and `run.diagnose` walk the list, and the report reads each
+section it gave back.
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ class Climbed:
     rates: dict[str, float] = dataclasses.field(default_factory=dict)  # examples a second per headline row
     epoch: int | None = None  # the examples in one of the user's epochs (--epoch-examples), where known
     cut: list[str] = dataclasses.field(default_factory=list)  # the climb's races the budget left out
+    drawn: list[str] = dataclasses.field(default_factory=list)  # the layers that draw at random in training
 
     @property
     def pays(self) -> bool:
@@ -123,11 +124,20 @@ class Climbed:
                  f"Apply it as:", "",
                  "```python", *self.code, "```", ""]
         lines.append("Each kept rung's gain on top of those before it: " + "; ".join(
-            f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + "." + self._cut_text())
+            f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + "." + self._cut_text()
+            + self._drawn_text())
         if self.best.batch != self.plain.batch:
             lines.append(self._batch_text())
         lines.append(self._confirmation())
         return "\n".join(lines) + "\n"
+
+    def _drawn_text(self) -> str:
+        """That the model draws at random in training, so no change's loss was held to another's (empty if not)."""
+        if not self.drawn:
+            return ""
+        return (f" The model draws at random in training ({', '.join(self.drawn)}): two runs from the same weights end "
+                f"at different losses, so no change was held to the loss of the configuration it changes; each "
+                f"loss is in the climb's lines.")
 
     def _cut_text(self) -> str:
         """The races the budget left out, in one sentence (empty where it left none out)."""

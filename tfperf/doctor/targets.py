@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,23 @@ def loss_check(row: str, loss: float, plain_loss: float, against: str = "plain f
         note += (" after the same examples: fewer, larger steps change the optimisation; scale the learning rate "
                  "with the batch (linear, or square root) and measure again")
     return False, note
+
+
+def random_in_training(model: Any) -> list[str]:
+    """The kinds of layer that draw at random in training, each with its count ("Dropout x8"): a layer that holds a
+    `keras.random.SeedGenerator` (Dropout at a rate above 0, GaussianNoise, a VAE's sampling layer); empty where
+    training is deterministic, or there is no Keras model. Two runs of such a model from the same weights end at
+    different losses: on KerasHub's BERT from config the climb's runs ended at 0.095-0.28 after the same examples."""
+    import collections
+
+    if model is None or not hasattr(model, "_flatten_layers"):
+        return []
+    import keras
+
+    # Keras' own walk over every nested layer (what its saving walks).
+    drawing = collections.Counter(type(layer).__name__ for layer in model._flatten_layers(include_self=False)
+                                  if any(isinstance(v, keras.random.SeedGenerator) for v in vars(layer).values()))
+    return [f"{name} x{count}" if count > 1 else name for name, count in sorted(drawing.items())]
 
 
 def synthetic_rows(subject: Subject, options: Options, examples: int) -> tuple:

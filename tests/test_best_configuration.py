@@ -498,7 +498,8 @@ def test_the_faster_of_two_candidates_is_the_one_whose_ratio_to_the_best_is_larg
                 {c.label: compared(ratios[c.batch]) for c in configs[1:]}, {c.label: 1.0 for c in configs})
 
     monkeypatch.setattr(search, "race", scripted)
-    ctx = SimpleNamespace(options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32), progress=lambda step: None,
+    ctx = SimpleNamespace(subject=SimpleNamespace(inputs=(), model=None), progress=lambda step: None,
+                          options=SimpleNamespace(rounds=6, max_extensions=2, train_batch=32),
                           recorder=SimpleNamespace(add=lambda *a, **k: None))
     found, best = search.trial(ctx, SimpleNamespace(examples=1024), Config(), "batch", (32, 256, 512), 1.0, {})
     assert best == Config(batch=512) and [r.kept for r in found] == [False, True]

@@ -317,6 +317,7 @@ def test_the_climb_leaves_out_the_races_its_budget_cannot_hold_and_says_so(monke
     said = Climbed(tried, best, Config(), {best.label: compared(1.5, FASTER)}, ["model.fit(x, y)"],
                    losses={best.label: 1.0, Config().label: 1.0}, cut=budget.cut).describe()
     assert "The --budget left out the climb's race" in said and budget.cut[0] in said
+    assert "a larger --budget, or a run without --quick, races them" in said
 
     # A budget that holds part of a race: the batch race takes the batches that fit, spread down from the largest
     # (the others said), and the exchange waits for a climb the budget did not cut.

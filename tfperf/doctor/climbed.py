@@ -144,8 +144,8 @@ class Climbed:
         if not self.cut:
             return ""
         return (f" The --budget left out the climb's {'race' if len(self.cut) == 1 else 'races'} of "
-                f"{'; '.join(self.cut)} (each under Not measured with its estimate): without --quick "
-                f"{'it runs' if len(self.cut) == 1 else 'they run'}, and may find more.")
+                f"{'; '.join(self.cut)} (each under Not measured with its estimate): a larger --budget, or a run "
+                f"without --quick, races {'it' if len(self.cut) == 1 else 'them'}, and may find more.")
 
     def _in_seconds(self) -> str:
         """The gain in the user's time: an epoch of theirs (where known), else every 10,000 examples."""

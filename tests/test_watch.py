@@ -189,6 +189,48 @@ def test_a_generator_is_named_when_making_batches_took_a_share_of_the_steps():
     assert not any("waiting for input" in n for n in f.analyse([process([slow])], 9.0).not_measured)
 
 
+def test_a_pydataset_is_named_by_its_workers_with_the_fix_that_fits_them():
+    def slow(**extra):
+        return fit([epoch(0, steps_s=2.0), epoch(1, steps_s=2.0)], input="a keras.utils.PyDataset", input_s=3.6,
+                   input_batches=200, **extra)
+
+    (one,) = f.input_findings([slow(input_workers=1, input_processes=False)])
+    assert "the PyDataset (one worker) given to fit() at train.py:10 took 3.6 s to make 200 batches" in one.text
+    assert "workers=4, use_multiprocessing=True" in one.fix
+    (threads,) = f.input_findings([slow(input_workers=4, input_processes=False)])
+    assert "the PyDataset (4 worker threads) given to fit() at train.py:10 took 3.6 s to hand over" in threads.text
+    assert threads.fix.startswith("use_multiprocessing=True") and "more workers than 4" in threads.fix
+    (processes,) = f.input_findings([slow(input_workers=4, input_processes=True)])
+    assert "(4 worker processes)" in processes.text and processes.fix.startswith("more workers than 4")
+
+
+def test_a_pydatasets_batches_are_timed_in_a_watched_fit(tmp_path):
+    """Keras iterates a PyDataset through its own generator (tf.data's from_generator on TensorFlow): each batch
+    made is timed where it is made, without --profile-steps, and the finding names it."""
+    import keras
+    import numpy as np
+
+    from tfperf.watch import session
+
+    class Slow(keras.utils.PyDataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            time.sleep(0.05)  # decoding a batch in Python
+            return np.zeros((8, 4), "float32"), np.zeros((8, 2), "float32")
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    with session() as seen:
+        model.fit(Slow(), epochs=2, verbose=0)
+    (fitted,) = seen.record["fits"]
+    assert fitted["input"] == "a keras.utils.PyDataset" and fitted["input_workers"] == 1
+    assert fitted["input_batches"] >= 24 and fitted["input_s"] >= 24 * 0.05
+    (found,) = [x for x in seen.findings if x.key == "input"]
+    assert "the PyDataset (one worker) given to fit() at" in found.text and "test_watch.py" in found.text
+
+
 def test_an_epochs_last_execution_counts_only_the_batches_it_held():
     # Records from before the probe capped them: 36 batches an epoch (4,500 rows at 128), steps_per_execution 64
     old = fit([epoch(0, steps=1, sample=[0.5]), epoch(1, steps=1, sample=[0.5])], batch_size=128,

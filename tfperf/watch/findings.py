@@ -228,7 +228,7 @@ def retraced_step(fit: Mapping[str, Any], epoch: Mapping[str, Any]) -> tuple[lis
 
 
 def input_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
-    """A Python generator whose batches took INPUT_SHARE of the steps' time to make."""
+    """A Python generator or PyDataset whose batches took INPUT_SHARE of the steps' time to make."""
     found = []
     for fit in fits:
         epochs = fit.get("epochs_run", [])
@@ -237,14 +237,31 @@ def input_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
         if not batches or made < INPUT_MIN_S or made < INPUT_SHARE * steps:
             continue
         bound = ": the steps can go no faster than it" if made >= 0.8 * steps else ""
-        text = (f"the Python generator given to fit() at {fit.get('site')} took {seconds(made)} to make {batches:,} "
+        what, fix = _input_named(fit)
+        text = (f"{what} given to fit() at {fit.get('site')} took {seconds(made)} to {_verb(fit)} {batches:,} "
                 f"batches ({seconds(made / batches)} a batch), {share(made, steps)} of the steps' "
                 f"{seconds(steps)}{bound}")
-        fix = ("a keras.utils.PyDataset with workers=N (use_multiprocessing=True for Python-heavy work), or a "
-               "tf.data pipeline: from_tensor_slices or TFRecords, map(..., num_parallel_calls=tf.data.AUTOTUNE), "
-               "prefetch")
         found.append(Finding("input", made, text, fix))
     return found
+
+
+def _verb(fit: Mapping[str, Any]) -> str:
+    """A PyDataset with workers hands over what its workers made: the time timed is the wait for them."""
+    return "hand over" if (fit.get("input_workers") or 1) > 1 else "make"
+
+
+def _input_named(fit: Mapping[str, Any]) -> tuple[str, str]:
+    """The input as the report names it, and what makes it faster."""
+    if fit.get("input") != "a keras.utils.PyDataset":
+        return "the Python generator", TRACED_INPUT_FIXES["generator"]
+    workers, processes = fit.get("input_workers") or 1, fit.get("input_processes")
+    if workers <= 1:
+        return "the PyDataset (one worker)", TRACED_INPUT_FIXES["PyDataset"]
+    kind = "processes" if processes else "threads"
+    more = ("use_multiprocessing=True (its Python work holds the GIL in threads), " if not processes else "")
+    return (f"the PyDataset ({workers} worker {kind})",
+            f"{more}more workers than {workers} where there are cores to run them, a larger max_queue_size; or "
+            "a tf.data pipeline with map(..., num_parallel_calls=tf.data.AUTOTUNE) and prefetch")
 
 
 def traced_input(process: Mapping[str, Any], fits: Sequence[Mapping[str, Any]]) -> tuple[list[Finding], str]:

@@ -1,6 +1,6 @@
 """The Keras half of the probe (tfperf/watch/probe.py loads it by path once the program has imported Keras):
 fit, evaluate and predict wrapped, each callback's hooks timed, steps timed between the batch hooks, epochs between
-theirs, a Python generator's batches timed. Standard library only, as the probe."""
+theirs, a Python generator's or PyDataset's batches timed. Standard library only, as the probe."""
 
 from __future__ import annotations
 
@@ -409,6 +409,22 @@ def _timed_generator(make: Callable) -> Callable:
     return timed
 
 
+def _time_input(adapter: Any, fit: dict) -> None:
+    """Time the batches the program's own Python code makes for fit: a generator's, or a PyDataset's as Keras'
+    adapter iterates it (its __getitem__, or the wait for its workers' queue where it has workers)."""
+    if hasattr(adapter, "generator") and callable(adapter.generator):
+        adapter.generator = _timed_generator(adapter.generator)  # read at each epoch by the adapter
+        fit["input"] = "a Python generator"
+        return
+    dataset = getattr(adapter, "py_dataset", None)
+    if dataset is not None and callable(getattr(adapter, "_get_iterator", None)):
+        # The TensorFlow iterator reads this bound method when it makes its dataset, after this __init__
+        adapter._get_iterator = _timed_generator(adapter._get_iterator)
+        fit["input"] = "a keras.utils.PyDataset"
+        fit["input_workers"] = _safe(lambda: int(dataset.workers))
+        fit["input_processes"] = _safe(lambda: bool(dataset.use_multiprocessing))
+
+
 def _patch_epoch_iterator(module: Any) -> None:
     """The batch size and batches an epoch the data adapter found (fit's, or the call's)."""
     cls = module.EpochIterator
@@ -422,9 +438,8 @@ def _patch_epoch_iterator(module: Any) -> None:
             return
         adapter = getattr(self, "data_adapter", None)
         batches = _safe(lambda: adapter.num_batches)
-        if rec.fit is not None and hasattr(adapter, "generator") and callable(adapter.generator):
-            adapter.generator = _timed_generator(adapter.generator)
-            rec.fit["input"] = "a Python generator"
+        if rec.fit is not None:
+            _time_input(adapter, rec.fit)
         if rec.fit is not None and rec.fit["batch_size"] is None:
             rec.fit["batch_size"] = _safe(lambda: adapter.batch_size)
             rec.fit["batches_per_epoch"] = batches

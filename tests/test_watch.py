@@ -164,6 +164,86 @@ def test_predict_in_a_loop_and_memory_that_grows_per_call():
     assert f.call_findings(process(calls=call("predict", 3, 1.0, 3))) == []
 
 
+class _Keeper:
+    def __init__(self):
+        self.history = []
+
+
+def test_the_census_names_the_containers_that_grew_by_what_holds_them(monkeypatch):
+    """Issue 72: memory that grows is named by the object that grows where it is a Python container: a local of a
+    running function, a module's global, an object's attribute, with its length before and after."""
+    import types
+
+    import numpy as np
+
+    from tfperf.watch.census import Census
+
+    module = types.ModuleType("users_module")
+    module.__file__ = "users_module.py"
+    module.seen = []
+    monkeypatch.setitem(sys.modules, "users_module", module)
+    keeper, kept, steady = _Keeper(), [], list(range(5000))
+    census = Census(growth=10 * MB, spacing=50, first=4 * MB)
+    assert not census.due(500 * MB, 0.0) and not census.due(490 * MB, 0.0)  # flat or falling: nothing counted
+    assert census.due(496 * MB, 0.0) and census.take(496 * MB, 0.0) is None  # risen: the first count, a baseline
+    for i in range(1500):
+        kept.append(np.zeros(16, "float32"))
+        module.seen.append(i)
+        keeper.history.append({"step": i, "loss": [float(i)]})
+    assert not census.due(501 * MB, 100.0)  # grew 5 MB since: not yet
+    assert not census.due(600 * MB, census.cost * 10)  # grew enough, but a count now would cost over 2%
+    assert census.due(600 * MB, 100.0)
+    grown = census.take(600 * MB, 100.0)
+    holders = {c["holder"]: c for c in grown["containers"]}
+    local = next(c for h, c in holders.items() if h.startswith("`kept` in test_the_census_names"))
+    assert (local["from"], local["to"], local["item"], local["item_bytes"]) == (None, 1500, "ndarray", 64)
+    assert "the global `seen` of users_module.py" in holders and "`history` of a _Keeper" in holders
+    assert all(h != "`steady`" for h in holders) and len(steady) == 5000  # a long list that did not grow
+
+
+def test_what_grew_is_said_from_the_census_or_not_at_all():
+    named = {"census": {"counts": 2, "first_at_s": 3.0, "first_rss": 800 * MB, "last": {
+        "at_s": 60.0, "rss": 1600 * MB, "containers": [
+            {"kind": "list", "holder": "`kept` in main() (running at train.py:30)", "from": None, "to": 3000,
+             "item": "EagerTensor", "item_bytes": 262144, "grew_bytes": 3000 * 262144}]}}}
+    said = f.what_grew(named, memory_found=False)  # a container named is said with or without a finding
+    assert said == ("What grew over the run (the census of Python objects at 3.0 s and 60.0 s, memory 800 MB -> "
+                    "1.56 GB): the list `kept` in main() (running at train.py:30): under 16 -> 3,000 items, the last "
+                    "an EagerTensor of 256 KB (about 750 MB more if all are alike).")
+    named["census"]["last"]["containers"] = []
+    assert f.what_grew(named, memory_found=False) == ""  # nothing named and no finding: nothing to say
+    assert "no Python list, dict, set or deque grew" in f.what_grew(named, True)
+    assert f.what_grew({"census": {"counts": 1, "first_at_s": 3.0}}, True) == "" and f.what_grew({}, True) == ""
+    assert "Counting Python objects as memory grew failed (MemoryError" in f.what_grew(
+        {"census": {"counts": 2, "first_at_s": 3.0, "last": {"error": "MemoryError: "}}}, True)
+    rising = process([fit([epoch(i, rss=(400 + 40 * i) * MB) for i in range(6)])])
+    rising["census"] = named["census"]
+    analysis = f.analyse([rising], 30.0)
+    assert "memory" in keys(analysis.findings) and analysis.memory_line.endswith("graphs of functions traced anew).")
+    assert analysis.memory_line in markdown(analysis, "python train.py", "exit 0")
+
+
+def test_a_watched_loop_that_keeps_its_results_is_counted_at_its_calls(tmp_path):
+    import keras
+    import numpy as np
+
+    from tfperf.watch import probe, session
+    from tfperf.watch.census import Census
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    x = np.zeros((4, 4), "float32")
+    results = []
+    with session() as seen:
+        probe.RECORDER.census = Census(growth=0, spacing=0, first=0)  # a count at every call (by default: as
+        # memory grows)
+        for _ in range(3):  # counted at each call, after it: 0, 601 and 1,202 results held
+            results.append(model.predict_on_batch(x[:1]))
+            results.extend(np.zeros(4) for _ in range(600))
+    held = seen.record["census"]
+    assert held["counts"] == 3 and held["last"]["containers"][0]["holder"].startswith("`results` in test_a_watched")
+    assert held["last"]["containers"][0]["to"] == 1202 and held["last"]["seconds"] < 5
+
+
 def test_memory_growth_and_a_decline_over_epochs_are_said_only_from_the_numbers():
     rising = [epoch(i, rss=(400 + 40 * i) * MB) for i in range(6)]
     assert keys(f.epoch_findings([fit(rising)])) == ["memory"]

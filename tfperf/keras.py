@@ -82,7 +82,7 @@ class Watch(keras.callbacks.Callback):
         traces = sessions.rank_folder(self.out) / "traces" if self.out is not None else None
         self._opened, self.seen = sessions.begin(self.profile_steps, traces), sessions.Session()
         _OPEN.append(self)
-        hooks = sys.modules["_tfperf_watch_keras"]  # the probe's Keras half, as install() loaded it
+        hooks = probe._sibling("keras_hooks")  # the probe's Keras half, as install() loaded it
         held = fit_locals(self)
         summary = hooks._fit_summary(self.model, SimpleNamespace(arguments=held)) if held else {
             "site": probe.user_site(2), "model": type(self.model).__name__}

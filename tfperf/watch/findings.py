@@ -457,6 +457,39 @@ def epoch_findings(fits: Sequence[Mapping[str, Any]]) -> list[Finding]:
     return found
 
 
+def _size(n: float) -> str:
+    return f"{n:,.0f} B" if n < 1024 else f"{n / 1024:,.0f} KB" if n < MB else megabytes(n)
+
+
+def what_grew(process: Mapping[str, Any], memory_found: bool) -> str:
+    """The census's answer to what grew with memory over the run (tfperf/watch/census.py), as one sentence: the
+    containers it named; that none grew, said where memory grew enough for a finding; "" without a second count."""
+    held = process.get("census") or {}
+    last = held.get("last")
+    if not last:
+        return ""
+    if last.get("error"):
+        return f"Counting Python objects as memory grew failed ({last['error']})." if memory_found else ""
+    over = (f"over the run (the census of Python objects at {seconds(held['first_at_s'])} and "
+            f"{seconds(last['at_s'])}, memory {megabytes(held['first_rss'])} -> {megabytes(last['rss'])})")
+    named = []
+    for c in last.get("containers", []):
+        before = f"{c['from']:,}" if c.get("from") is not None else "under 16"
+        article = "an" if (c.get("item") or "x")[0].lower() in "aeiou" else "a"
+        item = f", the last {article} {c['item']}" if c.get("item") else ""
+        if c.get("item_bytes") is not None:
+            item += f" of {_size(c['item_bytes'])}"
+            item += f" (about {_size(c['grew_bytes'])} more if all are alike)" if c.get("grew_bytes") else ""
+        named.append(f"the {c['kind']} {c['holder']}: {before} -> {c['to']:,} items{item}")
+    if named:
+        return f"What grew {over}: " + "; ".join(named) + "."
+    if not memory_found:
+        return ""
+    return (f"What grew {over}: no Python list, dict, set or deque grew by 1,000 items or 8 MB; so it "
+            "is held elsewhere: arrays kept by objects, or TensorFlow's own memory (a dataset's cache() or shuffle "
+            "buffer, graphs of functions traced anew).")
+
+
 @dataclasses.dataclass(frozen=True)
 class Analysis:
     """A watched run read whole: its split, its findings by cost, what could not be measured."""
@@ -472,6 +505,7 @@ class Analysis:
     ranks: int = 0  # processes a launcher gave a rank
     functions_s: float = 0.0  # calls of the program's own tf.functions outside fit (a custom loop), tracing included
     input_line: str = ""  # the traced steps' wait for input, where it is no finding (or why it was not read)
+    memory_line: str = ""  # what grew with memory over the run, by the census of Python objects
 
 
 def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
@@ -502,4 +536,5 @@ def analyse(processes: Sequence[Mapping[str, Any]], wall_s: float) -> Analysis:
     return Analysis(wall_s, main, len(processes), import_seconds(main) if main else 0.0, split, calls_s,
                     sorted(found, key=lambda f: -f.seconds), not_measured,
                     len({p["rank"] for p in processes if p.get("rank") is not None}),
-                    sum(fn["seconds"] for fn in main.get("functions", {}).values()) if main else 0.0, input_line)
+                    sum(fn["seconds"] for fn in main.get("functions", {}).values()) if main else 0.0, input_line,
+                    what_grew(main, any(x.key == "memory" for x in found)) if main else "")

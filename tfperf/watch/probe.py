@@ -112,6 +112,7 @@ class Recorder:
         self.profile_plan: dict[str, Any] = json.loads(os.environ.get(PROFILE_ENV) or "{}")
         self.profiling: dict[str, Any] | None = None  # the profiler's run in progress
         self.profile_mark: Any = None  # the step marker open around the step in progress
+        self.census: Any = None  # census.Census: what grows with memory, counted as it grows (made at first use)
 
     # -- the record --------------------------------------------------------------------------------------------
     def write(self, *, final: bool = False) -> None:
@@ -171,6 +172,7 @@ class Recorder:
             epoch["rss"] = rss_bytes()
             epoch["allocator"] = _allocator_bytes()
             self.fit["epochs_run"].append(epoch)
+        self.count_objects(epoch["rss"])
         self.write()
 
     def step(self, seconds: float, batches: int) -> None:
@@ -253,9 +255,30 @@ class Recorder:
             entry["calls"] += 1
             entry["seconds"] += seconds
             entry["batches"] += batches or 0
+            rss = rss_bytes()
             if len(entry["rss"]) < CALL_SAMPLES:
-                entry["rss"].append(rss_bytes())
+                entry["rss"].append(rss)
+        self.count_objects(rss)
         self.maybe_write()
+
+    def count_objects(self, rss: int | None) -> None:
+        """The census of Python objects, where memory has grown enough since its last count (census.py)."""
+        if self.census is None:
+            self.census = _sibling("census").Census()
+        now = _clock()
+        if self.census is False or not self.census.due(rss, now):
+            return
+        try:
+            grown = self.census.take(rss, now)
+        except Exception as exc:  # noqa: BLE001 - counting is never the program's failure: it stops
+            self.census, grown = False, {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        with self.lock:
+            held = self.data.setdefault("census", {"counts": 0})
+            held["counts"] += 1
+            if "first_at_s" not in held:
+                held["first_at_s"], held["first_rss"] = now - self.t0, rss
+            if grown is not None:
+                held["last"] = {**grown, "at_s": now - self.t0, "rss": rss}
 
 
 RECORDER: Recorder | None = None
@@ -285,15 +308,20 @@ def patch_keras() -> None:
     """Keras 3's Model, callbacks and epoch iterator (tfperf/watch/keras_hooks.py, loaded by path as this is)."""
     if "keras.src.models.model" not in sys.modules:
         return
-    hooks = sys.modules.get("_tfperf_watch_keras")
-    if hooks is None:
+    _sibling("keras_hooks").patch(sys.modules[__name__])  # once: it returns at once where fit() is already watched
+
+
+def _sibling(name: str) -> Any:
+    """One of the probe's own modules beside this file, loaded by path as this one is (once a process)."""
+    module = sys.modules.get(f"_tfperf_watch_{name}")
+    if module is None:
         import importlib.util  # noqa: PLC0415
 
-        spec = importlib.util.spec_from_file_location("_tfperf_watch_keras", os.path.join(_HERE, "keras_hooks.py"))
-        hooks = importlib.util.module_from_spec(spec)
-        sys.modules["_tfperf_watch_keras"] = hooks
-        spec.loader.exec_module(hooks)
-    hooks.patch(sys.modules[__name__])  # once: it returns at once where fit() is already watched
+        spec = importlib.util.spec_from_file_location(f"_tfperf_watch_{name}", os.path.join(_HERE, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[f"_tfperf_watch_{name}"] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 # -- TensorFlow's tracing --------------------------------------------------------------------------------------

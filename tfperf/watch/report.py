@@ -152,6 +152,8 @@ def markdown(analysis: Analysis, command: Sequence[str] | str, ending: str, sect
     advice = advice_lines(analysis)
     if advice:
         lines += ["## What to change first", "", *advice, ""]
+    if analysis.memory_line:
+        lines += [analysis.memory_line, ""]
     fits = p.get("fits", [])
     if fits:
         lines += _fold(f"Epochs ({sum(len(f.get('epochs_run', [])) for f in fits)} in {len(fits)} fit() "
@@ -186,6 +188,8 @@ def summary(analysis: Analysis, command: Sequence[str], ending: str, report: str
     if analysis.input_line:
         lines.append("  " + analysis.input_line)
     lines += ["  " + line.replace("**", "") for line in advice_lines(analysis)]
+    if analysis.memory_line:
+        lines.append("  " + analysis.memory_line)
     lines += ["  " + line.replace("**", "") for line in sections if line and not line.startswith(("```", "## "))]
     lines.append(f"  report: {report}")
     return "\n".join(lines)

@@ -280,10 +280,16 @@ ONE_SWITCH_FOLDED = ("not run at --quick: the best configuration races each swit
                      "--quick (or with --no-search) each is also raced alone against plain fit, with whether mixed "
                      "precision took effect and, where it is slower, why, kernel by kernel")
 MAX_PASSES = 3  # the knobs are raced again while a pass changes the best; mixed precision pays at a larger batch
-# What each knob's gain depends on: it is raced again once one of these changed. steps_per_execution saves a step's
-# fixed cost whatever the step does; XLA, the precision and the batch each change the cost of an example's work.
-DEPENDS_ON = {"steps_per_execution": (), "jit_compile": ("policy", "batch"), "policy": ("jit_compile", "batch"),
-              "batch": ("jit_compile", "policy")}
+# What each knob's gain depends on: it is raced again once one of these changed. XLA, the precision and the batch
+# each change the cost of an example's work. steps_per_execution saves a step's fixed cost, the same in seconds
+# whatever the step does, but a race reads it against the step: a step made cheaper (XLA, a cheaper precision) makes
+# it a larger share. On the benchmark's Transformer it read 1.07-1.09x (undecided) against plain fit in two runs of
+# four and was lost for the run, where on top of XLA it was part of the best (2.05x confirmed against 1.50x for XLA
+# alone). A larger batch makes it a smaller share: no reason to race it again there.
+DEPENDS_ON = {"steps_per_execution": ("jit_compile", "policy"), "jit_compile": ("policy", "batch"),
+              "policy": ("jit_compile", "batch"), "batch": ("jit_compile", "policy")}
+# Knobs whose gain only grows with what they depend on: once kept they stay, raced again only where not kept.
+AGAIN_ONLY_WHERE_PLAIN = ("steps_per_execution",)
 # Knobs that may each pay alone and not together, both changing how the step is compiled: on a two-block
 # Transformer on the CPU, XLA paid 1.29x at batch 32 and was kept first; with it, mixed_bfloat16 measured slower at
 # every batch, where mixed_bfloat16 without XLA at batch 512 was the fastest of 60 combinations (the climb reached
@@ -317,6 +323,15 @@ def neighbours(values: Sequence[int], current: int) -> list[int]:
     others had measured 1.2-1.6x slower."""
     at = list(values).index(current)
     return list(values)[max(0, at - 1):at + 2]
+
+
+def values_again(knob: str, values: Sequence[Any], current: Any) -> Sequence[Any]:
+    """A knob's values raced again: the batch's neighbours; steps_per_execution's largest alone (it saves the most
+    of a step's fixed cost, and a race of one build fits where a race of two did not: on the Transformer at --quick
+    the two, about 26 s with XLA, were left out by the budget); the others' all."""
+    if knob == "batch":
+        return neighbours(values, current)
+    return list(values)[-1:] if knob in AGAIN_ONLY_WHERE_PLAIN else values
 
 
 def climb(ctx: Context, rows: Rows, skipped: dict[str, str], started: dict[str, tuple] | None = None,
@@ -353,11 +368,12 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str], started: dict[str, 
     while turn < passes:
         start, suffix = best, f", again (pass {turn + 1})" if turn else ""
         for knob, values in ladder:
-            if knob in raced_on and all(getattr(raced_on[knob], k) == getattr(best, k) for k in DEPENDS_ON[knob]):
+            if knob in raced_on and (all(getattr(raced_on[knob], k) == getattr(best, k) for k in DEPENDS_ON[knob])
+                                     or knob in AGAIN_ONLY_WHERE_PLAIN and getattr(best, knob) != getattr(plain, knob)):
                 continue
             again = knob in raced_on
-            step(*trial(ctx, rows, best, knob, neighbours(values, getattr(best, knob)) if again and knob == "batch"
-                        else values, plain_loss, skipped, suffix, started, budget))
+            step(*trial(ctx, rows, best, knob, values_again(knob, values, getattr(best, knob)) if again else values,
+                        plain_loss, skipped, suffix, started, budget))
             raced_on[knob] = best  # its values were raced with the other knobs as they are now
         turn += 1
         # A climb the budget cut is not done one knob at a time: the exchange (which gives up a knob measured

@@ -12,17 +12,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tfperf import __version__, extras, flags
-from tfperf.deploy import commands as deploy_commands
-from tfperf.doctor import command as doctor_command
-from tfperf.serving import command as load_command
-from tfperf.serving import serve_command
 from tfperf.watch import command as watch_command
 from tfperf.flags import UserError
-from tfperf.recipe import Declaration, declarations
-from tfperf.records.noise import NOISE_FILE
-from tfperf.records.runs import REPEATS
+
+if TYPE_CHECKING:
+    from tfperf.recipe import Declaration
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 # Where `tfperf run --repeat 3 --out calibration` leaves a calibration of run-to-run noise, read by default.
@@ -37,6 +34,8 @@ def recipe_declarations(only: Sequence[str] = (), folder: Path = RECIPES_DIR) ->
             raise UserError("the cookbook's recipes are not part of the installed package: run this from a clone "
                             "of tfperf's repository, or give --recipes DIR")
         raise UserError(f"no such folder of recipes: {folder}")
+    from tfperf.recipe import declarations  # NumPy, through the records: not before `tfperf watch`'s program
+
     try:
         found = {d.name: d for d in declarations(folder)}
     except ValueError as exc:  # a file that does not declare a recipe as the harness needs
@@ -61,6 +60,8 @@ def recipe_command(recipe: Declaration, out: Path, quick: bool) -> list[str]:
 
 def repeat_dir(out: Path, run: int) -> Path:
     """Where run number `run` (1-based) of `tfperf run --repeat` writes: the first run in `out` itself."""
+    from tfperf.records.runs import REPEATS
+
     return out if run == 1 else out / REPEATS / str(run)
 
 
@@ -69,7 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import shutil
 
     from tfperf.records.findings import headline_path
+    from tfperf.records.noise import NOISE_FILE
     from tfperf.records.report import build_report
+    from tfperf.records.runs import REPEATS
 
     out = Path(args.out)
     logs = out / "logs"
@@ -278,6 +281,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a get_net model with checkpoints (resuming from the latest), optionally export it."""
     from tfperf.data import DatasetUnavailable, load_arrays
+    from tfperf.deploy.commands import model_errors, print_export
     from tfperf.deploy.layout import CALIBRATION_ROWS, export_subject
     from tfperf.deploy.loader import COOKBOOK_INPUT, cookbook_subject
     from tfperf.models import get_net
@@ -317,10 +321,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                 calibration=calibration, metadata={"training": {
                     "dataset": args.dataset, "steps": result.steps, "test_accuracy": result.test_accuracy,
                     "final_loss": result.final_loss, "checkpoint": result.checkpoint}})
-        except deploy_commands.model_errors() as exc:
+        except model_errors() as exc:
             raise UserError(str(exc)) from None
         print("exported: ", end="")
-        deploy_commands.print_export(exported)
+        print_export(exported)
     return 0
 
 
@@ -352,11 +356,19 @@ def version_line() -> str:
             f"Keras {installed('keras', 'keras-nightly')}, Python {platform.python_version()})")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `tfperf` parser with its subcommands."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `tfperf` parser with its subcommands; for `watch` alone, that one: the other commands' modules (NumPy and
+    more, about 0.2 s) are not imported before the user's program starts, a cost `tfperf watch` adds to their run."""
     p = flags.ArgumentParser(prog="tfperf", description=__doc__)
     p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True, parser_class=flags.ArgumentParser)
+    if command == "watch":
+        watch_command.add_command(sub)
+        return p
+    from tfperf.deploy import commands as deploy_commands
+    from tfperf.doctor import command as doctor_command
+    from tfperf.serving import command as load_command
+    from tfperf.serving import serve_command
 
     run = sub.add_parser("run", help="the main job: run the recipes and write results/report.md and report.html")
     run.add_argument("--quick", action="store_true", help="each recipe at its --quick size")
@@ -457,7 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)  # the user's, for a program `tfperf watch` runs
     # TensorFlow's and XProf's info logs would bury the progress lines; read when TensorFlow loads.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(given[0] if given else None).parse_args(argv)
     args.environ = environ
     args.own_process = argv is None  # the process's own command line: its start is the command's (doctor's time)
     main_thread = threading.current_thread() is threading.main_thread()

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from tfperf import extras
-from tfperf.deploy.errors import first_line
 
 
 def read_input(record: dict[str, Any] | None) -> None:
@@ -15,6 +14,7 @@ def read_input(record: dict[str, Any] | None) -> None:
     traced = (record or {}).get("profile")
     if not traced or "dir" not in traced or traced.get("error"):
         return
+    from tfperf.deploy.errors import first_line  # NumPy, through tfperf.deploy: only where steps were traced
     if not extras.installed("xprof"):
         traced["input_error"] = extras.message("xprof", "reading the traced steps")
         return

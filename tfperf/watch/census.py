@@ -25,12 +25,11 @@ TOP_CONTAINERS = 3
 _KINDS = frozenset((list, dict, set, collections.deque, collections.OrderedDict, collections.defaultdict))
 
 
-def _where(filename: str, line: int) -> str:
+def _relative(filename: str) -> str:
     try:
-        filename = os.path.relpath(filename)
+        return os.path.relpath(filename)
     except ValueError:
-        pass
-    return f"{filename}:{line}"
+        return filename
 
 
 def _item(container: Any) -> Any:
@@ -65,7 +64,7 @@ def _in_frames(obj: Any) -> str | None:
         frame = top
         while frame is not None:
             if frame.f_code.co_filename != __file__:
-                for name, value in frame.f_locals.items():
+                for name, value in list(frame.f_locals.items()):  # a copy: other threads run between items
                     if value is obj:
                         return _local(name, frame)
             frame = frame.f_back
@@ -73,10 +72,10 @@ def _in_frames(obj: Any) -> str | None:
 
 
 def _local(name: str, frame: types.FrameType) -> str:
-    where = _where(frame.f_code.co_filename, frame.f_lineno)
+    filename = _relative(frame.f_code.co_filename)
     if frame.f_code.co_name == "<module>":
-        return f"the global `{name}` of {where.rsplit(':', 1)[0]} (running at line {frame.f_lineno})"
-    return f"`{name}` in {frame.f_code.co_name}() (running at {where})"
+        return f"the global `{name}` of {filename} (running at line {frame.f_lineno})"
+    return f"`{name}` in {frame.f_code.co_name}() (running at {filename}:{frame.f_lineno})"
 
 
 def _holder(obj: Any, ignore: set[int]) -> str:
@@ -91,17 +90,16 @@ def _holder(obj: Any, ignore: set[int]) -> str:
             continue
         if id(ref) in modules:
             module = modules[id(ref)]
-            name = next((k for k, v in ref.items() if v is obj), "?")
-            place = getattr(module, "__file__", None) or module.__name__
-            return f"the global `{name}` of {_where(place, 0).rsplit(':', 1)[0]}"
+            name = next((k for k, v in list(ref.items()) if v is obj), "?")
+            return f"the global `{name}` of {_relative(getattr(module, '__file__', None) or module.__name__)}"
         attrs = getattr(ref, "__dict__", None)
         if isinstance(attrs, dict) and not isinstance(ref, type):
-            name = next((k for k, v in attrs.items() if v is obj), None)
+            name = next((k for k, v in list(attrs.items()) if v is obj), None)
             if name:
                 return f"`{name}` of a {type(ref).__name__}"
         if isinstance(ref, dict):
             owner = next((o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None)
-            name = next((k for k, v in ref.items() if v is obj), None)
+            name = next((k for k, v in list(ref.items()) if v is obj), None)
             if owner is not None and name:
                 return f"`{name}` of a {type(owner).__name__}"
         fallback = fallback or f"an item of a {type(ref).__name__}"

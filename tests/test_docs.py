@@ -77,7 +77,7 @@ def test_every_command_has_its_line_and_its_page():
     for name in commands:
         assert f"`{name}`" in index or f"tfperf {name}" in index, name
     questions = (DOCS / "questions.md").read_text()
-    for name in ("doctor", "export", "inspect", "load", "serve", "compare"):
+    for name in ("watch", "doctor", "export", "inspect", "load", "serve", "compare"):
         assert f"tfperf {name}" in questions, name
 
 

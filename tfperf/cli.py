@@ -12,9 +12,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tfperf import __version__, extras, flags
+from tfperf.records.compare_command import CALIBRATION, calibration_at
 from tfperf.watch import command as watch_command
 from tfperf.flags import UserError
 
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from tfperf.recipe import Declaration
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-# Where `tfperf run --repeat 3 --out calibration` leaves a calibration of run-to-run noise, read by default.
-CALIBRATION = "calibration"
 
 
 def recipe_declarations(only: Sequence[str] = (), folder: Path = RECIPES_DIR) -> list[Declaration]:
@@ -80,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     recipes = recipe_declarations(args.only, Path(args.recipes))
     # A folder of repeated runs is its own calibration; a single run uses the one given (read before running).
     own = args.repeat > 1 or Path(args.calibration).resolve() == out.resolve()
-    calibration = None if own else _calibration(args.calibration, default=args.calibration == CALIBRATION)
+    calibration = None if own else calibration_at(args.calibration, default=args.calibration == CALIBRATION)
     if (out / REPEATS).exists():  # spreads from an earlier run's repeats would be mixed with this run's
         shutil.rmtree(out / REPEATS)
     (out / NOISE_FILE).unlink(missing_ok=True)  # an earlier run's noise would speak for this one
@@ -125,123 +124,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Rebuild the report from the records already in a folder."""
     from tfperf.records.report import build_report
 
-    calibration = _calibration(args.calibration, default=args.calibration == CALIBRATION)
+    calibration = calibration_at(args.calibration, default=args.calibration == CALIBRATION)
     try:
         # The cookbook's order where its recipes are at hand; a doctor's or load's folder needs none.
         order = recipe_order() if RECIPES_DIR.is_dir() else ()
         print(build_report(args.dir, order=order, calibration=calibration))
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from None
-    return 0
-
-
-def _runs(path: str) -> list:
-    """The runs at `path` (a results folder with its repeats, or a records file), or one line."""
-    from tfperf.records.runs import read_runs
-
-    try:
-        return read_runs(path)
-    except FileNotFoundError as exc:
-        raise UserError(str(exc).strip("'\"")) from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(str(exc)) from None
-
-
-def _calibration(path: str | None, *, default: bool = False):
-    """The calibration at `path`; None when there is none and `path` is only the default place to look."""
-    from tfperf.records.noise import load_calibration
-
-    if path is None or path.lower() == "none" or (default and not Path(path).exists()):
-        return None
-    try:
-        return load_calibration(path)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
-def _pick_calibration(args: argparse.Namespace, a: list, b: list):
-    """What judges the rows: --calibration; else A's or B's own repeated runs; else ./calibration."""
-    from tfperf.records.noise import measure_noise
-
-    if args.calibration is not None:
-        return _calibration(args.calibration)
-    for path, runs in ((args.a, a), (args.b, b)):
-        if len(runs) >= 2:
-            return measure_noise(runs, path)
-    return _calibration(CALIBRATION, default=True)
-
-
-def print_comparison(result, a: str, b: str) -> None:
-    """The comparison as `tfperf compare` prints it: what judges, the rows, the headlines, the sums."""
-    from tfperf.records.compare import IMPROVED
-    from tfperf.records.report import fmt
-
-    if result.noise is not None:
-        print(f"calibration: {result.noise.describe()}: a row changed only beyond what runs of the same code "
-              f"differ by there (false discoveries held at 5% over all rows) and by more than "
-              f"{result.threshold:.0%}")
-    else:
-        print(f"no calibration: rows judged by the samples within each run, which do not see run-to-run noise, so "
-              f"a change counts only beyond {result.threshold:.0%} (`tfperf run --repeat 3 --out {CALIBRATION}` "
-              f"measures this machine's noise, and compare then uses it)")
-    for name, (va, vb) in {**result.env_differences, **result.args_differences}.items():
-        print(f"warning: {name} differs: {va!r} in A, {vb!r} in B; the rows are judged all the same", file=sys.stderr)
-    for name, (vc, vb) in result.calibration_differences.items():
-        print(f"warning: {name} differs: {vc!r} in the calibration, {vb!r} in B: its noise may not be this "
-              f"machine's", file=sys.stderr)
-    runs = "" if result.runs == (1, 1) else f" (geometric means over {result.runs[0]} and {result.runs[1]} runs)"
-    print(f"\n| table | row | metric | A | B{runs} | B vs A (95%) | noise (A/A 95%) | p | change |\n"
-          f"|---|---|---|---|---|---|---|---|---|")
-    for r in result.rows:
-        ci = f" ({r.ci95[0]:.2f}-{r.ci95[1]:.2f})" if r.ci95 else ""
-        p = "-" if r.p_value is None else "<0.001" if r.p_value < 0.001 else f"{r.p_value:.3g}"
-        noise = (f"+-{r.noise - 1:.0%}; the change is {r.share_of_noise:.1f} of it" if r.share_of_noise is not None
-                 else "-")
-        status = r.status + (" (no samples)" if r.ci95 is None else "")
-        print(f"| {r.key[0]}: {r.key[1]} | {r.key[2]} | {r.metric} | {fmt(r.a, r.metric)} | {fmt(r.b, r.metric)} | "
-              f"{r.ratio:.3f}x{ci} | {noise} | {p} | {status} |")
-    for label, keys in (("only in A", result.only_in_a), ("only in B", result.only_in_b)):
-        for key in keys:
-            print(f"{label}: {' / '.join(key)}")
-    for line in result.metric_mismatches:
-        print(f"not compared: {line}")
-    if result.headlines:
-        print("\n| recipe | A | B | A's rerun range | B inside it | verdicts | CPU time stolen, A / B |\n"
-              "|---|---|---|---|---|---|---|")
-        for h in result.headlines:
-            value = lambda x: x.value_text(x.value) if x.value is not None else x.figure  # noqa: E731
-            rerun = h.a.range_text(*h.rerun) if h.rerun else "-"
-            inside = {True: "yes", False: "NO", None: "-"}[h.inside]
-            verdicts = h.a.verdict if h.verdicts_agree else f"{h.a.verdict} / {h.b.verdict}"
-            stolen = " / ".join("-" if s is None else f"{s:.1%}" for s in h.stolen)
-            print(f"| {h.recipe} | {value(h.a)} | {value(h.b)} | {rerun} | {inside} | {verdicts} | {stolen} |")
-        judged = [h for h in result.headlines if h.inside is not None]
-        agree = sum(h.verdicts_agree for h in result.headlines)
-        print(f"headlines: B's figure inside A's rerun range for {sum(h.inside for h in judged)} of {len(judged)}; "
-              f"verdicts agree for {agree} of {len(result.headlines)}")
-    if result.geometric_mean is not None:
-        print(f"geometric mean of B vs A: {result.geometric_mean:.3f}x over {len(result.rows)} rows")
-    improved = [r for r in result.rows if r.status == IMPROVED]
-    print(f"{len(improved)} improved, {len(result.regressions)} regressed beyond "
-          f"{'the noise and ' if result.noise is not None else ''}{result.threshold:.0%}, "
-          f"{len(result.rows) - len(improved) - len(result.regressions)} without a change that counts")
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Row by row, how run B compares with run A; exit 1 when a row regressed beyond the noise."""
-    from tfperf.records.compare import compare_runs
-
-    a, b = _runs(args.a), _runs(args.b)
-    result = compare_runs(a, b, threshold=args.threshold, noise=_pick_calibration(args, a, b))
-    if not result.rows and not result.metric_mismatches:
-        recipes = lambda runs: sorted({r["recipe"] for r in runs[0].records})  # noqa: E731
-        raise UserError(f"{args.a} ({', '.join(recipes(a))}) and {args.b} ({', '.join(recipes(b))}) share no "
-                        f"(recipe, table, row): nothing to compare")
-    print_comparison(result, args.a, args.b)
-    if result.regressions:
-        print("regressed: " + "; ".join(f"{r.key[0]}: {r.key[1]} / {r.key[2]} ({1 / r.ratio:.2f}x worse)"
-                                        for r in result.regressions), file=sys.stderr)
-        return 1
     return 0
 
 
@@ -328,17 +217,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def fraction(text: str) -> float:
-    """A non-negative fraction such as 0.05."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number such as 0.05, got {text!r}") from None
-    if not 0 <= value < 10:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 10, got {text}")
-    return value
-
-
 def version_line() -> str:
     """tfperf's version and the TensorFlow, Keras and Python it runs on, read from the installed distributions
     (importing TensorFlow would take seconds)."""
@@ -364,45 +242,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=flags.ArgumentParser)
     if command == "watch":
         watch_command.add_command(sub)
-        return p
+        return _described(p, sub)
     from tfperf.deploy import commands as deploy_commands
     from tfperf.doctor import command as doctor_command
+    from tfperf.records import compare_command
     from tfperf.serving import command as load_command
     from tfperf.serving import serve_command
 
-    run = sub.add_parser("run", help="the main job: run the recipes and write results/report.md and report.html")
-    run.add_argument("--quick", action="store_true", help="each recipe at its --quick size")
-    run.add_argument("--out", default="results", help="folder for records, logs, figures and the report")
-    run.add_argument("--only", nargs="+", default=(), metavar="RECIPE", help="run only these recipes")
-    run.add_argument("--recipes", default=str(RECIPES_DIR), metavar="DIR",
-                     help="run the recipes of another folder (default: the cookbook's)")
-    run.add_argument("--repeat", type=flags.positive_int, default=1,
-                     help="run each recipe N times in fresh processes; the report shows the run-to-run spread, and "
-                          "the folder becomes a calibration of this machine's noise (3 is enough)")
-    calibration_help = (f"a calibration of run-to-run noise: the --out folder of `tfperf run --repeat 3` "
-                        f"(default: ./{CALIBRATION} when it exists; none: do without)")
-    run.add_argument("--calibration", default=CALIBRATION, metavar="DIR",
-                     help=calibration_help + "; the report gives each figure the range a rerun lands in")
-    run.set_defaults(func=cmd_run)
-
-    report = sub.add_parser("report", help="rebuild report.md and report.html from the records in a folder")
-    report.add_argument("dir", nargs="?", default="results")
-    report.add_argument("--calibration", default=CALIBRATION, metavar="DIR", help=calibration_help)
-    report.set_defaults(func=cmd_report)
-
-    comp = sub.add_parser("compare", help="two runs row by row; exit 1 when a row regressed beyond the run-to-run "
-                                          "noise")
-    comp.add_argument("a", help="run A, the baseline: a results folder (with its repeats) or a .jsonl file")
-    comp.add_argument("b", help="run B: a results folder or a .jsonl file")
-    comp.add_argument("--calibration", metavar="DIR",
-                      help=f"the noise that judges the rows: the --out folder of `tfperf run --repeat 3` (default: A "
-                           f"or B when it holds repeated runs, else ./{CALIBRATION} when it exists; none: do "
-                           f"without)")
-    comp.add_argument("--threshold", type=fraction, default=None,
-                      help="smallest change that counts, as a fraction (default 0.05 with a calibration, 0.25 "
-                           "without)")
-    comp.set_defaults(func=cmd_compare)
-
+    _add_cookbook_commands(sub)
+    compare_command.add_command(sub)
     train = sub.add_parser("train", help="train a cookbook net with checkpoints; a rerun resumes from the latest")
     flags.add_model_flag(train, "cnn")
     flags.add_dataset_flag(train, "mnist-5k")
@@ -433,10 +281,39 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     env = sub.add_parser("env", help="print the environment recorded with each measurement")
     env.set_defaults(func=cmd_env)
-    for listed in sub._choices_actions:  # each command's --help opens with what it does
+    return _described(p, sub)
+
+
+def _described(parser: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser:
+    """Each command's --help opens with what it does (its line in the list of commands)."""
+    for listed in sub._choices_actions:
         command = sub.choices[listed.dest]
         command.description = command.description or listed.help
-    return p
+    return parser
+
+
+def _add_cookbook_commands(sub: Any) -> None:
+    """run and report: the cookbook's own recipes and records."""
+    run = sub.add_parser("run", help="the main job: run the recipes and write results/report.md and report.html")
+    run.add_argument("--quick", action="store_true", help="each recipe at its --quick size")
+    run.add_argument("--out", default="results", help="folder for records, logs, figures and the report")
+    run.add_argument("--only", nargs="+", default=(), metavar="RECIPE", help="run only these recipes")
+    run.add_argument("--recipes", default=str(RECIPES_DIR), metavar="DIR",
+                     help="run the recipes of another folder (default: the cookbook's)")
+    run.add_argument("--repeat", type=flags.positive_int, default=1,
+                     help="run each recipe N times in fresh processes; the report shows the run-to-run spread, and "
+                          "the folder becomes a calibration of this machine's noise (3 is enough)")
+    calibration_help = (f"a calibration of run-to-run noise: the --out folder of `tfperf run --repeat 3` "
+                        f"(default: ./{CALIBRATION} when it exists; none: do without)")
+    run.add_argument("--calibration", default=CALIBRATION, metavar="DIR",
+                     help=calibration_help + "; the report gives each figure the range a rerun lands in")
+    run.set_defaults(func=cmd_run)
+
+    report = sub.add_parser("report", help="rebuild report.md and report.html from the records in a folder")
+    report.add_argument("dir", nargs="?", default="results")
+    report.add_argument("--calibration", default=CALIBRATION, metavar="DIR", help=calibration_help)
+    report.set_defaults(func=cmd_report)
+
 
 
 def _stop_handler(command: str, may_exit: bool):

@@ -214,7 +214,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     """Run the command watched (with --doctor, search its first fit after; with --apply, put that search's best on
     it and judge it against the earlier run); write and say the report; exit as the command did."""
     from tfperf.watch import confirm
-    from tfperf.watch.findings import analyse
+    from tfperf.watch.analysis import analyse
     from tfperf.watch.report import doctor_lines, markdown, summary
     from tfperf.watch.traced import read_input
 

@@ -6,7 +6,8 @@ import shlex
 from collections.abc import Sequence
 from typing import Any, Mapping
 
-from tfperf.watch.findings import Analysis, FitSplit, epoch_batches, epoch_examples, megabytes, seconds, share
+from tfperf.watch.analysis import Analysis
+from tfperf.watch.findings import FitSplit, epoch_batches, epoch_examples, megabytes, seconds, share
 from tfperf.records.units import number
 
 

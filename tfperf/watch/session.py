@@ -64,7 +64,7 @@ def end(opened: Opened, seen: Session, out: str | Path | None, name: str, ending
     """Stop watching: every patch put back; `seen` filled with the record and its analysis, and report.md and
     watch.json written to `out` (when given)."""
     from tfperf.watch import probe
-    from tfperf.watch.findings import analyse
+    from tfperf.watch.analysis import analyse
     from tfperf.watch.report import markdown
     from tfperf.watch.traced import read_input
 

@@ -16,6 +16,7 @@ import pytest
 
 from tfperf.watch import command as watch_command
 from tfperf.watch import findings as f
+from tfperf.watch.analysis import analyse
 from tfperf.watch.report import doctor_lines, markdown
 
 MB = 1024 * 1024
@@ -218,7 +219,7 @@ def test_what_grew_is_said_from_the_census_or_not_at_all():
         {"census": {"counts": 2, "first_at_s": 3.0, "last": {"error": "MemoryError: "}}}, True)
     rising = process([fit([epoch(i, rss=(400 + 40 * i) * MB) for i in range(6)])])
     rising["census"] = named["census"]
-    analysis = f.analyse([rising], 30.0)
+    analysis = analyse([rising], 30.0)
     assert "memory" in keys(analysis.findings) and analysis.memory_line.endswith("graphs of functions traced anew).")
     assert analysis.memory_line in markdown(analysis, "python train.py", "exit 0")
 
@@ -266,7 +267,7 @@ def test_a_generator_is_named_when_making_batches_took_a_share_of_the_steps():
     quick = fit([epoch(0, steps_s=2.0), epoch(1, steps_s=2.0)], input="a Python generator", input_s=0.4,
                 input_batches=200)
     assert f.input_findings([quick]) == []
-    assert not any("waiting for input" in n for n in f.analyse([process([slow])], 9.0).not_measured)
+    assert not any("waiting for input" in n for n in analyse([process([slow])], 9.0).not_measured)
 
 
 def test_a_pydataset_is_named_by_its_workers_with_the_fix_that_fits_them():
@@ -329,19 +330,19 @@ def test_fit_in_a_loop_is_named_once():
 
 
 def test_a_run_with_no_keras_says_so_and_a_killed_one_says_it_is_partial():
-    empty = f.analyse([], 3.0)
+    empty = analyse([], 3.0)
     assert empty.findings == [] and "only its wall time" in empty.not_measured[0]
     assert "no Keras or TensorFlow work" in markdown(empty, ["bash", "run.sh"], "exit 0")
-    cut = f.analyse([process([fit([epoch(0)])], complete=False)], 5.0)
+    cut = analyse([process([fit([epoch(0)])], complete=False)], 5.0)
     assert any("before its exit handlers" in n for n in cut.not_measured)
-    quiet = markdown(f.analyse([process([fit([epoch(i) for i in range(3)])])], 5.0), ["python", "t.py"], "exit 0")
+    quiet = markdown(analyse([process([fit([epoch(i) for i in range(3)])])], 5.0), ["python", "t.py"], "exit 0")
     assert "Nothing in this run crossed a finding's bar" in quiet and "Epochs (3 in 1 fit() call)" in quiet
 
 
 def test_under_a_launcher_the_report_reads_rank_0_and_says_so():
     ranks = [{**process([fit([epoch(i) for i in range(3)])]), "pid": 10 + r, "rank": r} for r in (1, 0)]
     ranks[0]["fits"][0]["seconds"] = 99.0  # rank 1 worked longer: rank 0 is still the one read
-    analysis = f.analyse(ranks, 20.0)
+    analysis = analyse(ranks, 20.0)
     assert analysis.process["rank"] == 0 and analysis.ranks == 2
     assert "this report reads rank 0 of 2 ranks (pid 10)" in markdown(analysis, ["horovodrun"], "exit 0")
 
@@ -371,7 +372,7 @@ def test_the_doctor_command_from_what_was_kept_or_why_not(tmp_path):
     assert watch_command.doctor_command(None, tmp_path, tmp_path)[0] is None
     assert "could not be saved" in watch_command.doctor_command({"model_error": "x"}, tmp_path, tmp_path)[1]
     assert "--loss NAME" in watch_command.doctor_command({"model": "m", "loss": None}, tmp_path, tmp_path)[1]
-    analysis = f.analyse([process([fit([epoch(0)])])], 5.0)
+    analysis = analyse([process([fit([epoch(0)])])], 5.0)
     said = "Model ...\n\n**Best configuration for training**: batch 256: 2.0x\n```python\ncode\n```\nAdvice, ...\n1. x"
     ran = markdown(analysis, ["python", "t.py"], "exit 0", doctor_lines(
         {"command": cmd, "why": why, "captured": kept, "exit_code": 0, "said": said}))
@@ -717,6 +718,27 @@ def test_a_record_cut_midway_is_skipped(tmp_path):
     (tmp_path / "process-1.json").write_text(json.dumps({"pid": 1}))
     (tmp_path / "process-2.json").write_text('{"pid": 2, "fi')
     assert [r["pid"] for r in watch_command.read_records(tmp_path)] == [1]
+
+
+def test_what_runs_inside_the_watched_program_imports_the_standard_library_alone():
+    """The probe and the siblings it loads by path run in the user's interpreter, which may not have tfperf (or
+    NumPy) installed: they import nothing else (Keras and TensorFlow are read from sys.modules, once loaded)."""
+    import ast
+    from pathlib import Path
+
+    import tfperf.watch
+
+    def imported(nodes):
+        names = {a.name.split(".")[0] for n in nodes if isinstance(n, ast.Import) for a in n.names}
+        return names | {n.module.split(".")[0] for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+
+    folder = Path(tfperf.watch.__file__).parent
+    stdlib = sys.stdlib_module_names | {"__future__"}
+    for name in ("probe.py", "keras_hooks.py", "tracing_hooks.py", "census.py", "boot/sitecustomize.py"):
+        tree = ast.parse((folder / name).read_text())
+        assert imported(tree.body) <= stdlib, (name, imported(tree.body) - stdlib)  # at load: nothing else
+        # inside the Keras hooks, once the program has loaded Keras (and so NumPy)
+        assert imported(ast.walk(tree)) <= stdlib | {"keras", "numpy"}, name
 
 
 def test_bad_command_lines_are_one_line_errors(capsys):

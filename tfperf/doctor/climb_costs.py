@@ -93,14 +93,23 @@ class Budget:
         """Seconds until the budget is spent (infinite without one)."""
         return float("inf") if self.ends_by is None else self.ends_by - time.perf_counter()
 
-    def after_s(self) -> float:
-        """The seconds the headline race and the confirmation will take, as the best stands now."""
+    def after_s(self, kept: Config | None = None) -> float:
+        """The seconds the headline race and the confirmation will take, as the best stands now, or with `kept` as
+        the best (a new batch puts it beside the best at the user's batch: one more configuration to race)."""
         plain, best = self.heading[0], self.heading[1 if len(self.heading) > 1 else 0]
-        return self.costs.after_climb(self.heading, plain, best, self.rounds)
+        heading = self.heading
+        if kept is not None:
+            at_yours = self.heading[2] if len(self.heading) > 2 else best if best.batch == plain.batch else plain
+            best, heading = kept, tuple(dict.fromkeys((plain, kept, kept if kept.batch == plain.batch else at_yours)))
+        return self.costs.after_climb(heading, plain, best, self.rounds)
 
-    def fits(self, race_s: float) -> bool:
-        """Whether a race of about `race_s` seconds, and what must follow it, fit in what is left."""
-        return self.ends_by is None or not self.heading or race_s + self.after_s() <= self.left()
+    def fits(self, race_s: float, candidates: Iterable[Config] = ()) -> bool:
+        """Whether a race of about `race_s` seconds, and what must follow it whichever of its `candidates` it keeps,
+        fit in what is left. (On a scripted climb the after-climb time grew from 60 s to 72 s when a batch race kept
+        a new batch, and the run went past its budget.)"""
+        if self.ends_by is None or not self.heading:
+            return True
+        return race_s + max([self.after_s(), *[self.after_s(c) for c in candidates]]) <= self.left()
 
     def refusal(self, step: str, race_s: float, partly: bool = False) -> str:
         """Why the race `step`, of about `race_s` seconds, is not run (`partly`: why its candidates named in `step`

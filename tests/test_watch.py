@@ -201,6 +201,20 @@ def test_the_census_names_the_containers_that_grew_by_what_holds_them(monkeypatc
     assert "the global `seen` of users_module.py" in holders and "`history` of a _Keeper" in holders
     assert all(h != "`steady`" for h in holders) and len(steady) == 5000  # a long list that did not grow
 
+    class Hostile:  # the program's own objects: a property and a size that raise
+        @property
+        def nbytes(self):
+            raise RuntimeError("no")
+
+        def __sizeof__(self):
+            raise RuntimeError("no")
+
+    again, odd = Census(growth=0, spacing=0, first=0), []
+    again.take(700 * MB, 0.0)
+    odd.extend(Hostile() for _ in range(1200))
+    (found,) = again.take(700 * MB, 1.0)["containers"]
+    assert found["holder"].startswith("`odd` in test_the_census") and found["item_bytes"] is None
+
 
 def test_what_grew_is_said_from_the_census_or_not_at_all():
     named = {"census": {"counts": 2, "first_at_s": 3.0, "first_rss": 800 * MB, "last": {

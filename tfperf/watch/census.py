@@ -46,16 +46,24 @@ def _item(container: Any) -> Any:
 
 def _nbytes(item: Any) -> int | None:
     """An array's or tensor's bytes (NumPy's nbytes, or its shape times its dtype's size), else None."""
-    size = getattr(item, "nbytes", None)
-    if isinstance(size, int):
-        return size
-    try:
+    try:  # the program's own objects: a property may raise anything
+        size = getattr(item, "nbytes", None)
+        if isinstance(size, int):
+            return size
         count = 1
         for dim in item.shape:
             count *= int(dim)
         return count * int(item.dtype.size)
     except Exception:  # noqa: BLE001 - not array-like: its size is not said
         return None
+
+
+def _shallow(item: Any) -> int:
+    """sys.getsizeof, or 0 where the program's object will not say."""
+    try:
+        return sys.getsizeof(item, 0)
+    except Exception:  # noqa: BLE001
+        return 0
 
 
 def _in_frames(obj: Any) -> str | None:
@@ -152,7 +160,7 @@ class Census:
                 continue
             item = _item(obj)
             size = _nbytes(item)
-            grown_bytes = grew * (size if size is not None else sys.getsizeof(item))
+            grown_bytes = grew * (size if size is not None else _shallow(item))
             if grew >= LONG or grown_bytes >= NAMED_BYTES:
                 found.append({"kind": type(obj).__name__, "id": id(obj), "from": self.lengths.get(id(obj)),
                               "to": len(obj), "grew": grew, "item": type(item).__name__ if item is not None else None,

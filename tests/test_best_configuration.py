@@ -95,6 +95,11 @@ def test_the_answer_recommends_only_what_its_own_race_against_plain_fit_found_fa
     nothing = Climbed([Rung("jit_compile=True", plain.label, compared(1.0, NO_DIFFERENCE), False, 1.0, 1.0)], plain,
                       plain, {}, code_lines(plain, True))
     assert "plain fit; no change tried on top of it paid (jit_compile=True)" in nothing.describe()
+    # The budget held no race (MobileNetV2 at --quick: a build of 20-25 s): said so, not "no change paid".
+    raced_none = Climbed([], plain, plain, {}, code_lines(plain, True), cut=["jit_compile", "batch"]).describe()
+    assert raced_none.startswith("**Best configuration for training**: plain fit, as no change was raced. The "
+                                 "--budget left out the climb's races of jit_compile; batch")
+    assert "paid" not in raced_none
     unconfirmed = Climbed(kept[:1], spe, spe, {spe.label: compared(1.04, NO_DIFFERENCE)}, code_lines(spe, True))
     text = unconfirmed.describe()
     assert not unconfirmed.pays and "nothing is recommended" in text and "```" not in text

@@ -110,8 +110,10 @@ class Climbed:
 
     def describe(self) -> str:
         """The answer first: the recommendation, its gain, its code, and the confirmation."""
+        if self.best == self.plain and not self.rungs:  # the budget held no race (a model whose builds are long)
+            return f"**Best configuration for training**: plain fit, as no change was raced.{self._cut_text()}\n"
         if self.best == self.plain:
-            tried = ", ".join(r.row for r in self.rungs) or "nothing"
+            tried = ", ".join(r.row for r in self.rungs)
             return (f"**Best configuration for training**: plain fit; no change tried on top of it paid "
                     f"({tried}).{self._cut_text()}\n")
         c = self.headline[self.best.label]

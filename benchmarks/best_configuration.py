@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROUNDS = 10
@@ -167,9 +168,10 @@ def race(path: str, count: int, arms: dict) -> dict:
     return {"compared": said, "examples_per_s": {n: m.items_per_s for n, m in by.items()}}
 
 
-def doctor_block(path: Path, out: Path) -> tuple[list[str], str, str]:
-    """`tfperf doctor --quick --train` as a user runs it: the code block it printed, its claim, and what its own
-    confirmation in a fresh process said."""
+def doctor_block(path: Path, out: Path) -> tuple[list[str], str, str, float]:
+    """`tfperf doctor --quick --train` as a user runs it: the code block it printed, its claim, what its own
+    confirmation in a fresh process said, and the seconds it took (--quick's goal is 3 minutes)."""
+    began = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "tfperf", "doctor", str(path), "--quick", "--train", "--loss",
                            "sparse_categorical_crossentropy", "--from-logits", "--out", str(out)],
                           capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -181,7 +183,7 @@ def doctor_block(path: Path, out: Path) -> tuple[list[str], str, str]:
     block = re.search(r"```python\n(.*?)\n```", answer, flags=re.S)
     lines = [line.split("  #", 1)[0] for line in block.group(1).splitlines()] if block else [
         "model.compile(optimizer=optimizer, loss=loss)", "model.fit(x, y, batch_size=32)"]
-    return lines, claim, confirmed.group(1) if confirmed else "not confirmed"
+    return lines, claim, confirmed.group(1) if confirmed else "not confirmed", time.perf_counter() - began
 
 
 def ratio(text: str) -> float:
@@ -206,7 +208,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in saved_models(Path(tmp), args.models):
-            lines, claim, confirmed = doctor_block(path, Path(tmp) / f"doctor-{name}")
+            lines, claim, confirmed, took = doctor_block(path, Path(tmp) / f"doctor-{name}")
             me = [__file__, "--path", str(path), "--rows", str(args.rows)]
             screened = run_json([*me, "--role", "screen"])
             ok = [s for s in screened["screened"] if "error" not in s]
@@ -217,7 +219,7 @@ def main() -> int:
             c, speed, best_name = raced["compared"], raced["examples_per_s"], "search's best"
             doctor, top, gap = (c["doctor vs plain fit"], c[f"{best_name} vs plain fit"],
                                 c[f"doctor vs {best_name}"])
-            print(f"{name}: the doctor's claim: {claim}")
+            print(f"{name}: the doctor's claim ({took:.0f} s for --quick --train): {claim}")
             print(f"  the doctor's code block: {' | '.join(lines)}")
             print(f"  the search's best of {len(ok)} combinations ({len(screened['screened']) - len(ok)} failed): "
                   f"{best['config']}")

@@ -100,6 +100,11 @@ def test_each_answer_is_said_from_its_own_race_and_only_a_faster_one_comes_with_
     assert ("Every way that keeps the model's answers, raced together against model(x) at batch 1: **ONNX Runtime, "
             "1 thread at batch 1** 78.00x faster (95% CI 70.20-85.80x); ONNX Runtime, 2 threads at batch 1 60") in text
     assert "Confirmed as applied" in text and "(4 -> 0.052 ms a call; claimed here: 80.00x)" in text
+    assert "disagree" not in text  # the reply without an interval: its ratio, inside 72-88x
+    paid.confirmed = {**paid.confirmed, "describe": "5.69x faster (95% CI 5.59-5.85x)", "ci95": [5.59, 5.85]}
+    assert "(here 72.00-88.00x, there 5.59-5.85x): the fresh process, which ran only the code above, is the one " \
+           "like yours, so expect less than claimed here." in paid.describe()
+    paid.confirmed = {**paid.confirmed, "ci95": [70.0, 85.0]}
     traced = Called("latency", mine, Way("tf.function", 1), [], {**measured, "tf.function at batch 1": measured[
         best.label]}, compared(9.0), ["serve = tf.function(...)", "y = serve(x)"], confirmed=paid.confirmed)
     assert "run in a fresh process, raced there against your call" in traced.describe()  # no export to make there

@@ -110,6 +110,13 @@ def test_the_answer_recommends_only_what_its_own_race_against_plain_fit_found_fa
     assert "```python\n" + "\n".join(code_lines(big, True)) + "\n```" in text
     assert "its loss was 1.3 against plain fit's 1" in text and "At your batch of 32, the best is steps_per_execu" in text
     assert "Confirmed as applied" in text and "1,000 -> 2,900 examples/s; claimed here: 3.00x" in text
+    assert "disagree" not in text  # 2.6-3.2x there overlaps 2.7-3.3x here
+    # MobileNetV2: 1.86x (1.77-1.91x) claimed in the doctor's process, 1.45x (1.35-1.58x) in the fresh one.
+    found.confirmed = {**confirmed, "describe": "1.45x faster (95% CI 1.35-1.58x)", "ratio": 1.45, "ci95": [1.35, 1.58]}
+    assert ("The two disagree beyond their intervals (here 2.70-3.30x, there 1.35-1.58x): the fresh process, which "
+            "ran only the code above, is the one like yours, so expect less than claimed here.") in found.describe()
+    found.confirmed = {**confirmed, "describe": "4.00x faster (95% CI 3.50-4.50x)", "ratio": 4.0, "ci95": [3.5, 4.5]}
+    assert "so expect more than claimed here." in found.describe()
     found.confirmed = {"error": "ValueError: no"}
     assert "Not confirmed in a fresh process: ValueError: no." in found.describe()
     alone = Climbed(kept[1:], Config(batch=256), plain, {Config(batch=256).label: compared(1.5)},

@@ -107,7 +107,7 @@ class Called:
 
         exported = " (its export made there by its own command)" if any(
             line.startswith(SHELL) for line in self.code) else ""
-        return confirmation_text(self.confirmed, "your call", figures, self.headline.ratio,
+        return confirmation_text(self.confirmed, "your call", figures, self.headline,
                                  where=f"the code above run in a fresh process{exported}")
 
 

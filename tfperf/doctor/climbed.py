@@ -187,4 +187,4 @@ class Climbed:
 
     def _confirmation(self) -> str:
         return confirmation_text(self.confirmed, "plain fit", lambda c: f"{c['plain_samples_per_s']:,.0f} -> "
-                                 f"{c['best_samples_per_s']:,.0f} examples/s", self.headline[self.best.label].ratio)
+                                 f"{c['best_samples_per_s']:,.0f} examples/s", self.headline[self.best.label])

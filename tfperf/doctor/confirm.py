@@ -11,24 +11,36 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfperf.deploy.errors import first_line
 from tfperf.doctor.experiment import Context, child_command
 from tfperf.doctor.options import MIN_GAIN
 
+if TYPE_CHECKING:
+    from tfperf.measure.stats import Comparison
+
 LEARNING_RATE = 1e-3  # Adam's default, the doctor's optimizer everywhere
 
 
 def confirmation_text(confirmed: dict[str, Any] | None, against: str, figures: Callable[[dict[str, Any]], str],
-                      claimed: float, where: str = "the code above run in a fresh process") -> str:
-    """The sentence a recommendation's confirmation gives: its figure beside the claim, or why there is none."""
+                      claimed: Comparison, where: str = "the code above run in a fresh process") -> str:
+    """The sentence a recommendation's confirmation gives: its figure beside the claim, or why there is none; and
+    where the two intervals do not overlap, that they disagree and which is the one like the user's own process."""
     if confirmed is None:
         return "Not confirmed in a fresh process."
     if "error" in confirmed:
         return f"Not confirmed in a fresh process: {confirmed['error']}."
-    return (f"Confirmed as applied: {where}, raced there against {against}: {confirmed['describe']} "
-            f"({figures(confirmed)}; claimed here: {claimed:.2f}x).")
+    said = (f"Confirmed as applied: {where}, raced there against {against}: {confirmed['describe']} "
+            f"({figures(confirmed)}; claimed here: {claimed.ratio:.2f}x).")
+    low, high = confirmed.get("ci95") or (confirmed["ratio"], confirmed["ratio"])
+    if high < claimed.ci95[0] or low > claimed.ci95[1]:
+        # On MobileNetV2 this run's race said 1.86x (1.77-1.91x) and the fresh process 1.45x (1.35-1.58x): the
+        # doctor's process had built and trained a dozen configurations, XLA's among them, before its race.
+        said += (f" The two disagree beyond their intervals (here {claimed.ci95[0]:.2f}-{claimed.ci95[1]:.2f}x, "
+                 f"there {low:.2f}-{high:.2f}x): the fresh process, which ran only the code above, is the one like "
+                 f"yours, so expect {'less' if high < claimed.ci95[0] else 'more'} than claimed here.")
+    return said
 
 
 def confirm(ctx: Context, code: list[str], plain: list[str], examples: int, rounds: int) -> dict[str, Any]:

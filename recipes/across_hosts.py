@@ -27,6 +27,7 @@ from tfperf.cluster.errors import ClusterError
 from tfperf.cluster.processes import LocalCluster, free_ports, launch, tf_config
 from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, exposed_t2, fixed_cost, ring_t2
 from tfperf.measure.processes import last_reply, rank0_replies, reply
+from tfperf.measure.stats import against_goal
 from tfperf.recipe import Conclusion, Headline, Recipe
 
 # The technique: one rank per host, the gradients averaged over the link -----------------------------------
@@ -544,7 +545,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
         m = headline_row["metrics"]
         headline = Headline(f"the scaling model t1 + t2 where the link decides ({headline_row['row']})",
                             f"error {m['error']:+.0%} (95% CI {m['error_ci95'][0]:+.0%} to {m['error_ci95'][1]:+.0%})",
-                            "within the +-15% goal" if headline_row in within else "not within the +-15% goal",
+                            f"{against_goal([m['error_ci95']], GOAL)} the +-{GOAL:.0%} goal",
                             value=1 + m["error"], unit="error", ci95=(1 + m["error_ci95"][0], 1 + m["error_ci95"][1]))
     return Conclusion(text, lines, "", headline)
 

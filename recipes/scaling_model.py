@@ -25,7 +25,7 @@ from tfperf.cluster.ring import ring_t2
 from tfperf.measure.processes import rank0_replies, replies, reply
 from tfperf.devices import usable_cores
 from tfperf.recipe import Conclusion, Headline, Recipe, RecipeError
-from tfperf.measure.stats import median_ci
+from tfperf.measure.stats import against_goal, median_ci
 
 # The model: a step on n ranks takes t1 + t2 ----------------------------------------------------------
 # Seed 002's course notes split a data-parallel step into t1, the forward and backward pass, and t2, the
@@ -325,7 +325,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
     lines = [f"{headline.figure}: {headline.verdict}"]
     if "np=1" in errors:
         lines.append(f"np=1 (t1 alone): error {errors['np=1']:+.1%} (95% CI {cis['np=1'][0]:+.1%} to "
-                     f"{cis['np=1'][1]:+.1%}): {judged([cis['np=1']], NP1_GOAL)} the +-{NP1_GOAL:.0%} goal")
+                     f"{cis['np=1'][1]:+.1%}): {against_goal([cis['np=1']], NP1_GOAL)} the +-{NP1_GOAL:.0%} goal")
 
     crowded = {n: errors[f"np={n}"] for n in args.ranks if n > cores and abs(errors[f"np={n}"]) > GOAL}
     crowding = (
@@ -371,14 +371,6 @@ def conclude(args, rec, found: Found) -> Conclusion:
         headline=headline)
 
 
-def judged(cis: list[list[float]], goal: float) -> str:
-    """'within' when every interval lies inside +-goal, 'outside' when one lies wholly beyond it, else 'not
-    settled against': a point estimate alone flipped between two runs of the same code."""
-    if all(abs(low) <= goal and abs(high) <= goal for low, high in cis):
-        return "within"
-    return "outside" if any(low > goal or high < -goal for low, high in cis) else "not settled against"
-
-
 def scaling_headline(errors: dict[str, float], cis: dict[str, list[float]], cores: int) -> Headline:
     """The model's largest error where each rank has a core of its own, judged by its 95% CI against the goal
     (within, outside, or not settled when the CI spans it), and apart where ranks crowd the cores."""
@@ -388,7 +380,7 @@ def scaling_headline(errors: dict[str, float], cis: dict[str, list[float]], core
     crowded = {row: e for row, e in errors.items() if row not in own}
     figure = f"largest error {own[worst]:+.0%} (95% CI {low:+.0%} to {high:+.0%}, {worst})" + "".join(
         f"; {e:+.0%} at {row}, more ranks than the {cores} cores" for row, e in crowded.items())
-    verdict = f"{judged([cis[row] for row in own], GOAL)} the +-{GOAL:.0%} goal where each rank has a core"
+    verdict = f"{against_goal([cis[row] for row in own], GOAL)} the +-{GOAL:.0%} goal where each rank has a core"
     return Headline("the scaling model t1 + t2 against mnist_hvd's measured throughput", figure, verdict,
                     value=1 + own[worst], unit="error", ci95=(1 + low, 1 + high))
 

@@ -149,7 +149,7 @@ def test_the_across_hosts_conclusion_answers_first_in_each_branch():
     from tfperf.measure.stats import compare_times
     from tfperf.records.jsonl import Recorder
 
-    def records(share: float) -> Recorder:
+    def records(share: float, error_ci95: tuple[float, float] = (0.05, 0.14)) -> Recorder:
         rec = Recorder("across_hosts", {})
         rec.add(LINKS, "1gbit", {"measured_mbit_s": 950.0, "delivered": 0.95, "rtt_us": 80.0, "fixed_cost_ms": 4.0},
                 primary="measured_mbit_s", lower_is_better=False, versus_first=False)
@@ -158,7 +158,7 @@ def test_the_across_hosts_conclusion_answers_first_in_each_branch():
                                                   "link_only_ms": 7.0, "error_link_only": -0.3},
                     primary="ms", lower_is_better=True, versus_first=False)
         rec.add(SCALING, "wide MLP, 1gbit", {"measured_samples_s": 500.0, "predicted_samples_s": 450.0, "error": 0.11,
-                                             "error_ci95": [0.05, 0.14], "communication_share": share},
+                                             "error_ci95": list(error_ci95), "communication_share": share},
                 primary="measured_samples_s", lower_is_better=False, versus_first=False)
         faster = compare_times([0.02] * 8, [0.01, 0.0101] * 4, names=("plain", "fp16"), threshold=0.05)
         rec.add(HELPS, "fp16 compression, 1gbit", {"samples_per_s": 200.0, "final_loss_vs_plain": 1.0, "link": "1gbit"},
@@ -176,6 +176,11 @@ def test_the_across_hosts_conclusion_answers_first_in_each_branch():
     assert "within the +-15% goal by its 95% interval in 1; its largest error +11% (wide MLP, 1gbit)" in answer
     assert "fp16 compression: pays on 1gbit" in answer and "MultiWorkerMirroredStrategy" in answer
     assert rest[0].startswith("Two hosts") and rest[1].startswith("Every all-reduce has a fixed cost")
+    # The headline judged by its interval: make report's -12% (95% CI -17% to -8%) said "not within" the goal.
+    verdict = lambda ci: RECIPE.conclude(None, records(0.7, ci), found).headline.verdict  # noqa: E731
+    assert verdict((0.05, 0.14)) == "within the +-15% goal"
+    assert verdict((-0.17, -0.08)) == "not settled against the +-15% goal"
+    assert verdict((0.16, 0.3)) == "outside the +-15% goal"
     answer = RECIPE.conclude(None, records(0.2), found).text.split("\n\n")[0]
     assert answer.startswith("In none of the 1 cases did communication take half of a step") and "+-15%" not in answer
 

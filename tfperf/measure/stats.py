@@ -169,6 +169,15 @@ def verdict(ci: tuple[float, float], *, threshold: float = 0.0) -> str:
     return NO_DIFFERENCE
 
 
+def against_goal(cis: Sequence[Sequence[float]], goal: float) -> str:
+    """A model's errors judged by their 95% intervals against +-goal: "within" when every interval lies inside it,
+    "outside" when one lies wholly beyond it, else "not settled against" (a point estimate alone flipped between two
+    runs of the same code: +14% and +24%, each interval spanning 15%)."""
+    if all(abs(low) <= goal and abs(high) <= goal for low, high in cis):
+        return "within"
+    return "outside" if any(low > goal or high < -goal for low, high in cis) else "not settled against"
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """How many times faster a candidate is than a baseline, with its CI and the verdict it supports."""

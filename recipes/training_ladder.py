@@ -346,15 +346,24 @@ def measure(args, rec) -> Found:
     return Found(kept, verdicts, untried, headline, top, plain_mfu, mixed, gpu, xla_row)
 
 
+def configuration(kept: list[str]) -> tuple[list[str], list[str]]:
+    """The kept rungs as one configuration: a batch kept over a smaller kept batch replaces it (make report's
+    headline read "plain fit + ... + batch 64 + batch 128 + batch 256"); and the batches it was raised through."""
+    batches = [row for row in kept if row.startswith("batch ")]
+    return [row for row in kept if row not in batches[:-1]], [row.split()[1] for row in batches[:-1]]
+
+
 def conclude(args, rec, found: Found) -> Conclusion:
-    kept, verdicts, headline, top, gpu = found.kept, found.verdicts, found.headline, found.top, found.gpu
+    verdicts, headline, top, gpu = found.verdicts, found.headline, found.top, found.gpu
+    kept, through = configuration(found.kept)
+    raised = f" (the batch raised through {', '.join(through)}, each kept over the one before)" if through else ""
     summary = headline.describe() if headline else "nothing was measurably faster than plain fit"
     line = (f"best configuration: {' + '.join(kept)}: {top['samples_per_s']:,.0f} samples/s, {summary}; "
             f"MFU {top['mfu']:.1%} (plain fit {found.plain_mfu:.1%})")
 
     # Conclusion, from this run's numbers ------------------------------------------------------
     not_kept = {row: (c, ok, base, ok and unsettled(c))
-                for row, (c, ok, base) in verdicts.items() if row not in kept}
+                for row, (c, ok, base) in verdicts.items() if row not in found.kept}
     dropped = [f"{row} (against {base}: {c.describe()}{'' if ok else ', and less accurate'})"
                for row, (c, ok, base, near) in not_kept.items() if not near]
     near = [f"{row} (against {base}: {c.describe()} after {c.units} rounds)"
@@ -383,7 +392,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
             ": fusing the step's element-wise ops saved memory passes and dispatches." if xla.verdict == FASTER else
             ".")
     return Conclusion((
-        f"The best configuration kept {', '.join(kept[1:]) or 'nothing beyond plain fit'}: {summary} "
+        f"The best configuration kept {', '.join(kept[1:]) or 'nothing beyond plain fit'}{raised}: {summary} "
         f"({top['samples_per_s']:,.0f} samples/s), at {top['mfu']:.1%} MFU. "
         f"Not kept: {'; '.join(dropped) or 'none'}.{near_note}{untried} "
         f"{xla_note} {ceiling} {found.mixed}: {hardware_summary()}."), [line], "" if not frozen else

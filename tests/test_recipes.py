@@ -385,6 +385,17 @@ def test_training_ladder_trains_every_rung_from_the_same_weights(tmp_path, monke
         assert abs(metrics["final_loss"] - m["plain fit"]["final_loss"]) < 0.5
 
 
+def test_the_ladders_best_configuration_names_the_batch_it_ended_at():
+    """make report's headline read "plain fit + steps_per_execution=16 + batch 64 + batch 128 + batch 256": one
+    configuration has one batch, the last kept; the batches it was raised through are said apart."""
+    configuration = recipe_module("training_ladder").configuration
+    assert configuration(["plain fit", "steps_per_execution=16", "batch 64", "batch 128", "batch 256"]) == (
+        ["plain fit", "steps_per_execution=16", "batch 256"], ["64", "128"])
+    assert configuration(["plain fit", "jit_compile=True", "batch 64"]) == (["plain fit", "jit_compile=True",
+                                                                          "batch 64"], [])
+    assert configuration(["plain fit"]) == (["plain fit"], [])
+
+
 def test_the_ladders_tf_data_rung_reshuffles_every_epoch_and_a_frozen_order_is_caught():
     """Issue 32: a cache after shuffle, batch and prefetch replays the first epoch's order for ever; the ladder's
     pipeline caches first, and its check sees the difference (accuracy alone cannot)."""

@@ -9,6 +9,7 @@ a loaded model rebuilt under it), and raced against plain fit's lines on the sam
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ def confirmation_text(confirmed: dict[str, Any] | None, against: str, figures: C
         return f"Not confirmed in a fresh process: {confirmed['error']}."
     said = (f"Confirmed as applied: {where}, raced there against {against}: {confirmed['describe']} "
             f"({figures(confirmed)}; claimed here: {claimed.ratio:.2f}x).")
-    low, high = confirmed.get("ci95") or (confirmed["ratio"], confirmed["ratio"])
+    low, high = confirmed.get("ci95") or (confirmed.get("ratio", math.nan),) * 2  # NaN: nothing to compare
     if high < claimed.ci95[0] or low > claimed.ci95[1]:
         # On MobileNetV2 this run's race said 1.86x (1.77-1.91x) and the fresh process 1.45x (1.35-1.58x): the
         # doctor's process had built and trained a dozen configurations, XLA's among them, before its race.

@@ -356,7 +356,8 @@ def configuration(kept: list[str]) -> tuple[list[str], list[str]]:
 def conclude(args, rec, found: Found) -> Conclusion:
     verdicts, headline, top, gpu = found.verdicts, found.headline, found.top, found.gpu
     kept, through = configuration(found.kept)
-    raised = f" (the batch raised through {', '.join(through)}, each kept over the one before)" if through else ""
+    raised = f" (raised through {', '.join(through)}, each kept over the one before)" if through else ""
+    described = [f"{row}{raised}" if row.startswith("batch ") else row for row in kept[1:]]
     summary = headline.describe() if headline else "nothing was measurably faster than plain fit"
     line = (f"best configuration: {' + '.join(kept)}: {top['samples_per_s']:,.0f} samples/s, {summary}; "
             f"MFU {top['mfu']:.1%} (plain fit {found.plain_mfu:.1%})")
@@ -392,7 +393,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
             ": fusing the step's element-wise ops saved memory passes and dispatches." if xla.verdict == FASTER else
             ".")
     return Conclusion((
-        f"The best configuration kept {', '.join(kept[1:]) or 'nothing beyond plain fit'}{raised}: {summary} "
+        f"The best configuration kept {', '.join(described) or 'nothing beyond plain fit'}: {summary} "
         f"({top['samples_per_s']:,.0f} samples/s), at {top['mfu']:.1%} MFU. "
         f"Not kept: {'; '.join(dropped) or 'none'}.{near_note}{untried} "
         f"{xla_note} {ceiling} {found.mixed}: {hardware_summary()}."), [line], "" if not frozen else

@@ -1,5 +1,6 @@
 """Each recipe runs at its smallest size and writes well-formed records; the main job builds the report."""
 
+import argparse
 import dataclasses
 import importlib.util
 import re
@@ -394,6 +395,25 @@ def test_the_ladders_best_configuration_names_the_batch_it_ended_at():
     assert configuration(["plain fit", "jit_compile=True", "batch 64"]) == (["plain fit", "jit_compile=True",
                                                                           "batch 64"], [])
     assert configuration(["plain fit"]) == (["plain fit"], [])
+    module = recipe_module("training_ladder")
+    from tfperf.measure.stats import compare_times
+    from tfperf.records.jsonl import Recorder
+
+    faster = compare_times([0.02] * 8, [0.01, 0.0101] * 4, names=("a", "b"), threshold=0.02)
+    slower = compare_times([0.01, 0.0101] * 4, [0.02] * 8, names=("a", "b"), threshold=0.02)
+    rungs = ["steps_per_execution=16", "batch 64", "batch 128", "batch 256"]
+
+    def text(kept):
+        found = module.Found(["plain fit", *kept], {"jit_compile=True": (slower, True, "plain fit"),
+                                                     **{r: (faster, True, "plain fit") for r in rungs}}, [], faster,
+                             {"samples_per_s": 7025.0, "mfu": 0.157}, 0.09, "mixed_bfloat16", False)
+        return module.conclude(argparse.Namespace(model="cnn"), Recorder("training_ladder", {}), found)
+
+    said = text(rungs)
+    assert said.text.startswith("The best configuration kept steps_per_execution=16, batch 256 (raised through 64, "
+                                "128, each kept over the one before): ")
+    assert "plain fit + steps_per_execution=16 + batch 256," in said.headline.lesson
+    assert text(rungs[:2]).text.startswith("The best configuration kept steps_per_execution=16, batch 64: ")
 
 
 def test_the_ladders_tf_data_rung_reshuffles_every_epoch_and_a_frozen_order_is_caught():

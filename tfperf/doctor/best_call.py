@@ -107,8 +107,8 @@ class Called:
 
         exported = " (its export made there by its own command)" if any(
             line.startswith(SHELL) for line in self.code) else ""
-        return confirmation_text(self.confirmed, "your call", figures, self.headline,
-                                 where=f"the code above run in a fresh process{exported}")
+        return confirmation_text(self.confirmed, f"the code above run in a fresh process{exported}, raced there "
+                                                 f"against your call", figures, self.headline)
 
 
 def goal_tables(tables: Sequence[Table], goal: str) -> list[Table]:

@@ -3,13 +3,14 @@ whether the next race fits in what is left of the run's budget (--quick's 3 minu
 
 A race costs a build for each configuration not already training (a fresh copy compiled, its first epoch traced and
 run: 3-4 s on a two-block Transformer, 7-8 s with XLA, on 2 cores) and its rounds of one epoch each. The climb asks
-before each race whether it and what must follow it (the headline race, the confirmation in a fresh process) still
-fit; where they do not, the race is left out and said, and the climb goes on with what it kept.
+before each race whether it and what must follow it (the headline race and the confirmation, in fresh processes)
+still fit; where they do not, the race is left out and said, and the climb goes on with what it kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Iterable, Mapping
@@ -19,8 +20,8 @@ from tfperf.doctor.climbed import Config
 # An XLA build not yet measured on this model, as a multiple of one without XLA: its compile about doubled a build on
 # a two-block Transformer (6.6-8.2 s against 3.0-3.7 s, AMD EPYC, 2 cores).
 XLA_BUILD = 2.0
-# The confirmation's process before its first build: Python, TensorFlow and the model (4-6 s measured as the
-# doctor's own start-up here); its builds trace fit's step twice, as a user's first fit does (the climb's do not).
+# A headline process before its first build: Python, TensorFlow and the model (4-6 s measured as the doctor's own
+# start-up here); a code block's build traces fit's step twice, as a user's first fit does (the climb's do not).
 CHILD_START_S = 6.0
 CHILD_BUILD = 1.5
 # The headline race's extensions counted as run: on Keras Applications' MobileNetV2 (alpha 0.35, 32x32) it took 88 s
@@ -67,14 +68,17 @@ class Costs:
                 + rounds * sum(self.epoch(c, like) for c in configs))
 
     def after_climb(self, configs: Iterable[Config], plain: Config, best: Config, rounds: int,
-                    extensions: int = HEADLINE_EXTENSIONS) -> float:
-        """What must follow the climb: the headline race of `configs` (plain fit, the best, the best at the user's
-        batch), all training already, `rounds` and `extensions` times as many more, and the confirmation's process,
-        which builds plain fit and the best anew and races them `rounds`."""
+                    extensions: int = HEADLINE_EXTENSIONS, cores: int | None = None) -> float:
+        """What must follow the climb (tfperf/doctor/apart.py): a fresh process that builds `configs` (plain fit,
+        the best, the best at the user's batch) and one that builds plain fit's and the best's code blocks, started
+        side by side on the machine's `cores`; then one race of all of them, `rounds` and `extensions` times as many
+        more."""
         configs = list(dict.fromkeys(configs))
-        confirmation = (CHILD_START_S + CHILD_BUILD * (self.build(plain) + self.build(best))
-                        + rounds * (self.epoch(plain, plain) + self.epoch(best, plain)))
-        return self.race(configs, plain, rounds * (1 + extensions), started=[c.label for c in configs]) + confirmation
+        processes = [CHILD_START_S + sum(self.build(c) for c in configs),
+                     CHILD_START_S + CHILD_BUILD * (self.build(plain) + self.build(best))]
+        together = max(max(processes), sum(processes) / min(len(processes), cores or os.cpu_count() or 1))
+        epochs = sum(self.epoch(c, plain) for c in configs) + self.epoch(plain, plain) + self.epoch(best, plain)
+        return together + rounds * (1 + extensions) * epochs
 
 
 @dataclasses.dataclass
@@ -88,6 +92,7 @@ class Budget:
     costs: Costs = dataclasses.field(default_factory=Costs)
     heading: tuple[Config, ...] = ()
     cut: list[str] = dataclasses.field(default_factory=list)
+    cores: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)  # the headline's processes share them
 
     def left(self) -> float:
         """Seconds until the budget is spent (infinite without one)."""
@@ -101,7 +106,7 @@ class Budget:
         if kept is not None:
             at_yours = self.heading[2] if len(self.heading) > 2 else best if best.batch == plain.batch else plain
             best, heading = kept, tuple(dict.fromkeys((plain, kept, kept if kept.batch == plain.batch else at_yours)))
-        return self.costs.after_climb(heading, plain, best, self.rounds)
+        return self.costs.after_climb(heading, plain, best, self.rounds, cores=self.cores)
 
     def fits(self, race_s: float, candidates: Iterable[Config] = ()) -> bool:
         """Whether a race of about `race_s` seconds, and what must follow it whichever of its `candidates` it keeps,

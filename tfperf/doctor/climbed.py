@@ -100,6 +100,7 @@ class Climbed:
     epoch: int | None = None  # the examples in one of the user's epochs (--epoch-examples), where known
     cut: list[str] = dataclasses.field(default_factory=list)  # the climb's races the budget left out
     drawn: list[str] = dataclasses.field(default_factory=list)  # the layers that draw at random in training
+    apart: bool = False  # the headline race ran in a fresh process, not the climb's (tfperf/doctor/apart.py)
 
     @property
     def pays(self) -> bool:
@@ -121,8 +122,10 @@ class Climbed:
             return (f"**Best configuration for training**: plain fit. The climb kept {self.best.label}, but raced "
                     f"against plain fit in a race of its own it measured {c.describe()}: nothing is recommended "
                     f"(rerun without --quick for more rounds).{self._cut_text()}\n")
+        apart = ", raced in a fresh process that trained nothing else" if self.apart else ""
         lines = [f"**Best configuration for training**: {self.best.label}: {c.describe()} against plain fit "
-                 f"(batch {self.plain.batch}), every kept rung on top of the ones before it{self._in_seconds()}. "
+                 f"(batch {self.plain.batch}){apart}, every kept rung on top of the ones before it"
+                 f"{self._in_seconds()}. "
                  f"Apply it as:", "",
                  "```python", *self.code, "```", ""]
         lines.append("Each kept rung's gain on top of those before it: " + "; ".join(
@@ -186,5 +189,9 @@ class Climbed:
         return "\n".join(lines) + "\n"
 
     def _confirmation(self) -> str:
-        return confirmation_text(self.confirmed, "plain fit", lambda c: f"{c['plain_samples_per_s']:,.0f} -> "
-                                 f"{c['best_samples_per_s']:,.0f} examples/s", self.headline[self.best.label])
+        # Only a headline raced apart from the climb is confirmed: the code blocks are built in a second process.
+        how = ("the code above and plain fit's lines, built as printed in a second fresh process, raced in the same "
+               "rounds")
+        return confirmation_text(self.confirmed, how, lambda c: f"{c['plain_samples_per_s']:,.0f} -> "
+                                 f"{c['best_samples_per_s']:,.0f} examples/s", self.headline[self.best.label],
+                                 apart=True)

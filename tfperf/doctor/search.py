@@ -10,8 +10,9 @@ trains a fresh copy from the same weights on the same rows. A larger batch chang
 its loss after the same examples stands beside plain fit's, with the learning rate scaled by the square-root rule
 (as the ladder scales it), and the best configuration at the user's own batch size is raced beside it.
 
-The result is one recommendation as code, its gain against plain fit measured in a race of its own, and a
-confirmation: the code block applied as a user applies it, in a fresh process, raced there against plain fit.
+The result is one recommendation as code, its gain against plain fit measured in a race of its own, in a fresh
+process that trained nothing else, and a confirmation: the code block applied as a user applies it, in a second fresh
+process, raced in the same rounds (tfperf/doctor/apart.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from tfperf import flags
@@ -27,10 +28,10 @@ from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.climb_costs import Budget
 from tfperf.doctor.climbed import EXCHANGED, Climbed, Config, Rung, change, code_lines
-from tfperf.doctor.confirm import LEARNING_RATE, confirm
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import MIN_GAIN, Finding, Options
 from tfperf.doctor.targets import PLAIN_BATCH, loss_check, random_in_training
+from tfperf.doctor.trainers import Rows, trainer, training_rows
 
 CLIMB = "best configuration: the climb"
 HEADLINE = "best configuration against plain fit"
@@ -72,29 +73,6 @@ def knobs(mixed: str | None, batches: Sequence[int], strings: bool = False,
     return found + ([("batch", (base, *larger))] if larger else [])
 
 
-@dataclasses.dataclass
-class Rows:
-    """What every configuration trains on: the same rows and targets, the loss, and how many examples an epoch."""
-
-    x: Any
-    y: Any
-    loss: Callable
-    examples: int
-    batch_given: bool  # --data: the user's pipeline sets the batch
-
-
-def training_rows(subject: Subject, options: Options, examples: int | None = None) -> Rows:
-    """The user's pipeline (--data), or the doctor's synthetic rows and targets (`examples` of them, default
-    options.train_examples)."""
-    from tfperf.doctor.targets import synthetic_rows, training_loss
-
-    loss = training_loss(options.loss, options.from_logits)
-    if options.data is not None:
-        return Rows(options.data.dataset, None, loss, options.data.examples, True)
-    examples = examples or options.train_examples
-    return Rows(*synthetic_rows(subject, options, examples), loss, examples, False)
-
-
 def sized_rows(subject: Subject, options: Options, budget: Budget | None = None) -> Rows:
     """The rows the climb trains on: doubled until a plain epoch takes EPOCH_S (timed once, after a first epoch),
     at most MAX_GROWTH times options.train_examples; the user's --data as it is. `budget` notes plain fit's costs."""
@@ -112,25 +90,6 @@ def sized_rows(subject: Subject, options: Options, budget: Budget | None = None)
         budget.costs.built(plain_fit(options), built)
         budget.costs.raced({plain_fit(options).label: seconds * growth})
     return rows if growth == 1 else training_rows(subject, options, growth * options.train_examples)
-
-
-def trainer(subject: Subject, config: Config, rows: Rows):
-    """A fresh copy of the model from the same weights, compiled and fit as `config` says, its first epoch run (timed
-    apart): (a Timer of one epoch a call, the losses it appends)."""
-    import keras
-
-    from tfperf.measure import Timer
-    from tfperf.train import build_optimizer, fit_epochs
-
-    model = subject.fresh(config.policy)
-    model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE * config.learning_rate_scale), loss=rows.loss,
-                  **config.compile_options())
-    build_optimizer(model)  # its first epoch traces the step once, not twice: the climb builds twenty of them
-    epoch, losses = fit_epochs(model, rows.x, rows.y, shuffle=False,
-                               **({} if rows.batch_given else {"batch_size": config.batch}))
-    timer = Timer(epoch, name=config.label, items_per_call=rows.examples)
-    timer.start(warmup=0)
-    return timer, losses
 
 
 def race(ctx: Context, configs: Sequence[Config], rows: Rows, *, rounds: int,
@@ -397,25 +356,43 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str], started: dict[str, 
     return best, at_your_batch, tried
 
 
-def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows,
-             started: dict[str, tuple] | None = None) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
+# The headline race's answer: comparisons against plain fit, final losses, examples a second, each by label.
+Headline = tuple[dict[str, Any], dict[str, float], dict[str, float]]
+
+
+def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows, started: dict[str, tuple],
+             code: list[str] | None) -> tuple[Headline, dict[str, Any] | None, str | None]:
     """The best configuration against plain fit, in a race of its own with more rounds (and, where it raised the
     batch, the best at the user's batch beside it), recorded: (comparisons against plain fit by label, final losses
-    by label, examples a second by label)."""
-    plain = plain_fit(ctx.options)
+    by label, examples a second by label), the confirmation of `code` where asked (None: not asked), and why the
+    race ran in this process (None: it ran in a fresh process, and the code blocks in another: tfperf/doctor/apart)."""
+    from tfperf.doctor.apart import race_apart
+
+    plain, rounds = plain_fit(ctx.options), HEADLINE_ROUNDS * ctx.options.rounds
     configs = [plain, *([at_your_batch] if at_your_batch not in (plain, best) else []), best]
-    ctx.progress("best configuration against plain fit")
-    ms, comparisons, losses = race(ctx, configs, rows, rounds=HEADLINE_ROUNDS * ctx.options.rounds, started=started)
+    if rows.batch_given or not hasattr(rows.y, "shape"):  # only arrays and one output's targets are handed over
+        ctx.progress("best configuration against plain fit")
+        ms, comparisons, losses = race(ctx, configs, rows, rounds=rounds, started=started)
+        confirmed, here = None, ("raced in this process, after the climb (a process that has trained many "
+                                 "configurations can read a gain high): a fresh process trains on arrays and one "
+                                 "output's targets, not --data or several outputs")
+    else:
+        started.clear()  # the models' memory back before the processes start
+        apart = race_apart(ctx, plain, at_your_batch, best, rows, rounds, code,
+                           code_lines(plain, ctx.subject.builds_under_policy) if code else None)
+        ms, comparisons, losses, confirmed, here = (apart.measurements, apart.comparisons, apart.losses,
+                                                    apart.confirmed, None)
     for config in configs:
         # The knobs as values too: `tfperf watch --apply` reads them to apply the best to the user's own run.
         ctx.recorder.add(HEADLINE, config.label, {"samples_per_s": ms[config.label].items_per_s,
-                                                  "final_loss": losses[config.label], "batch": config.batch,
+                                                  "final_loss": losses.get(config.label, math.nan),
+                                                  "batch": config.batch,
                                                   "steps_per_execution": config.steps_per_execution,
                                                   "jit_compile": config.jit_compile,
                                                   "policy": config.policy or "float32"},
                          primary="samples_per_s", lower_is_better=False, measurement=ms[config.label],
                          comparison=comparisons.get(config.label), versus_first=False)
-    return comparisons, losses, {label: m.items_per_s for label, m in ms.items()}
+    return (comparisons, losses, {label: m.items_per_s for label, m in ms.items()}), confirmed, here
 
 
 def run(ctx: Context) -> Section:
@@ -430,22 +407,24 @@ def run(ctx: Context) -> Section:
     rows, started = sized_rows(ctx.subject, ctx.options, budget), {}
     skipped = {} if ctx.options.races_one_switch else {"training, one switch at a time": ONE_SWITCH_FOLDED}
     best, at_your_batch, tried = climb(ctx, rows, skipped, started, budget)
-    plain = plain_fit(ctx.options)
-    comparisons, losses, rates = headline(ctx, best, at_your_batch, rows, started) if best != plain else ({}, {}, {})
-    started.clear()  # the models' memory back before the confirmation process starts
-    found = Climbed(tried, best, at_your_batch, comparisons, code_lines(best, ctx.subject.builds_under_policy),
-                    losses=losses, plain=plain, rates=rates, epoch=ctx.options.asked.get("epoch_examples"),
-                    cut=budget.cut, drawn=random_in_training(ctx.subject.model))
+    plain, code = plain_fit(ctx.options), code_lines(best, ctx.subject.builds_under_policy)
+    no_confirm = ctx.options.asked.get("no_confirm")
+    (comparisons, losses, rates), confirmed, here = headline(
+        ctx, best, at_your_batch, rows, started, None if no_confirm else code) if best != plain else (({}, {}, {}),
+                                                                                                      None, None)
+    started.clear()
+    found = Climbed(tried, best, at_your_batch, comparisons, code, losses=losses, plain=plain, rates=rates,
+                    epoch=ctx.options.asked.get("epoch_examples"), cut=budget.cut,
+                    drawn=random_in_training(ctx.subject.model), apart=best != plain and here is None)
+    if here:
+        skipped[HEADLINE] = here
     findings = []
-    if found.pays and ctx.options.asked.get("no_confirm"):
+    if found.pays and no_confirm:
         skipped[f"{EXPERIMENT.name}: confirmation"] = "not run (--no-confirm)"
+    elif found.pays and here:
+        skipped[f"{EXPERIMENT.name}: confirmation"] = "not run: " + here.split(": ", 1)[1]
     elif found.pays:
-        if not rows.batch_given and hasattr(rows.y, "shape"):  # the rows and one output's targets are handed over
-            found.confirmed = confirm(ctx, found.code, code_lines(plain, ctx.subject.builds_under_policy),
-                                      rows.examples, HEADLINE_ROUNDS * ctx.options.rounds)
-        else:
-            skipped[f"{EXPERIMENT.name}: confirmation"] = ("not run: the fresh process trains on arrays and one "
-                                                           "output's targets, not --data or several outputs")
+        found.confirmed = confirmed
     if best != plain:
         findings.append(Finding(HEADLINE, best.label, plain.label, comparisons[best.label], "; ".join(found.code),
                                 "every change of the code block together" + (
@@ -470,4 +449,4 @@ EXPERIMENT = Experiment(
     rules=(lambda args: "--epoch-examples is for --train (the gain of its best configuration, in seconds an epoch)"
            if args.epoch_examples and not args.train else None,),
     steps=lambda subject, options: [f"best configuration: {knob}" for knob, _ in knobs(*_ladder(subject, options))]
-    + ["best configuration against plain fit", "best configuration, confirmed in a fresh process"])
+    + ["best configuration against plain fit (and its code block, confirmed)"])

@@ -852,6 +852,22 @@ def test_a_row_that_disagrees_without_a_note_says_so_and_no_sentence_dangles():
     assert line.endswith("; and its answers or loss disagree")
 
 
+def test_the_time_a_run_took_is_judged_against_the_goal_the_user_set():
+    """--quick's goal is 3 minutes; a --budget given is the user's own (MobileNetV2 with --quick --budget 420 read
+    "goal for --quick: under 180 s: NOT met")."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import Diagnosis
+
+    facts = {"kind": "keras", "inputs": [], "outputs": [], "matmul_flops_per_s": 1e9}
+    d = Diagnosis(SimpleNamespace(source="m.keras"), None, facts, {}, elapsed_s=462.0)
+    assert "Doctor took 462 s (goal for --budget 420: under 420 s: NOT met)" in doctor.summary(d, goal=(420.0,
+                                                                                                     "--budget 420"))
+    d.elapsed_s = 155.0
+    assert "Doctor took 155 s (goal for --quick: under 180 s: met)" in doctor.summary(d, goal=(180.0, "--quick"))
+    assert "goal" not in doctor.summary(d).split("Doctor took", 1)[1]
+
+
 def test_what_a_flag_asked_for_runs_first_is_never_cut_and_the_default_ones_get_what_is_left(tmp_path,
                                                                                               monkeypatch):
     """Issue 73: four opt-in flags spent --quick's budget and retracing, a default experiment, was skipped; issue 71:

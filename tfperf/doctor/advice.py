@@ -175,7 +175,11 @@ def _profile_lines(d: Diagnosis) -> list[str]:
     return lines
 
 
-def _closing_lines(d: Diagnosis, goal_s: float | None) -> list[str]:
+# The time a run was to take, and whose goal it is ("--quick", "--budget 420").
+Goal = tuple[float, str]
+
+
+def _closing_lines(d: Diagnosis, goal: Goal | None) -> list[str]:
     lines = ["", "Measured without a gain that counts (not advised):", ""]
     for n in d.no_gain:
         why = n.comparison.describe() + ("" if n.agrees else f"; and {n.note or 'its answers or loss disagree'}")
@@ -184,8 +188,9 @@ def _closing_lines(d: Diagnosis, goal_s: float | None) -> list[str]:
     if skipped:
         lines += ["", "Not measured:", ""] + [f"- {k}: {v}" for k, v in skipped.items()]
     took = f"Doctor took {d.elapsed_s:.0f} s"
-    if goal_s is not None:
-        took += f" (goal for --quick: under {goal_s:.0f} s: {'met' if d.elapsed_s <= goal_s else 'NOT met'})"
+    if goal is not None:
+        seconds, whose = goal
+        took += f" (goal for {whose}: under {seconds:.0f} s: {'met' if d.elapsed_s <= seconds else 'NOT met'})"
     if d.took_s:
         took += ": " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in d.took_s.items())
     if d.profiles or d.peaks:
@@ -193,7 +198,7 @@ def _closing_lines(d: Diagnosis, goal_s: float | None) -> list[str]:
     return [*lines, "", took + "."]
 
 
-def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
+def summary(d: Diagnosis, *, goal: Goal | None = None) -> str:
     """The diagnosis in Markdown: the advice ranked by gain (the answers asked for first), the model, each
     experiment's own part, what showed no gain, what was left out."""
     details = [s.detail for s in d.sections.values() if s.detail]
@@ -201,16 +206,16 @@ def summary(d: Diagnosis, *, goal_s: float | None = None) -> str:
                f"did not reach are listed under what was not measured.", ""] if d.partial else []
     # The answer first (the run's question, the recommendation and its code, the other gains), then the model.
     return "\n".join([*partial, *_advice_lines(d), "", *_model_lines(d), *_profile_lines(d), *details,
-                      *_closing_lines(d, goal_s)])
+                      *_closing_lines(d, goal)])
 
 
-def write_report(d: Diagnosis, out: Path, *, goal_s: float | None = None) -> Path:
+def write_report(d: Diagnosis, out: Path, *, goal: Goal | None = None) -> Path:
     """out/doctor.jsonl (the cookbook's record format), out/report.md with tables and figures."""
     from tfperf.records.findings import Headline
     from tfperf.records.report import build_report, write_conclusion
 
     d.recorder.save(out)
-    write_conclusion(out, RECIPE, summary(d, goal_s=goal_s))
+    write_conclusion(out, RECIPE, summary(d, goal=goal))
     if d.advice:
         top, _ = d.advice[0]
         said = "what this run was asked" if top.section in d.leading else "the largest gain"

@@ -167,7 +167,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     # The time the report says: the process's, TensorFlow's import included, where it runs this command line alone
     # (not when main() is called from a longer process: a test's, a notebook's).
     started = process_start() if getattr(args, "own_process", False) else time.perf_counter()
-    goal_s = QUICK_GOAL_S if args.quick else None
+    # A --budget given is the goal the user set (MobileNetV2 with --quick --budget 420 read "goal for --quick: under
+    # 180 s: NOT met"); else --quick's.
+    budget = getattr(args, "budget", None)
+    goal = (budget, f"--budget {budget:g}") if budget else (QUICK_GOAL_S, "--quick") if args.quick else None
     try:
         subject, options, out = checked_options(args)
         created = not out.exists()
@@ -180,7 +183,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                                         progress=progress_bar(len(plan)),
                                         say=lambda what: print(f"doctor: {what}", file=sys.stderr, flush=True),
                                         since=started)
-            report = doctor.write_report(diagnosis, out, goal_s=goal_s)
+            report = doctor.write_report(diagnosis, out, goal=goal)
         except BaseException:
             if created:  # a run that failed leaves nothing behind
                 shutil.rmtree(out, ignore_errors=True)
@@ -189,7 +192,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     except (doctor.DoctorError, ModelError, InputError) as exc:
         raise UserError(str(exc)) from None
-    print(doctor.summary(diagnosis, goal_s=goal_s))
+    print(doctor.summary(diagnosis, goal=goal))
     print(f"\nreport: {report}\nrecords: {out / (doctor.RECIPE + '.jsonl')} (compare two runs with tfperf compare)")
     if diagnosis.profiles:
         print(f"traces: {out / 'traces'} (tensorboard --logdir {out / 'traces'}, or XProf)")

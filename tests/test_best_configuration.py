@@ -143,10 +143,10 @@ def test_the_headline_is_built_in_one_fresh_process_and_the_code_blocks_in_anoth
     at_yours = Config(steps_per_execution=16)
     plan = processes(plain, at_yours, best, ["best's lines"], ["plain's lines"])
     assert {name: ([Config(**c) for c in p["configs"]], p["printed"]) for name, p in plan.items()} == {
-        "the doctor's": ([plain, at_yours, best], []),
-        "as printed": ([], [[PLAIN_PRINTED, ["plain's lines"]], [BEST_PRINTED, ["best's lines"]]])}
-    assert [Config(**c) for c in processes(plain, best, best, None, None)["the doctor's"]["configs"]] == [plain, best]
-    assert set(processes(plain, at_yours, best, None, None)) == {"the doctor's"}  # --no-confirm
+        "headline": ([plain, at_yours, best], []),
+        "confirmation": ([], [[PLAIN_PRINTED, ["plain's lines"]], [BEST_PRINTED, ["best's lines"]]])}
+    assert [Config(**c) for c in processes(plain, best, best, None, None)["headline"]["configs"]] == [plain, best]
+    assert set(processes(plain, at_yours, best, None, None)) == {"headline"}  # --no-confirm
     assert confirmation(None, {}, {}, {}) is None
     assert confirmation(["x"], {BEST_PRINTED: "NameError: name 'tf' is not defined"}, {}, {}) == {
         "error": "the code block, as printed: NameError: name 'tf' is not defined"}

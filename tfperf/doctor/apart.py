@@ -49,9 +49,9 @@ def processes(plain: Config, at_your_batch: Config, best: Config,
     """What each process builds, by its name: the configurations built the doctor's way, and the code blocks built as
     printed, [timer name, lines] (where `code` asks for the confirmation)."""
     configs = [plain, *([at_your_batch] if at_your_batch not in (plain, best) else []), best]
-    found = {"the doctor's": {"configs": [dataclasses.asdict(c) for c in configs], "printed": []}}
+    found = {"headline": {"configs": [dataclasses.asdict(c) for c in configs], "printed": []}}
     if code is not None:
-        found["as printed"] = {"configs": [], "printed": [[PLAIN_PRINTED, list(plain_code or ())],
+        found["confirmation"] = {"configs": [], "printed": [[PLAIN_PRINTED, list(plain_code or ())],
                                                          [BEST_PRINTED, list(code)]]}
     return found
 
@@ -76,7 +76,7 @@ def race_apart(ctx: Context, plain: Config, at_your_batch: Config, best: Config,
     with contextlib.ExitStack() as stack:
         # Started together, so that they load and build side by side; asked for their timers once all have begun.
         servers = {name: stack.enter_context(TimerServer(child_command("apart", str(work), name), env=env,
-                                                         timeout=1800, name=f"the process of {name}"))
+                                                         timeout=1800, name=f"the {name}'s process"))
                    for name in plan}
         refused = {}
         for server in servers.values():

@@ -459,6 +459,14 @@ def test_apply_reads_the_doctors_best_and_refuses_what_it_cannot_use(tmp_path):
                                                            "policy": "float32", "batch": 128}
     with pytest.raises(UserError, match="no watch.json there"):
         confirm.earlier_run(tmp_path)
+    # Where the doctor recommends the best at the user's batch (its larger batch did not pay apart), that one applies.
+    records = tmp_path / "doctor" / "doctor.jsonl"
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    yours = {"table": rows[0]["table"], "row": "steps_per_execution=16", "ratio": 2.1,
+             "metrics": {"batch": 32, "steps_per_execution": 16, "jit_compile": False, "policy": "float32",
+                         "recommended": True}}
+    records.write_text("\n".join(json.dumps(r) for r in [rows[0], yours, rows[1]]))
+    assert confirm.best_configuration(tmp_path)["label"] == "steps_per_execution=16"
 
 
 def test_the_confirmation_compares_epoch_for_epoch_and_says_what_did_not_apply(tmp_path):

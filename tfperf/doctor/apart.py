@@ -30,6 +30,10 @@ from tfperf.doctor.options import MIN_GAIN, load_given, model_flags, model_parse
 SPEC = "apart.json"
 PLAIN_PRINTED = "plain fit's lines, as printed"
 BEST_PRINTED = "the code block, as printed"
+# The best at the user's batch, as printed, where the best raised the batch: the recommendation where the larger batch
+# does not pay in the fresh race (the climb's process can read it high), confirmed as the best's would be.
+AT_YOUR_BATCH_PRINTED = "the code block at your batch, as printed"
+PRINTED = (BEST_PRINTED, AT_YOUR_BATCH_PRINTED)
 
 
 @dataclasses.dataclass
@@ -42,22 +46,27 @@ class Apart:
     comparisons: dict[str, Any]
     losses: dict[str, float]
     confirmed: dict[str, Any] | None
+    confirmed_at_your_batch: dict[str, Any] | None = None  # where the best at the user's batch's code was built
 
 
-def processes(plain: Config, at_your_batch: Config, best: Config,
-              code: Sequence[str] | None, plain_code: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+def processes(plain: Config, at_your_batch: Config, best: Config, code: Sequence[str] | None,
+              plain_code: Sequence[str] | None, at_your_batch_code: Sequence[str] | None = None
+              ) -> dict[str, dict[str, Any]]:
     """What each process builds, by its name: the configurations built the doctor's way, and the code blocks built as
-    printed, [timer name, lines] (where `code` asks for the confirmation)."""
+    printed, [timer name, lines] (where `code` asks for the confirmation; the best at the user's batch's too where
+    given)."""
     configs = [plain, *([at_your_batch] if at_your_batch not in (plain, best) else []), best]
     found = {"headline": {"configs": [dataclasses.asdict(c) for c in configs], "printed": []}}
     if code is not None:
-        found["confirmation"] = {"configs": [], "printed": [[PLAIN_PRINTED, list(plain_code or ())],
-                                                         [BEST_PRINTED, list(code)]]}
+        found["confirmation"] = {"configs": [], "printed": [
+            [PLAIN_PRINTED, list(plain_code or ())], [BEST_PRINTED, list(code)],
+            *([[AT_YOUR_BATCH_PRINTED, list(at_your_batch_code)]] if at_your_batch_code else [])]}
     return found
 
 
 def race_apart(ctx: Context, plain: Config, at_your_batch: Config, best: Config, rows, rounds: int,
-               code: Sequence[str] | None = None, plain_code: Sequence[str] | None = None) -> Apart:
+               code: Sequence[str] | None = None, plain_code: Sequence[str] | None = None,
+               at_your_batch_code: Sequence[str] | None = None) -> Apart:
     """Plain fit, the best (and the best at the user's batch) trained in a fresh process on the same rows from the
     same weights, and the code blocks (where given) in another, raced `rounds` interleaved rounds from here."""
     from tfperf.doctor.handover import hand_over
@@ -66,7 +75,7 @@ def race_apart(ctx: Context, plain: Config, at_your_batch: Config, best: Config,
 
     options, work = ctx.options, ctx.workdir / "apart"
     hand_over(ctx.subject, options, work, rows.examples)
-    plan = processes(plain, at_your_batch, best, code, plain_code)
+    plan = processes(plain, at_your_batch, best, code, plain_code, at_your_batch_code)
     (work / SPEC).write_text(json.dumps({
         "model": [ctx.subject.source, *model_flags(ctx.subject, options), "--seed", str(options.seed)],
         "source": ctx.subject.source, "loss": options.loss, "from_logits": options.from_logits, "processes": plan}))
@@ -86,8 +95,8 @@ def race_apart(ctx: Context, plain: Config, at_your_batch: Config, best: Config,
         timers = [servers[name].timer(timer) for name, timer_names in names.items() for timer in timer_names
                   if timer not in refused]
         against = {label: plain.label for label in (at_your_batch.label, best.label) if label != plain.label}
-        if {BEST_PRINTED, PLAIN_PRINTED} <= {t.name for t in timers}:
-            against[BEST_PRINTED] = PLAIN_PRINTED
+        against.update({printed: PLAIN_PRINTED for printed in (BEST_PRINTED, AT_YOUR_BATCH_PRINTED)
+                        if {printed, PLAIN_PRINTED} <= {t.name for t in timers}})
         taken: dict[str, int] = {}
         ms, comparisons = race(timers, rounds=rounds, samples=rounds, threshold=MIN_GAIN,
                                max_extensions=options.max_extensions, warmup=0, seed=options.seed,
@@ -98,21 +107,24 @@ def race_apart(ctx: Context, plain: Config, at_your_batch: Config, best: Config,
     for server in servers.values():  # after the same epochs for each: its first, and the first rounds' samples
         losses.update({name: said[min(taken[name], len(said) - 1)]
                        for name, said in (server.result or {}).get("losses", {}).items() if name in taken})
-    return Apart({m.name: m for m in ms}, {label: by_name[label] for label in by_name if label != BEST_PRINTED},
-                 losses, confirmation(code, refused, by_name, {m.name: m for m in ms}))
+    measured = {m.name: m for m in ms}
+    return Apart(measured, {label: by_name[label] for label in by_name if label not in PRINTED}, losses,
+                 confirmation(code, refused, by_name, measured),
+                 confirmation(at_your_batch_code, refused, by_name, measured, AT_YOUR_BATCH_PRINTED))
 
 
 def confirmation(code: Sequence[str] | None, refused: dict[str, str], comparisons: dict[str, Any],
-                 measurements: dict[str, Any]) -> dict[str, Any] | None:
-    """What the confirmation says: the code block against plain fit's lines, or why they were not raced."""
+                 measurements: dict[str, Any], printed: str = BEST_PRINTED) -> dict[str, Any] | None:
+    """What the confirmation says: the code block (`printed`: its timer) against plain fit's lines, or why they were
+    not raced."""
     if code is None:
         return None
     if refused:
         return {"error": "; ".join(f"{name}: {why}" for name, why in refused.items())}
-    c = comparisons[BEST_PRINTED]
+    c = comparisons[printed]
     return {"describe": c.describe(), "ratio": c.ratio, "ci95": list(c.ci95), "verdict": c.verdict,
             "plain_samples_per_s": measurements[PLAIN_PRINTED].items_per_s,
-            "best_samples_per_s": measurements[BEST_PRINTED].items_per_s}
+            "best_samples_per_s": measurements[printed].items_per_s}
 
 
 def doctor_built(spec: dict[str, Any], work: Path):

@@ -81,6 +81,7 @@ class Rung:
     loss: float
     plain_loss: float
     note: str = ""
+    batch: int | None = None  # the candidate's batch
 
 
 @dataclasses.dataclass
@@ -101,6 +102,9 @@ class Climbed:
     cut: list[str] = dataclasses.field(default_factory=list)  # the climb's races the budget left out
     drawn: list[str] = dataclasses.field(default_factory=list)  # the layers that draw at random in training
     apart: bool = False  # the headline race ran in a fresh process, not the climb's (tfperf/doctor/apart.py)
+    # The climb's best, set aside where its larger batch was not faster than `best` (the best at the user's batch)
+    # in the headline race, and that comparison.
+    set_aside: tuple[Config, Any] | None = None
 
     @property
     def pays(self) -> bool:
@@ -129,12 +133,28 @@ class Climbed:
                  f"Apply it as:", "",
                  "```python", *self.code, "```", ""]
         lines.append("Each kept rung's gain on top of those before it: " + "; ".join(
-            f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept) + "." + self._cut_text()
-            + self._drawn_text())
+            f"{r.row} {r.comparison.describe()}" for r in self.rungs if r.kept and (
+                self.set_aside is None or r.batch in (None, self.plain.batch))) + "." + self._set_aside_text()
+            + self._cut_text() + self._drawn_text())
         if self.best.batch != self.plain.batch:
             lines.append(self._batch_text())
         lines.append(self._confirmation())
         return "\n".join(lines) + "\n"
+
+    def _set_aside_text(self) -> str:
+        """Why the climb's best, at a larger batch, is not the one recommended (empty where it is)."""
+        if self.set_aside is None:
+            return ""
+        climbed, c = self.set_aside
+        kept = [r for r in self.rungs if r.kept and r.batch not in (None, self.plain.batch)]
+        said = f" ({'; '.join(f'{r.row} {r.comparison.describe()}' for r in kept)})" if kept else ""
+        losses = ""
+        if climbed.label in self.losses and self.plain.label in self.losses:
+            losses = (f"; its loss after the same examples was {number(self.losses[climbed.label], 4)} against "
+                      f"plain fit's {number(self.losses[self.plain.label], 4)}")
+        return (f" The climb kept {climbed.label}{said}, but in the race of its own it was "
+                f"{c.describe()} against the above at your batch of {self.plain.batch}: a larger batch changes the "
+                f"optimisation, so it is recommended only where it pays{losses}.")
 
     def _drawn_text(self) -> str:
         """That the model draws at random in training, so no change's loss was held to another's (empty if not)."""

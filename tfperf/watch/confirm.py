@@ -27,7 +27,10 @@ def best_configuration(folder: Path) -> dict[str, Any]:
     if not rows or "steps_per_execution" not in rows[-1]["metrics"]:
         raise UserError(f"--apply {folder}: the doctor's records there hold no best configuration for training "
                         f"(made by a doctor without the search, or an older one): run `tfperf watch --doctor` again")
-    best, m = rows[-1], rows[-1]["metrics"]  # raced last: plain fit first, then the best at your batch, the best
+    # The row the report recommends; a doctor before "recommended" was recorded: the one raced last (plain fit first,
+    # then the best at your batch, the best).
+    best = next((r for r in rows if r["metrics"].get("recommended")), rows[-1])
+    m = best["metrics"]
     return {"label": best["row"], "claim": best.get("ratio"), "steps_per_execution": m["steps_per_execution"],
             "jit_compile": m["jit_compile"], "policy": m["policy"], "batch": m["batch"]}
 

@@ -177,7 +177,8 @@ def doctor_block(path: Path, out: Path) -> tuple[list[str], str, str, float]:
                           capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     if done.returncode != 0:
         raise SystemExit(f"doctor failed on {path.name}: {done.stderr.strip().splitlines()[-2:]}")
-    answer = done.stdout.split("**Best configuration for training**: ", 1)[1]
+    # The training answer alone, up to the next answer (another section's confirmation is not its own).
+    answer = done.stdout.split("**Best configuration for training**: ", 1)[1].split("\n**", 1)[0]
     claim = answer.split("\n", 1)[0]
     confirmed = re.search(r"Confirmed as applied: [^:]*: ([^(]*\([^)]*\))", answer)
     block = re.search(r"```python\n(.*?)\n```", answer, flags=re.S)
@@ -199,6 +200,7 @@ def main() -> int:
     p.add_argument("--role", choices=["screen", "race"])
     p.add_argument("--path")
     p.add_argument("--arms")
+    p.add_argument("--keep", type=Path, help="a folder to keep each doctor's report in (default: none kept)")
     args = p.parse_args()
     if args.role == "screen":
         print(json.dumps(screen(args.path, args.rows)))
@@ -208,7 +210,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, path in saved_models(Path(tmp), args.models):
-            lines, claim, confirmed, took = doctor_block(path, Path(tmp) / f"doctor-{name}")
+            lines, claim, confirmed, took = doctor_block(path, (args.keep or Path(tmp)) / f"doctor-{name}")
             me = [__file__, "--path", str(path), "--rows", str(args.rows)]
             screened = run_json([*me, "--role", "screen"])
             ok = [s for s in screened["screened"] if "error" not in s]

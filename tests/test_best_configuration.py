@@ -613,6 +613,48 @@ def test_where_the_rows_cannot_be_handed_over_the_headline_is_raced_here_and_say
     assert "raced in a fresh process" not in said and "Not confirmed in a fresh process." in said
 
 
+def test_the_code_block_confirmed_is_the_one_recommended_whether_or_not_the_best_raised_the_batch(monkeypatch):
+    """The headline's confirmations by label: the best's block, and the best at the user's batch's where the best
+    raised the batch. Where the best is at the user's batch, its own block's confirmation is the one said (the
+    benchmark's Transformer said "Not confirmed" there: the missing second block's None had taken its place)."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import apart
+    from tfperf.doctor.apart import AT_YOUR_BATCH_PRINTED, Apart
+    from tfperf.doctor.search import OVER_YOURS
+    from tfperf.measure.measurement import Measurement
+    from tfperf.records.jsonl import Recorder
+
+    asked = []
+
+    def raced(ctx, plain, at_your_batch, best, rows, rounds, code=None, plain_code=None, at_your_batch_code=None):
+        asked.append(at_your_batch_code)
+        configs = list(dict.fromkeys([plain, at_your_batch, best]))
+        ms = {c.label: Measurement(c.label, (1.0 / (1 + i),) * rounds, items_per_call=100, rounds=rounds)
+              for i, c in enumerate(configs)}
+        return Apart(ms, {c.label: compared(2.0) for c in configs[1:]}, {c.label: 1.0 for c in configs},
+                     {"describe": "the best's block"}, {"describe": "your batch's block"} if at_your_batch_code else None)
+
+    monkeypatch.setattr(apart, "race_apart", raced)
+    ctx = SimpleNamespace(subject=SimpleNamespace(builds_under_policy=True), recorder=Recorder("doctor", {}),
+                          options=SimpleNamespace(rounds=3, train_batch=32, seed=0), progress=lambda step: None)
+    rows = SimpleNamespace(batch_given=False, y=np.zeros(4))
+    yours = Config(steps_per_execution=16)
+    _, confirmed, here = search_headline(ctx, yours, yours, rows)
+    assert here is None and asked[-1] is None and confirmed[yours.label] == {"describe": "the best's block"}
+    big = dataclasses.replace(yours, batch=64)
+    (comparisons, _, _), confirmed, _ = search_headline(ctx, big, yours, rows)
+    assert asked[-1] == code_lines(yours, True) and OVER_YOURS in comparisons
+    assert confirmed == {yours.label: {"describe": "your batch's block"}, big.label: {"describe": "the best's block"}}
+    assert AT_YOUR_BATCH_PRINTED != apart.BEST_PRINTED
+
+
+def search_headline(ctx, best, at_your_batch, rows):
+    from tfperf.doctor import search
+
+    return search.headline(ctx, best, at_your_batch, rows, {}, code_lines(best, True))
+
+
 def test_with_train_the_best_configuration_leads_the_advice_and_the_headline_ahead_of_a_larger_gain(tmp_path):
     """A LiteRT row 1,000x faster than predict() answers a question --train did not ask: the best configuration
     comes first, in the advice and in the headline, which says it is what the run was asked; without a section

@@ -166,8 +166,9 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
         # Neither those raced nor those that failed (out of memory) are raced again.
         done = {rung.row for rung in rungs} | {key.removeprefix(f"{CLIMB}: ") for key in part}
         values = [v for v in values if change(knob, v) + suffix not in done]
-        if not rungs or not values:
-            if found and not rungs and f"{CLIMB}: {knob}{suffix}" in part:  # a later race refused: it names its values
+        if not rungs or not values or budget is None:
+            if budget is not None and found and budget.cut[cut:] == [f"{knob}{suffix}"]:  # a later race refused
+                # whole: it names the values it left out, as a part race does
                 named = f"{knob}{suffix}: {', '.join(change(knob, v) for v in values)}"
                 part[f"{CLIMB}: {named}"] = part.pop(f"{CLIMB}: {knob}{suffix}")
                 budget.cut[-1] = named
@@ -415,7 +416,8 @@ def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows, star
                            code_lines(plain, builds) if code else None,
                            code_lines(at_your_batch, builds) if code and beside else None)
         ms, comparisons, losses, here = apart.measurements, apart.comparisons, apart.losses, None
-        confirmed = {best.label: apart.confirmed, at_your_batch.label: apart.confirmed_at_your_batch}
+        # (the best's last: where it is the best at the user's batch, its code block is the one confirmed)
+        confirmed = {at_your_batch.label: apart.confirmed_at_your_batch, best.label: apart.confirmed}
     if beside:  # the larger batch against the same changes at the user's: it changes the optimisation, so must pay
         comparisons[OVER_YOURS] = versus(ms[at_your_batch.label], ms[best.label], threshold=MIN_GAIN,
                                          seed=ctx.options.seed)

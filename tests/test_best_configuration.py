@@ -155,7 +155,8 @@ def test_the_headline_is_built_in_one_fresh_process_and_the_code_blocks_in_anoth
 def test_a_larger_batch_is_recommended_only_where_it_beats_the_best_at_the_users_batch_in_the_fresh_race():
     """On the benchmark's Transformer the climb kept batch 512 (1.25x on top of XLA and steps_per_execution=16) where
     the fresh race put it at 1.57x against plain fit and the same changes at batch 32 at 1.70x: the recommendation is
-    then the best at the user's batch, its code block the one confirmed, and the report says why."""
+    then the best at the user's batch, its code block the one confirmed, and the report says why. Not where the fresh
+    race only cannot tell the two apart."""
     from tfperf.doctor.apart import AT_YOUR_BATCH_PRINTED
     from tfperf.doctor.search import OVER_YOURS, batch_paid
     from tfperf.measure.stats import SLOWER
@@ -166,8 +167,11 @@ def test_a_larger_batch_is_recommended_only_where_it_beats_the_best_at_the_users
     assert plan["confirmation"]["printed"][-1] == [AT_YOUR_BATCH_PRINTED, ["your batch's lines"]]
     headline = {plain.label: compared(1.0), yours.label: compared(1.70), big.label: compared(1.57)}
     assert batch_paid(big, yours, headline) == (big, None)  # not raced beside it: the climb's best stands
-    for verdict, recommended in ((FASTER, big), (NO_DIFFERENCE, yours), (SLOWER, yours)):
-        over = compared(0.92 if verdict == SLOWER else 1.2, verdict)
+    # Set aside where the fresh race puts it below the best at the user's batch, not where it only cannot tell them
+    # apart (the climb's race already found the larger batch faster).
+    for ratio, verdict, recommended in ((1.2, FASTER, big), (1.06, NO_DIFFERENCE, big), (0.96, NO_DIFFERENCE, yours),
+                                        (0.92, SLOWER, yours)):
+        over = compared(ratio, verdict)
         assert batch_paid(big, yours, {**headline, OVER_YOURS: over}) == (
             recommended, None if recommended == big else over)
     over = Comparison("a", "b", 1 / 1.09, (1 / 1.15, 1 / 1.04), SLOWER, paired=True, units=6)
@@ -182,9 +186,9 @@ def test_a_larger_batch_is_recommended_only_where_it_beats_the_best_at_the_users
     kept = said.split("Each kept rung's gain on top of those before it: ")[1]
     assert kept.startswith("jit_compile=True 1.54x faster (95% CI 1.39-1.69x); steps_per_execution=16 1.17x faster")
     assert (f"The climb kept {big.label} (batch 512 1.25x faster (95% CI 1.12-1.38x)), but in the race of its own it "
-            f"was 1.09x slower (95% CI 1.04-1.15x) against the above at your batch of 32: a larger batch changes the "
-            f"optimisation, so it is recommended only where it pays; its loss after the same examples was 1.23 "
-            f"against plain fit's 0.05.") in kept
+            f"measured 1.09x slower (95% CI 1.04-1.15x) against the above at your batch of 32: a larger batch "
+            f"changes the optimisation, so it is recommended only where it pays; its loss after the same examples "
+            f"was 1.23 against plain fit's 0.05.") in kept
     assert "The climb kept" not in dataclasses.replace(found, best=big, set_aside=None).describe()
 
 
@@ -633,7 +637,8 @@ def test_the_code_block_confirmed_is_the_one_recommended_whether_or_not_the_best
         ms = {c.label: Measurement(c.label, (1.0 / (1 + i),) * rounds, items_per_call=100, rounds=rounds)
               for i, c in enumerate(configs)}
         return Apart(ms, {c.label: compared(2.0) for c in configs[1:]}, {c.label: 1.0 for c in configs},
-                     {"describe": "the best's block"}, {"describe": "your batch's block"} if at_your_batch_code else None)
+                     {"describe": "the best's block"},
+                     {"describe": "your batch's block"} if at_your_batch_code else None)
 
     monkeypatch.setattr(apart, "race_apart", raced)
     ctx = SimpleNamespace(subject=SimpleNamespace(builds_under_policy=True), recorder=Recorder("doctor", {}),

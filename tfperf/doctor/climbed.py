@@ -152,7 +152,7 @@ class Climbed:
         if climbed.label in self.losses and self.plain.label in self.losses:
             losses = (f"; its loss after the same examples was {number(self.losses[climbed.label], 4)} against "
                       f"plain fit's {number(self.losses[self.plain.label], 4)}")
-        return (f" The climb kept {climbed.label}{said}, but in the race of its own it was "
+        return (f" The climb kept {climbed.label}{said}, but in the race of its own it measured "
                 f"{c.describe()} against the above at your batch of {self.plain.batch}: a larger batch changes the "
                 f"optimisation, so it is recommended only where it pays{losses}.")
 

@@ -1,6 +1,7 @@
 """`tfperf load --url`'s best within p99 10 ms beside wrk's and h2load's, on the same `tfperf serve` (issue 49).
 
 Run:   .venv/bin/python benchmarks/load_client_vs_wrk.py [--rounds 3] [--budget-ms 10]   (about 10 minutes)
+       ... --quick: tfperf's rows at `load --url --quick`'s levels; --busy: another process spinning on one core
 Needs: what `make install` installs, with wrk and h2load (`apt-get install wrk nghttp2-client`).
 
 The seed CNN exported to ONNX and served by `tfperf serve` as issue 49 tried it (`--runtime onnx --max-batch-size
@@ -19,9 +20,11 @@ request at its best level, and the cores the server had left.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import random
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -72,6 +75,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="tfperf's rows at `load --url --quick`'s levels (1, 4, 16, 32), with its bisection "
                              "between the last within the budget and the first over, and without it")
+    parser.add_argument("--busy", action="store_true",
+                        help="another process keeps one core busy throughout, as on a shared machine (issue 73: "
+                             "there `load --url --quick` answered 0.32x wrk's best)")
     args = parser.parse_args()
     if not (wrk.available() and h2load.available()):
         sys.exit("wrk and h2load are needed: apt-get install wrk nghttp2-client")
@@ -82,7 +88,10 @@ def main() -> int:
     budget = Budget(args.budget_ms / 1e3, 99.0)
     sizes = Sizes.quick() if args.quick else Sizes(window_s=0.5, max_windows=6, warmup_s=0.2, max_concurrency=128,
                                                    concurrency_factor=2)
-    with tempfile.TemporaryDirectory(prefix="load-client-vs-wrk-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="load-client-vs-wrk-") as tmp_name, contextlib.ExitStack() as busy:
+        if args.busy:  # a spinning process, for the whole run: the server and the clients share what is left
+            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            busy.callback(spinner.kill)
         tmp = Path(tmp_name)
         subject = cookbook_subject("cnn")
         export = export_subject(subject, tmp / "exports", name="cnn", format="onnx").path

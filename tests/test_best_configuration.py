@@ -416,8 +416,8 @@ def test_the_climb_leaves_out_the_races_its_budget_cannot_hold_and_says_so(monke
     assert "The --budget left out the climb's race" in said and budget.cut[0] in said
     assert "a larger --budget, or a run without --quick, races them" in said
 
-    # A budget that holds part of a race: the batch race takes the batches that fit, the largest and the smallest
-    # step up first (on the Transformer 512 and 128 were taken and 64, the best, left out), the others said; the
+    # A budget that holds part of a race: the batch race takes the batches that fit, the smallest step up and the
+    # largest first (on the Transformer 512 and 128 were taken and 64, the best, left out), the others said; the
     # exchange waits for a climb the budget did not cut.
     clock[0], budget, skipped = 0.0, Budget(ends_by=206.0, rounds=12, cores=2), {}
     best, _, tried, raced, _ = scripted_climb(monkeypatch, speed, budget=budget, cost=cost, skipped=skipped)
@@ -433,7 +433,7 @@ def test_the_climb_leaves_out_the_races_its_budget_cannot_hold_and_says_so(monke
     def unextended(configs, started, rounds, budget):
         cost(configs, started, rounds / 2, budget)
 
-    for ends_by, later, cut in ((184.0, [], "batch: batch 128, batch 256"), (192.0, [256], "batch: batch 128"),
+    for ends_by, later, cut in ((184.0, [], "batch: batch 128, batch 256"), (192.0, [128], "batch: batch 256"),
                                 (204.0, [128], None)):
         clock[0], budget, skipped = 0.0, Budget(ends_by=ends_by, rounds=12, cores=2), {}
         best, _, tried, raced, _ = scripted_climb(monkeypatch, speed, budget=budget, cost=unextended, skipped=skipped)

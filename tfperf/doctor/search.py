@@ -184,16 +184,18 @@ def trial(ctx: Context, rows: Rows, best: Config, knob: str, values: Sequence[An
 def fitted(budget: Budget | None, best: Config, changed: Sequence[tuple[str, Config]], rounds: int,
            started: Sequence[str], step: str, skipped: dict[str, str]) -> tuple[list[tuple[str, Config]], float]:
     """The candidates a race takes within the budget, and its estimated seconds (NaN without a budget): all of them
-    where they fit, else the most that fit: the last (the largest batch, steps_per_execution=64), then the first
-    (the smallest step up), then the others spread down every other value; those left out are said in `skipped`.
-    On the Transformer the batch race (four builds with XLA, about 49 s) did not fit whole where two of its batches
-    did; taken from the largest down (512, 128) it missed batch 64, which with XLA and steps_per_execution=64 was
-    the best of 60 combinations (2.08x against XLA alone's 1.53x)."""
+    where they fit, else the most that fit: the first (the smallest step up), then the last (the largest batch,
+    steps_per_execution=64), then the others spread down every other value; those left out are said in `skipped`,
+    and raced after it where they then fit (`trial`). On the Transformer the batch race (four builds with XLA, about
+    49 s) did not fit whole where two of its batches did; taken from the largest down (512, 128) it missed batch 64,
+    which with XLA and steps_per_execution=64 was the best of 60 combinations (2.08x against XLA alone's 1.53x); and
+    where one fitted, 512 alone (1.14x slower) left 64, 128 and 256 out (its best of 60 was at batch 64 in each of
+    three screens)."""
     if budget is None:
         return list(changed), math.nan
     whole = budget.costs.race([best, *[config for _, config in changed]], best, rounds, started)
     middle = list(changed[1:-1])[::-1]
-    preferred = list(dict.fromkeys([*changed[-1:], *changed[:1], *middle[::2], *middle[1::2]]))
+    preferred = list(dict.fromkeys([*changed[:1], *changed[-1:], *middle[::2], *middle[1::2]]))
     for count in range(len(changed), 0, -1):
         taken = [candidate for candidate in changed if candidate in preferred[:count]]
         estimated = budget.costs.race([best, *[config for _, config in taken]], best, rounds, started)

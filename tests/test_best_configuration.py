@@ -543,6 +543,30 @@ def test_at_quick_the_search_takes_the_place_of_the_one_switch_race_and_says_so(
     assert ran(Options.quick_run()) == []  # and a --quick run says what it left out: the test below
 
 
+def test_under_quicks_own_budget_the_search_may_use_part_of_the_half_minute_the_others_leave(monkeypatch):
+    """The search sizes each race to what is left; the experiments that stop at --quick's budget run on past it, and
+    the half minute before the goal is theirs. A --budget the user gives is the goal itself: no grace there."""
+    from types import SimpleNamespace
+
+    from tfperf.doctor import search
+    from tfperf.doctor.options import QUICK_SEARCH_GRACE_S
+
+    seen = []
+
+    def climb(ctx, rows, skipped, started, budget):
+        seen.append(budget.ends_by)
+        return Config(), Config(), []
+
+    monkeypatch.setattr(search, "sized_rows", lambda subject, options, budget: None)
+    monkeypatch.setattr(search, "climb", climb)
+    subject = SimpleNamespace(fresh=lambda policy: None, builds_under_policy=True, model=None)
+    for options, ends_by in ((Options.quick_run(train=True, loss="mse"), 100.0 + QUICK_SEARCH_GRACE_S),
+                             (Options.quick_run(train=True, loss="mse", budget_s=420.0), 100.0),
+                             (Options(train=True, loss="mse", budget_s=150.0), 100.0)):
+        search.run(SimpleNamespace(sections={}, subject=subject, options=options, ends_by=100.0))
+        assert seen[-1] == ends_by
+
+
 def test_a_race_that_fails_midway_is_said_and_the_climb_goes_on(monkeypatch):
     from types import SimpleNamespace
 

@@ -27,7 +27,7 @@ from tfperf import flags
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.loader import Subject
 from tfperf.doctor.climb_costs import Budget
-from tfperf.doctor.climbed import EXCHANGED, Climbed, Config, Rung, change, code_lines
+from tfperf.doctor.climbed import EXCHANGED, OVER_YOURS, Climbed, Config, Rung, batch_paid, change, code_lines
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 from tfperf.doctor.options import MIN_GAIN, QUICK, QUICK_SEARCH_GRACE_S, Finding, Options
 from tfperf.doctor.targets import PLAIN_BATCH, loss_check, random_in_training
@@ -389,7 +389,6 @@ def climb(ctx: Context, rows: Rows, skipped: dict[str, str], started: dict[str, 
 
 # The headline race's answer: comparisons against plain fit, final losses, examples a second, each by label.
 Headline = tuple[dict[str, Any], dict[str, float], dict[str, float]]
-OVER_YOURS = "the best against the best at your batch"  # where the best raised the batch
 
 
 def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows, started: dict[str, tuple],
@@ -437,20 +436,6 @@ def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows, star
                          primary="samples_per_s", lower_is_better=False, measurement=ms[config.label],
                          comparison=comparisons.get(config.label), versus_first=False)
     return (comparisons, losses, {label: m.items_per_s for label, m in ms.items()}), confirmed, here
-
-
-def batch_paid(best: Config, at_your_batch: Config, comparisons: dict[str, Any]) -> tuple[Config, Any]:
-    """The configuration to recommend, and the comparison that set the larger batch aside (None where it did not):
-    the climb kept the larger batch where its interval cleared the bar; it is set aside where the headline race, in
-    a fresh process, puts it below the same changes at the user's batch. On the benchmark's Transformer the climb
-    kept batch 512 at 1.25x (95% CI 1.05-1.37x) where the fresh race put it at 1.57x against plain fit and the best
-    at the user's batch at 1.70x. Not where the fresh race merely cannot tell them apart: its epochs (512 rows there)
-    carry a fixed cost a larger batch does not shrink, and batch 64 read 1.06x (0.94-1.17x) over batch 32 in it where
-    a plain script's epochs of 2,048 rows measured 1.24x."""
-    c = comparisons.get(OVER_YOURS)
-    if c is None or c.ratio >= 1.0:
-        return best, None
-    return at_your_batch, c
 
 
 def run(ctx: Context) -> Section:

@@ -422,6 +422,7 @@ def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows, star
     if beside:  # the larger batch against the same changes at the user's: it changes the optimisation, so must pay
         comparisons[OVER_YOURS] = versus(ms[at_your_batch.label], ms[best.label], threshold=MIN_GAIN,
                                          seed=ctx.options.seed)
+    recommended, _ = batch_paid(best, at_your_batch, comparisons)
     for config in configs:
         # The knobs as values too: `tfperf watch --apply` reads them to apply the best to the user's own run.
         ctx.recorder.add(HEADLINE, config.label, {"samples_per_s": ms[config.label].items_per_s,
@@ -431,8 +432,7 @@ def headline(ctx: Context, best: Config, at_your_batch: Config, rows: Rows, star
                                                   "jit_compile": config.jit_compile,
                                                   "policy": config.policy or "float32",
                                                   # what the report recommends (`tfperf watch --apply` applies it)
-                                                  "recommended": config == batch_paid(best, at_your_batch,
-                                                                                      comparisons)[0]},
+                                                  "recommended": config == recommended},
                          primary="samples_per_s", lower_is_better=False, measurement=ms[config.label],
                          comparison=comparisons.get(config.label), versus_first=False)
     return (comparisons, losses, {label: m.items_per_s for label, m in ms.items()}), confirmed, here

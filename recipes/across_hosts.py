@@ -265,6 +265,7 @@ class Found:
     links: dict  # link text -> {"asked", "bits_per_s", "rtt_s"}
     jobs: dict  # link text -> what rank 0 returned
     shared_cores: bool
+    engine: object  # tfperf.cluster.collective.EngineCost: what the engine spends per byte
 
 
 def model_name(text: str) -> str:
@@ -323,6 +324,7 @@ def mwms_job(hosts, args) -> dict:
 
 
 def measure(args, rec) -> Found:
+    from tfperf.cluster.collective import measure_engine_cost
     from tfperf.cluster.hosts import Hosts, Loopback, available, parse_link
 
     why = available()
@@ -344,8 +346,12 @@ def measure(args, rec) -> Found:
             jobs[text]["fusion_off"] = horovod_job(hosts, args, [], only=["plain"],
                                                    env={"HOROVOD_FUSION_THRESHOLD": "0"})["models"]
             jobs[text]["mwms"] = mwms_job(hosts, args)
-    record(rec, found_links, jobs)
-    return Found(found_links, jobs, shared)
+    # What the engine spends per byte, from a small and a large all-reduce where the link costs next to nothing (two
+    # processes of this machine, as `tfperf doctor --hosts` reads it): the hosts' cores do it beside the link's time.
+    print("the engine's costs: two processes of this machine ...", file=sys.stderr, flush=True)
+    engine = measure_engine_cost()
+    record(rec, found_links, jobs, engine)
+    return Found(found_links, jobs, shared, engine)
 
 
 def ring(link: dict) -> tuple[float, float]:
@@ -353,17 +359,19 @@ def ring(link: dict) -> tuple[float, float]:
     return link["rtt_s"] / 2, link["bits_per_s"] / 8
 
 
-def fixed_of(job: dict, link: dict) -> float:
-    """A collective's fixed cost on this link's job: its small all-reduce beyond the link's share (0 without one)."""
+def costs_of(job: dict, link: dict, engine) -> dict[str, float]:
+    """The engine's costs on this link's job: the fixed cost its small all-reduce took beyond the link's share (0
+    without one), and the engine's per byte as measured between two processes."""
     small = next((row for row in job["allreduce"] if row.get("small")), None)
-    return 0.0 if small is None else fixed_cost(float(np.median(small["samples_s"])), 2, *ring(link))
+    fixed = 0.0 if small is None else fixed_cost(float(np.median(small["samples_s"])), 2, *ring(link))
+    return {"fixed_s": fixed, "per_byte_s": engine.per_byte_s}
 
 
-def predicted(t1: float, gradient_bytes: int, link: dict, fixed_s: float = 0.0) -> float:
+def predicted(t1: float, gradient_bytes: int, link: dict, **costs: float) -> float:
     """A step's seconds on 2 hosts by the scaling model: t1 (compute, the local batch) plus the ring all-reduce of
     the gradients over the measured link, fused into one message (Horovod's fusion buffer) paying the fixed cost
-    once."""
-    return t1 + ring_t2(2, gradient_bytes, *ring(link), fixed_s)
+    once and the engine's per byte."""
+    return t1 + ring_t2(2, gradient_bytes, *ring(link), **costs)
 
 
 def measured_t2(allreduce: list[dict], size: float) -> float | None:
@@ -376,16 +384,18 @@ def measured_t2(allreduce: list[dict], size: float) -> float | None:
     return float(np.exp(np.interp(np.log(size), sizes, times)))
 
 
-def record(rec, links: dict, jobs: dict) -> None:
+def record(rec, links: dict, jobs: dict, engine) -> None:
     from tfperf.measure import Measurement
     from tfperf.measure.stats import compare_times, median_ci
 
-    fixed = {text: fixed_of(job, links[text]) for text, job in jobs.items()}
+    costs = {text: costs_of(job, links[text], engine) for text, job in jobs.items()}
     for text, link in links.items():
         asked = {"asked_mbit_s": link["asked"] / 1e6, "delivered": link["bits_per_s"] / link["asked"]} if link[
             "asked"] else {}
         rec.add(LINKS, text, {**asked, "measured_mbit_s": link["bits_per_s"] / 1e6, "rtt_us": link["rtt_s"] * 1e6,
-                              "fixed_cost_ms": fixed.get(text, 0.0) * 1e3, "addresses": ", ".join(link["addresses"])},
+                              "fixed_cost_ms": costs[text]["fixed_s"] * 1e3 if text in costs else 0.0,
+                              "engine_ms_per_mib": engine.per_byte_s * 2**20 * 1e3,
+                              "addresses": ", ".join(link["addresses"])},
                 primary="measured_mbit_s", lower_is_better=False, versus_first=False)
     for text, job in jobs.items():
         link = links[text]
@@ -393,7 +403,8 @@ def record(rec, links: dict, jobs: dict) -> None:
             if row.get("small"):  # it gave the fixed cost: no test of the model
                 continue
             m = Measurement(f"{text}, {row['bytes']} B", tuple(row["samples_s"]))
-            model, link_only = (ring_t2(2, row["bytes"], *ring(link), f) for f in (fixed[text], 0.0))
+            model, link_only = ring_t2(2, row["bytes"], *ring(link), **costs[text]), ring_t2(2, row["bytes"],
+                                                                                              *ring(link))
             rec.add(ALLREDUCE, f"{text}, {row['bytes'] / 2**20:.2f} MiB",
                     {"ms": m.median_s * 1e3, "ring_model_ms": model * 1e3, "error": model / m.median_s - 1,
                      "link_only_ms": link_only * 1e3, "error_link_only": link_only / m.median_s - 1},
@@ -406,7 +417,7 @@ def record(rec, links: dict, jobs: dict) -> None:
             step = float(np.median(plain))
             low, high = median_ci(plain)
             batch = result["batch"]
-            model_s = predicted(t1 * batch, result["gradient_bytes"], link, fixed[text]) / batch
+            model_s = predicted(t1 * batch, result["gradient_bytes"], link, **costs[text]) / batch
             link_only_s = predicted(t1 * batch, result["gradient_bytes"], link) / batch
             # The same sum with t2 as Horovod's all-reduce took at the gradients' size in this job: what is left of
             # the error is the sum's (overlap, contention), not the link model's.
@@ -416,7 +427,7 @@ def record(rec, links: dict, jobs: dict) -> None:
             # Wait-free backpropagation: each gradient all-reduced as soon as it exists, under the rest of the pass.
             overlap = {}
             if result.get("readiness"):
-                exposed = exposed_t2(t1 * batch, result["readiness"], 2, *ring(link), fixed_s=fixed[text])
+                exposed = exposed_t2(t1 * batch, result["readiness"], 2, *ring(link), **costs[text])
                 overlap_s = t1 + exposed / batch
                 overlap = {"t2_exposed_ms": exposed * 1e3, "predicted_overlap_samples_s": 2 / overlap_s,
                            "error_overlap": step / overlap_s - 1,
@@ -426,7 +437,7 @@ def record(rec, links: dict, jobs: dict) -> None:
                 "gradient_mb": result["gradient_bytes"] / 1e6, "communication_share": 1 - t1 / model_s,
                 "measured_samples_s": 2 / step, "predicted_samples_s": 2 / model_s,
                 "speedup_vs_1_host": 2 * t1 / step, "error": step / model_s - 1,
-                "error_ci95": [low / model_s - 1, high / model_s - 1], "fixed_cost_ms": fixed[text] * 1e3,
+                "error_ci95": [low / model_s - 1, high / model_s - 1], "fixed_cost_ms": costs[text]["fixed_s"] * 1e3,
                 "error_link_only": step / link_only_s - 1, **overlap, **with_swept},
                 primary="measured_samples_s", lower_is_better=False, versus_first=False,
                 measurement=Measurement(f"{name} {text}", tuple(plain)))
@@ -481,9 +492,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
     with_swept = ", ".join(f"{r['metrics']['error_with_allreduce_t2']:+.0%}" for r in swept)
     with_link = ", ".join(f"{r['metrics']['error']:+.0%}" for r in swept)
     swept_text = (f" With t2 taken instead from the all-reduce measured at the gradients' size in the same job, the "
-                  f"errors were {with_swept} against {with_link}: where they shrink, the link model of t2 is what "
-                  f"missed (on a fast link the hosts' cores, not the link, set the all-reduce's pace), and where they "
-                  f"stay, the sum t1 + t2 itself." if swept else "")
+                  f"errors were {with_swept} against {with_link}: where they shrink, the model of t2 is what "
+                  f"missed, and where they stay, the sum t1 + t2 itself." if swept else "")
     overlapped = [r for r in scaling if "error_overlap" in r["metrics"]]
     between = [r for r in overlapped if min(r["metrics"]["error"], r["metrics"]["error_overlap"]) <= 0
                <= max(r["metrics"]["error"], r["metrics"]["error_overlap"])]
@@ -518,8 +528,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
     largest = (f"; its largest error {headline_row['metrics']['error']:+.0%} ({headline_row['row']})"
                if headline_row is not None else "")
     # The answer first (issue 73: this was one paragraph of some 700 words, the answer in its middle), then how.
-    model = ("the scaling model t1 + t2 (t1 measured on one host; t2 from the link as measured, a collective's fixed "
-             "cost and the gradients' bytes)")
+    model = ("the scaling model t1 + t2 (t1 measured on one host; t2 from the link as measured, the engine's costs "
+             "and the gradients' bytes)")
     answer = ((f"Where communication took half of a step or more ({len(bound)} of {len(scaling)} cases), {model} was "
                f"within the +-{GOAL:.0%} goal by its 95% interval in {len(within)}{largest}." if bound else
                f"In none of the {len(scaling)} cases did communication take half of a step, so {model} was not "
@@ -531,8 +541,11 @@ def conclude(args, rec, found: Found) -> Conclusion:
               f"measured, not assumed, and the figures on it are the machine's, not the preset's." if short else ""))
     allreduce = (f"Every all-reduce has a fixed cost whatever its size, read from a {SMALL_ALLREDUCE_BYTES // 1024} KiB "
                  f"one beyond the link's share: {fixed or 'not measured'} (the engine's own work per collective, not "
-                 f"the link's). Horovod's all-reduce against the ring model 2(N-1)/N S/B + 2(N-1) latency + that fixed "
-                 f"cost, from the link as measured, at the largest and smallest sizes: {sweep}"
+                 f"the link's), and every byte costs the hosts' cores time while the wire carries those before it: "
+                 f"{found.engine.per_byte_s * 2**20 * 1e3:.2f} ms per MiB sent, {found.engine.source} (copies into "
+                 f"and out of Horovod's buffers and the sockets', the sum); the slower of the two sets the pace. "
+                 f"Horovod's all-reduce against the ring model 2(N-1)/N S max(1/B, the engine's per byte) + 2(N-1) "
+                 f"latency + that fixed cost, from the link as measured, at the largest and smallest sizes: {sweep}"
                  + (f" (the link alone: {link_only})" if link_only else "") + ". The model charges the fixed cost once "
                  f"per fused message: on a fast link a step's all-reduces cost their count times it, which fusion "
                  f"(one message for many tensors) buys back.{swept_text}{overlap_text}")

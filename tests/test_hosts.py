@@ -46,16 +46,23 @@ def test_the_ring_model_on_known_timings():
     assert fixed_cost(small, 2, 50e-6, 1e10 / 8) == pytest.approx(0.004)
     assert fixed_cost(1e-6, 2, 50e-6, 1e10 / 8) == 0.0  # never below nothing
     sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
-    from across_hosts import fixed_of, measured_t2, predicted
+    from across_hosts import costs_of, measured_t2, predicted
+
+    from tfperf.cluster.collective import EngineCost
 
     link = {"bits_per_s": 1e9, "rtt_s": 100e-6}
     assert predicted(0.01, 16e6, link) == pytest.approx(0.01 + 0.128 + 100e-6)
-    assert predicted(0.01, 16e6, link, 0.004) == pytest.approx(0.01 + 0.128 + 100e-6 + 0.004)
+    assert predicted(0.01, 16e6, link, fixed_s=0.004) == pytest.approx(0.01 + 0.128 + 100e-6 + 0.004)
+    assert predicted(0.01, 16e6, link, per_byte_s=1e-9) == pytest.approx(0.01 + 0.128 + 100e-6)
+    assert predicted(0.01, 16e6, link, per_byte_s=1e-8) == pytest.approx(0.01 + 0.16 + 100e-6)
     # The recipe's fixed cost: its small all-reduce (the sweep's first row) beyond the link's share; none without.
+    # Its cost per byte: the engine's, as measured between two processes.
     small = ring_t2(2, SMALL_ALLREDUCE_BYTES, 50e-6, 1e9 / 8, 0.004)
     job = {"allreduce": [{"bytes": SMALL_ALLREDUCE_BYTES, "samples_s": [small] * 3, "small": True},
                          {"bytes": 1e6, "samples_s": [0.02]}]}
-    assert fixed_of(job, link) == pytest.approx(0.004) and fixed_of({"allreduce": job["allreduce"][1:]}, link) == 0
+    engine = EngineCost(0.003, 1e-9, "measured", True)
+    assert costs_of(job, link, engine) == pytest.approx({"fixed_s": 0.004, "per_byte_s": 1e-9})
+    assert costs_of({"allreduce": job["allreduce"][1:]}, link, engine)["fixed_s"] == 0
     sweep = [{"bytes": 1e6, "samples_s": [0.01, 0.01]}, {"bytes": 4e6, "samples_s": [0.04, 0.05, 0.04]}]
     assert measured_t2(sweep, 2e6) == pytest.approx(0.02) and measured_t2(sweep, 8e6) is None  # log-log, inside
 
@@ -97,7 +104,7 @@ def test_hosts_are_taken_down_on_sigterm_and_a_killed_runs_are_cleaned_by_the_ne
 # one-at-a-time phase.
 @needs_hosts
 @pytest.mark.slow
-def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
+def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path, monkeypatch):
     """The recipe at its smallest: real horovodrun over ssh into two namespaces, and two MWMS workers that find
     each other by TF_CONFIG; a link measured, the all-reduce against the ring model, the wide MLP trained across
     the hosts with every variant, tensor fusion off in a job of its own."""
@@ -106,6 +113,11 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
     from across_hosts import ALLREDUCE, ENGINES, HELPS, LINKS, RECIPE, SCALING
 
+    from tfperf.cluster import collective
+
+    # The engine's costs between two local processes: measured in test_hvd (their own launch would add 12 s here).
+    engine = collective.EngineCost(0.004, 0.7e-3 / 2**20, "measured by a stand-in", True)
+    monkeypatch.setattr(collective, "measure_engine_cost", lambda: engine)
     args = RECIPE.parse(["--quick", "--links", "200mbit", "--models", "wide-mlp", "--rounds", "2", "--steps", "1",
                          "--reps", "2", "--sizes", "65536", "1048576", "--out", str(tmp_path)])
     started = time.perf_counter()
@@ -116,6 +128,7 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path):
     # A collective's fixed cost, read from the small all-reduce (issue 74), in the model beside the link alone.
     assert link["fixed_cost_ms"] > 0 and all(r["metrics"]["ring_model_ms"] > r["metrics"]["link_only_ms"]
                                              for r in rec.table(ALLREDUCE))
+    assert link["engine_ms_per_mib"] == pytest.approx(0.7)
     scaling = rec.table(SCALING)[0]["metrics"]
     assert scaling["gradient_mb"] > 7 and scaling["t1_ms"] > 0 and scaling["measured_samples_s"] > 0
     # Overlap hides t2 but sends more messages, each paying the fixed cost: either may predict more (unit tests).
@@ -169,13 +182,18 @@ def test_the_across_hosts_conclusion_answers_first_in_each_branch():
                                          threshold=0.05))
         return rec
 
-    found = SimpleNamespace(links={"1gbit": {}}, shared_cores=False)
+    from tfperf.cluster.collective import EngineCost
+
+    engine = EngineCost(0.004, 0.7e-3 / 2**20, "measured with a 4 KiB and a 16 MiB all-reduce", True)
+    found = SimpleNamespace(links={"1gbit": {}}, shared_cores=False, engine=engine)
     text = RECIPE.conclude(None, records(0.7), found).text
     answer, *rest = text.split("\n\n")
     assert answer.startswith("Where communication took half of a step or more (1 of 1 cases), the scaling model")
     assert "within the +-15% goal by its 95% interval in 1; its largest error +11% (wide MLP, 1gbit)" in answer
     assert "fp16 compression: pays on 1gbit" in answer and "MultiWorkerMirroredStrategy" in answer
     assert rest[0].startswith("Two hosts") and rest[1].startswith("Every all-reduce has a fixed cost")
+    assert ("every byte costs the hosts' cores time while the wire carries those before it: 0.70 ms per MiB sent, "
+            "measured with a 4 KiB and a 16 MiB all-reduce") in rest[1]
     # The headline judged by its interval: make report's -12% (95% CI -17% to -8%) said "not within" the goal.
     verdict = lambda ci: RECIPE.conclude(None, records(0.7, ci), found).headline.verdict  # noqa: E731
     assert verdict((0.05, 0.14)) == "within the +-15% goal"
@@ -233,18 +251,24 @@ def test_the_doctors_speedup_on_hosts_is_the_ring_model_over_a_measured_step(tmp
     assert found["predicted_speedup"] < overlapped["predicted_speedup_overlap"] < 4
     assert overlapped["predicted_speedup_overlap_fp16"] >= overlapped["predicted_speedup_overlap"]
     assert "a ceiling of **" in scaling.describe(overlapped)
-    # A collective's fixed cost (issue 74), charged once per fused message, and said with where it came from.
-    from tfperf.cluster.collective import FixedCost
+    # The engine's costs (issue 74): a fixed one charged once per fused message, one per byte each rank sends (here
+    # 2(4-1)/4 of 8 MB), and said with where they came from.
+    from tfperf.cluster.collective import EngineCost
 
-    fixed = FixedCost(0.004, "measured with a 4 KiB all-reduce on Horovod's Gloo between two processes here", True)
+    engine = EngineCost(0.004, 1e-9, "measured with a 4 KiB and a 16 MiB all-reduce on Horovod's Gloo between two "
+                                     "processes here", True)
     charged = scaling.predict(hosts=4, batch=32, samples_per_s=3200.0, gradient_bytes=8_000_000,
-                              link_bits_per_s=1e9, rtt_s=None, fixed=fixed)
-    assert charged["t2_s"] == pytest.approx(t2 + 0.004) and charged["fixed_cost_s"] == 0.004
-    assert "a fixed cost of 4.0 ms per all-reduce, measured with a 4 KiB all-reduce" in scaling.describe(charged)
-    assert "a fixed cost of 0.0 ms per all-reduce, none charged" in text
+                              link_bits_per_s=1e9, rtt_s=None, engine=engine)
+    assert charged["t2_s"] == pytest.approx(t2 + 0.004) and charged["fixed_cost_s"] == 0.004  # the wire is slower
+    fast_cores = scaling.predict(hosts=4, batch=32, samples_per_s=3200.0, gradient_bytes=8_000_000,
+                                 link_bits_per_s=1e10, rtt_s=None, engine=engine)  # 10 Gbit/s: the cores are
+    assert fast_cores["t2_s"] == pytest.approx(6 * 50e-6 + 1.5 * 8e6 * 1e-9 + 0.004)
+    assert ("of the engine's 1.05 ms per MiB sent, the slower, and a fixed 4.0 ms per all-reduce, measured with a "
+            "4 KiB and a 16 MiB all-reduce") in scaling.describe(charged)
+    assert "the engine's 0.00 ms per MiB sent, the slower, and a fixed 0.0 ms per all-reduce, none charged" in text
     # On a fast link the messages' fixed costs outweigh what overlap hides: said, not called a ceiling.
     fast = scaling.predict(hosts=2, batch=32, samples_per_s=3200.0, gradient_bytes=800_000, link_bits_per_s=1e10,
-                           rtt_s=None, readiness=[(0.9, 400_000), (1.0, 400_000)], fixed=fixed)
+                           rtt_s=None, readiness=[(0.9, 400_000), (1.0, 400_000)], engine=engine)
     assert fast["predicted_speedup_overlap"] < fast["predicted_speedup"]
     assert "less than one message after the pass" in scaling.describe(fast)
     assert "ceiling" not in scaling.describe(fast)
@@ -270,6 +294,21 @@ def test_overlap_hides_the_all_reduce_of_gradients_made_early_in_backpropagation
     assert two == pytest.approx(0.03 + ring_t2(2, 4e6, alpha, beta, fixed) + ring_t2(2, 4e6, alpha, beta, fixed) - 0.09)
     assert exposed_t2(0.09, [(1.0, 8e6)], 2, alpha, beta, fixed_s=fixed) == pytest.approx(
         ring_t2(2, 8e6, alpha, beta, fixed))
+    # The engine's cost per byte pipelines with the wire's, on every byte each rank sends (2(n-1)/n of them): the
+    # slower of the two sets the pace.
+    assert ring_t2(4, 8e6, 0.0, beta, per_byte_s=1e-9) == pytest.approx(1.5 * 8e6 / beta)  # 1 Gbit/s: the wire's
+    assert ring_t2(4, 8e6, 0.0, beta, per_byte_s=1e-8) == pytest.approx(1.5 * 8e6 * 1e-8)  # slower cores: theirs
+    assert exposed_t2(0.09, [(1.0, 8e6)], 2, alpha, beta, fixed_s=fixed, per_byte_s=1e-9) == pytest.approx(
+        ring_t2(2, 8e6, alpha, beta, fixed, 1e-9))
+
+
+def test_the_engines_costs_are_read_from_a_small_and_a_large_all_reduce():
+    from tfperf.cluster.ring import engine_costs
+
+    # 4 ms for 4 KiB, 16 ms for 16 MiB on two ranks: 4 ms fixed, 12 ms over the 16 MiB less 4 KiB each rank sent.
+    fixed, per_byte = engine_costs(0.004, 0.016, 2)
+    assert fixed == 0.004 and per_byte == pytest.approx(0.012 / (16 * 2**20 - 4096))
+    assert engine_costs(0.004, 0.003, 2)[1] == 0.0  # a large one measured faster than the small: none charged
 
 
 def test_gradient_readiness_follows_backpropagation_from_the_last_layer_with_each_layers_flops():

@@ -234,14 +234,14 @@ def test_a_horovod_timeline_is_read_into_negotiation_the_last_ranks_wait_and_the
         assert len(err) == 1 and said in err[0] and "--timeline-filename" in err[0], err
 
 
-def test_a_collectives_fixed_cost_is_measured_between_two_processes_or_said_to_be_none(monkeypatch, capsys):
-    """What `tfperf doctor --hosts` charges each fused message (issue 74): the small all-reduce's samples as rank 0
-    prints them (here a job of one rank, in this process: its two-process launch costs the suite 20 s, and ran by
-    hand: 3.9 ms), read back by the launcher's side; or none, said with why."""
+def test_the_engines_costs_are_measured_between_two_processes_or_said_to_be_none(monkeypatch, capsys):
+    """What `tfperf doctor --hosts` charges each fused message and each byte (issue 74): the small and the large
+    all-reduce's samples as rank 0 prints them (here a job of one rank, in this process: its two-process launch costs
+    the suite 20 s), read back by the launcher's side; or none, said with why."""
     from tfperf.cluster import collective
     from tfperf.cluster.errors import ClusterError
 
-    collective.small_allreduce()
+    collective.timed_allreduces()
     printed = capsys.readouterr().out
     launched = []
 
@@ -250,17 +250,18 @@ def test_a_collectives_fixed_cost_is_measured_between_two_processes_or_said_to_b
         return "".join(f"[0]<stdout>:{line}\n" for line in printed.splitlines())
 
     monkeypatch.setattr("tfperf.cluster.processes.launch", launch)
-    found = collective.measure_fixed_cost()
+    found = collective.measure_engine_cost()
     assert launched[0][1:] == ["-np", "2", "--gloo", sys.executable, "-m", "tfperf.cluster.collective"]
-    assert found.measured and 0 < found.seconds < 1.0 and found.source.startswith("measured with a 4 KiB all-reduce")
+    assert found.measured and 0 < found.fixed_s < 1.0 and 0 <= found.per_byte_s < 1e-6
+    assert found.source.startswith("measured with a 4 KiB and a 16 MiB all-reduce")
 
     def fails(*args, **kwargs):
         raise ClusterError("horovodrun ... exited 1:\nno Gloo")
 
     monkeypatch.setattr("tfperf.cluster.processes.launch", fails)
-    broken = collective.measure_fixed_cost()
-    assert not broken.measured and broken.seconds == 0.0
-    assert broken.source.startswith("none charged: the small all-reduce could not be measured (horovodrun")
+    broken = collective.measure_engine_cost()
+    assert not broken.measured and broken.fixed_s == broken.per_byte_s == 0.0
+    assert broken.source.startswith("none charged: the all-reduces could not be measured (horovodrun")
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
-    missing = collective.measure_fixed_cost()
+    missing = collective.measure_engine_cost()
     assert not missing.measured and "Horovod is not installed" in missing.source

@@ -1,6 +1,6 @@
-"""The ring all-reduce model (t2 for n ranks over a link of latency alpha and bandwidth beta, plus a collective's own
-fixed cost) and its overlap with backpropagation: what the scaling model, the doctor's --hosts and the cluster recipes
-predict with."""
+"""The ring all-reduce model (t2 for n ranks over a link of latency alpha and bandwidth beta, plus the engine's own
+costs: a fixed one per collective and one per byte) and its overlap with backpropagation: what the scaling model, the
+doctor's --hosts and the cluster recipes predict with."""
 
 from __future__ import annotations
 
@@ -9,13 +9,26 @@ from collections.abc import Sequence
 # A small all-reduce, timed to read a collective's fixed cost: 1,024 float32 values, a bias vector's gradient. (One
 # value takes another path in Gloo: 1.1 ms where 4 KiB and 64 KiB both took 4 ms over the same emulated 1 Gbit/s.)
 SMALL_ALLREDUCE_BYTES = 4096
+# A large one, timed beside it to read what the engine spends per byte (copying into and out of its buffers,
+# summing, the socket's copies) on the hosts' cores: a wide layer's gradient.
+LARGE_ALLREDUCE_BYTES = 16 * 2**20
 
 
-def ring_t2(n: int, size: float, alpha: float, beta: float, fixed_s: float = 0.0) -> float:
+def ring_t2(n: int, size: float, alpha: float, beta: float, fixed_s: float = 0.0, per_byte_s: float = 0.0) -> float:
     """Ring all-reduce of `size` bytes over n ranks: 2(n-1) steps, each a message of size/n bytes (latency alpha
-    seconds, bandwidth beta bytes/s), and the collective's fixed cost once (launching and completing it, whatever the
-    link: `fixed_cost`): 2(n-1)/n * size/beta + 2(n-1) alpha + fixed_s."""
-    return 0.0 if n == 1 else 2 * (n - 1) * (alpha + size / n / beta) + fixed_s
+    seconds, bandwidth beta bytes/s), the hosts' cores spending `per_byte_s` on each byte sent (`engine_costs`) while
+    the wire carries the bytes before, so the slower of the two sets the pace, and the collective's fixed cost once
+    (launching and completing it, whatever the link): 2(n-1)/n * size * max(1/beta, per_byte_s) + 2(n-1) alpha +
+    fixed_s."""
+    return 0.0 if n == 1 else 2 * (n - 1) * (alpha + size / n * max(1 / beta, per_byte_s)) + fixed_s
+
+
+def engine_costs(small_s: float, large_s: float, n: int, *, small: float = SMALL_ALLREDUCE_BYTES,
+                 large: float = LARGE_ALLREDUCE_BYTES) -> tuple[float, float]:
+    """A collective's fixed cost and the engine's seconds per byte sent, from a small and a large all-reduce timed
+    where the link costs next to nothing (two processes of one machine): the small one is all fixed cost, what the
+    large one takes beyond it is per byte, over the 2(n-1)/n of its bytes each rank sends."""
+    return small_s, max(0.0, large_s - small_s) / (2 * (n - 1) / n * (large - small))
 
 
 def fixed_cost(small_s: float, n: int, alpha: float, beta: float, size: float = SMALL_ALLREDUCE_BYTES) -> float:
@@ -25,7 +38,7 @@ def fixed_cost(small_s: float, n: int, alpha: float, beta: float, size: float = 
 
 
 def exposed_t2(t1: float, readiness: Sequence[tuple[float, float]], n: int, alpha: float, beta: float, *,
-               backward_share: float = 2 / 3, fixed_s: float = 0.0) -> float:
+               backward_share: float = 2 / 3, fixed_s: float = 0.0, per_byte_s: float = 0.0) -> float:
     """The all-reduce time a step on n hosts adds to t1 when each gradient is all-reduced as soon as backpropagation
     has made it and the link is free (wait-free backpropagation, as Horovod does from a graph: every gradient that
     waits when the link frees goes in one fused message, each message paying the fixed cost). `readiness`: (share of
@@ -40,5 +53,5 @@ def exposed_t2(t1: float, readiness: Sequence[tuple[float, float]], n: int, alph
         while i < len(ready) and ready[i][0] <= clock:
             fused += ready[i][1]
             i += 1
-        clock += ring_t2(n, fused, alpha, beta, fixed_s)
+        clock += ring_t2(n, fused, alpha, beta, fixed_s, per_byte_s)
     return max(0.0, clock - t1)

@@ -2,8 +2,9 @@
 
 The user's model on N hosts over a link, predicted (`tfperf doctor --hosts N --link RATE[,RTT]`): t1 is plain
 fit's training step measured here, t2 the ring all-reduce of the model's float32 gradients over the link
-(2(N-1)/N S/B + 2(N-1) latency, a latency being half the round trip) plus a collective's fixed cost, measured here
-with a small all-reduce between two processes (tfperf.cluster.collective), and a step on N hosts takes t1 + t2
+(2(N-1)/N S/B + 2(N-1) latency, a latency being half the round trip) plus the engine's costs, a fixed one per
+collective and one per byte, measured here with a small and a large all-reduce between two processes
+(tfperf.cluster.collective), and a step on N hosts takes t1 + t2
 while doing N times the examples: the speedup is N t1 / (t1 + t2), the gradients in one message after the pass;
 with each gradient all-reduced as soon as backpropagation makes it (Horovod's wait-free overlap), only the t2 left
 after the pass counts, each message paying the fixed cost: a ceiling where hiding saves more than the extra messages
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tfperf import flags
-from tfperf.cluster.collective import FixedCost
+from tfperf.cluster.collective import EngineCost
 from tfperf.cluster.ring import exposed_t2, ring_t2
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
 
@@ -40,26 +41,28 @@ def parse_link(text: str) -> tuple[float, float | None]:
 
 def predict(*, hosts: int, batch: int, samples_per_s: float, gradient_bytes: int, link_bits_per_s: float,
             rtt_s: float | None, readiness: list[tuple[float, int]] | None = None,
-            fixed: FixedCost | None = None) -> dict[str, Any]:
+            engine: EngineCost | None = None) -> dict[str, Any]:
     """The prediction, with what it rests on (scaling.json's fields). With `readiness` (tfperf.models.
     gradient_readiness), also the ceiling where each gradient's all-reduce runs under the rest of backpropagation.
-    `fixed`: a collective's fixed cost, charged once per fused message (none when not given)."""
+    `engine`: a collective's fixed cost, charged once per fused message, and the engine's cost per byte (none when
+    not given)."""
     rtt = DEFAULT_RTT_S if rtt_s is None else rtt_s
     alpha, beta = rtt / 2, link_bits_per_s / 8
-    fixed_s = fixed.seconds if fixed else 0.0
+    costs = {"fixed_s": engine.fixed_s, "per_byte_s": engine.per_byte_s} if engine else {}
     t1 = batch / samples_per_s
-    t2 = ring_t2(hosts, gradient_bytes, alpha, beta, fixed_s)
-    t2_fp16 = ring_t2(hosts, gradient_bytes / 2, alpha, beta, fixed_s)
+    t2 = ring_t2(hosts, gradient_bytes, alpha, beta, **costs)
+    t2_fp16 = ring_t2(hosts, gradient_bytes / 2, alpha, beta, **costs)
     found = {"hosts": hosts, "batch": batch, "link_bits_per_s": link_bits_per_s, "rtt_s": rtt,
-             "rtt_assumed": rtt_s is None, "fixed_cost_s": fixed_s,
-             "fixed_cost_source": fixed.source if fixed else "none charged: not measured",
+             "rtt_assumed": rtt_s is None, "fixed_cost_s": costs.get("fixed_s", 0.0),
+             "engine_per_byte_s": costs.get("per_byte_s", 0.0),
+             "engine_cost_source": engine.source if engine else "none charged: not measured",
              "t1_s": t1, "t2_s": t2, "t2_fp16_s": t2_fp16,
              "gradient_bytes": gradient_bytes, "predicted_speedup": hosts * t1 / (t1 + t2),
              "predicted_speedup_fp16": hosts * t1 / (t1 + t2_fp16),
              "t2_exposed_s": None, "predicted_speedup_overlap": None, "predicted_speedup_overlap_fp16": None}
     if readiness:
-        exposed = exposed_t2(t1, readiness, hosts, alpha, beta, fixed_s=fixed_s)
-        halved = exposed_t2(t1, [(share, size / 2) for share, size in readiness], hosts, alpha, beta, fixed_s=fixed_s)
+        exposed = exposed_t2(t1, readiness, hosts, alpha, beta, **costs)
+        halved = exposed_t2(t1, [(share, size / 2) for share, size in readiness], hosts, alpha, beta, **costs)
         found.update({"t2_exposed_s": exposed, "predicted_speedup_overlap": hosts * t1 / (t1 + exposed),
                       "predicted_speedup_overlap_fp16": hosts * t1 / (t1 + halved)})
     return found
@@ -82,8 +85,9 @@ def describe(found: dict[str, Any]) -> str:
     return (f"On {found['hosts']} hosts over {found['link_bits_per_s'] / 1e9:g} Gbit/s ({rtt}), batch "
             f"{found['batch']} per host: a step computes for {found['t1_s'] * 1e3:.1f} ms (t1, plain fit measured "
             f"here) and all-reduces {found['gradient_bytes'] / 1e6:.1f} MB of float32 gradients in "
-            f"{found['t2_s'] * 1e3:.1f} ms (t2: the ring model over the link, and a fixed cost of "
-            f"{found['fixed_cost_s'] * 1e3:.1f} ms per all-reduce, {found['fixed_cost_source']}), {share:.0%} of the "
+            f"{found['t2_s'] * 1e3:.1f} ms (t2: the ring model, its bytes at the pace of the link or of the engine's "
+            f"{found['engine_per_byte_s'] * 2**20 * 1e3:.2f} ms per MiB sent, the slower, and a fixed "
+            f"{found['fixed_cost_s'] * 1e3:.1f} ms per all-reduce, {found['engine_cost_source']}), {share:.0%} of the "
             f"step: predicted speedup "
             f"**{found['predicted_speedup']:.2f}x** over one host ({found['predicted_speedup'] / found['hosts']:.0%} "
             f"scaling efficiency), {found['predicted_speedup_fp16']:.2f}x with fp16 compression "
@@ -122,17 +126,18 @@ def run(ctx: Context) -> Section:
     if plain is None:
         text, found = "The speedup on hosts was not predicted: plain fit's training step was not measured.", None
     else:
-        from tfperf.cluster.collective import measure_fixed_cost
+        from tfperf.cluster.collective import measure_engine_cost
 
-        ctx.say("across hosts: a collective's fixed cost, from a small all-reduce between two processes (about 12 s)")
-        fixed = measure_fixed_cost()
+        ctx.say("across hosts: the engine's costs, from a small and a large all-reduce between two processes "
+                "(about 15 s)")
+        engine = measure_engine_cost()
         link_bits, rtt = parse_link(options.link)
         weights = ctx.subject.model.trainable_weights
         found = predict(hosts=options.hosts, batch=int(plain["row"].split("batch ")[1].rstrip(")")),
                         samples_per_s=plain["metrics"]["samples_per_s"],
                         gradient_bytes=int(sum(4 * int(np.prod(w.shape)) for w in weights)),  # float32 gradients
                         link_bits_per_s=link_bits, rtt_s=rtt, readiness=gradient_readiness(ctx.subject.model),
-                        fixed=fixed)
+                        engine=engine)
         write(found, ctx.out)
         text = describe(found)
     return Section(EXPERIMENT.name, found=found, answer=f"\n## Across hosts\n\n{text}")

@@ -25,7 +25,7 @@ import numpy as np
 from tfperf import flags
 from tfperf.cluster.errors import ClusterError
 from tfperf.cluster.processes import LocalCluster, free_ports, launch, tf_config
-from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, exposed_t2, fixed_cost, ring_t2
+from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, exposed_t2, fixed_cost, lent, ring_t2
 from tfperf.measure.processes import last_reply, rank0_replies, reply
 from tfperf.measure.stats import against_goal
 from tfperf.recipe import Conclusion, Headline, Recipe
@@ -340,7 +340,8 @@ def measure(args, rec) -> Found:
             shared = hosts.shared_cores
             measured = hosts.measure(0, 1)
             found_links[text] = {"asked": link.bits_per_s if link else None, "bits_per_s": measured.bits_per_s,
-                                 "rtt_s": measured.rtt_s, "addresses": hosts.addresses}
+                                 "rtt_s": measured.rtt_s, "addresses": hosts.addresses,
+                                 "bucket_bytes": link.bucket_bytes if link else None}
             jobs[text] = horovod_job(hosts, args, sizes)
             # Tensor fusion off (a job of its own: the threshold is read when Horovod starts), plain steps only.
             jobs[text]["fusion_off"] = horovod_job(hosts, args, [], only=["plain"],
@@ -395,6 +396,7 @@ def record(rec, links: dict, jobs: dict, engine) -> None:
         rec.add(LINKS, text, {**asked, "measured_mbit_s": link["bits_per_s"] / 1e6, "rtt_us": link["rtt_s"] * 1e6,
                               "fixed_cost_ms": costs[text]["fixed_s"] * 1e3 if text in costs else 0.0,
                               "engine_ms_per_mib": engine.per_byte_s * 2**20 * 1e3,
+                              "bucket_kb": (link.get("bucket_bytes") or 0) / 1e3,
                               "addresses": ", ".join(link["addresses"])},
                 primary="measured_mbit_s", lower_is_better=False, versus_first=False)
     for text, job in jobs.items():
@@ -403,8 +405,10 @@ def record(rec, links: dict, jobs: dict, engine) -> None:
             if row.get("small"):  # it gave the fixed cost: no test of the model
                 continue
             m = Measurement(f"{text}, {row['bytes']} B", tuple(row["samples_s"]))
-            model, link_only = ring_t2(2, row["bytes"], *ring(link), **costs[text]), ring_t2(2, row["bytes"],
-                                                                                              *ring(link))
+            # Back to back, the link idles through each all-reduce's fixed cost: its bucket refills that much.
+            refilled = lent(link.get("bucket_bytes"), costs[text]["fixed_s"], ring(link)[1])
+            model = ring_t2(2, row["bytes"], *ring(link), **costs[text], lent_bytes=refilled)
+            link_only = ring_t2(2, row["bytes"], *ring(link))
             rec.add(ALLREDUCE, f"{text}, {row['bytes'] / 2**20:.2f} MiB",
                     {"ms": m.median_s * 1e3, "ring_model_ms": model * 1e3, "error": model / m.median_s - 1,
                      "link_only_ms": link_only * 1e3, "error_link_only": link_only / m.median_s - 1},
@@ -417,7 +421,9 @@ def record(rec, links: dict, jobs: dict, engine) -> None:
             step = float(np.median(plain))
             low, high = median_ci(plain)
             batch = result["batch"]
-            model_s = predicted(t1 * batch, result["gradient_bytes"], link, **costs[text]) / batch
+            # The link idles through a step's compute: a full bucket for its all-reduce.
+            refilled = lent(link.get("bucket_bytes"), t1 * batch, ring(link)[1])
+            model_s = predicted(t1 * batch, result["gradient_bytes"], link, **costs[text], lent_bytes=refilled) / batch
             link_only_s = predicted(t1 * batch, result["gradient_bytes"], link) / batch
             # The same sum with t2 as Horovod's all-reduce took at the gradients' size in this job: what is left of
             # the error is the sum's (overlap, contention), not the link model's.
@@ -483,6 +489,12 @@ def conclude(args, rec, found: Found) -> Conclusion:
     sweep = "; ".join(f"{link}: {shown(large)}, {shown(small)}" for link, (small, large) in ends.items())
     fixed = ", ".join(f"{r['row']} {r['metrics']['fixed_cost_ms']:.1f} ms" for r in links if "fixed_cost_ms" in r[
         "metrics"])
+    buckets = ", ".join(f"{r['row']} {r['metrics']['bucket_kb']:,.0f} KB" for r in links
+                        if r["metrics"].get("bucket_kb"))
+    bucket_text = (f" Each emulated link is a token bucket ({buckets}) that fills while the link idles and lets that "
+                   f"much through at once, as a wire does not: the model lends it the fixed cost's worth between "
+                   f"back-to-back all-reduces and a full bucket after a step's compute (the doctor's --link, for "
+                   f"a wire, lends nothing)." if buckets else "")
     link_only = "; ".join(f"{link}: {small['metrics']['error_link_only']:+.0%} at {small['row'].rsplit(', ', 1)[1]}"
                           for link, (small, _) in ends.items() if "error_link_only" in small["metrics"])
     scaling = rec.table(SCALING)
@@ -545,7 +557,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
                  f"{found.engine.per_byte_s * 2**20 * 1e3:.2f} ms per MiB sent, {found.engine.source} (copies into "
                  f"and out of Horovod's buffers and the sockets', the sum); the slower of the two sets the pace. "
                  f"Horovod's all-reduce against the ring model 2(N-1)/N S max(1/B, the engine's per byte) + 2(N-1) "
-                 f"latency + that fixed cost, from the link as measured, at the largest and smallest sizes: {sweep}"
+                 f"latency + that fixed cost, from the link as measured.{bucket_text} At the largest and smallest "
+                 f"sizes: {sweep}"
                  + (f" (the link alone: {link_only})" if link_only else "") + ". The model charges the fixed cost once "
                  f"per fused message: on a fast link a step's all-reduces cost their count times it, which fusion "
                  f"(one message for many tensors) buys back.{swept_text}{overlap_text}")

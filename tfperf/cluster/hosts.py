@@ -131,6 +131,12 @@ class Link:
     def __str__(self) -> str:
         return self.text or f"{self.bits_per_s / 1e9:g} Gbit/s"
 
+    @property
+    def bucket_bytes(self) -> int:
+        """tc tbf's bucket for this rate: a rate's worth of a timer tick, and a whole 64 KiB GSO segment. It fills
+        while the link idles and lets that much through at once, which a wire does not: the ring model is told."""
+        return max(64 * 1024, int(self.bits_per_s) // 8 // 250)
+
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
@@ -207,9 +213,7 @@ class Hosts:
             self._start_sshd()
 
     def _shape(self, inside: list[str], device: str) -> None:
-        rate = int(self.link.bits_per_s)
-        # tbf's bucket must hold at least a rate's worth of a timer tick, and a whole 64 KiB GSO segment.
-        burst = max(64 * 1024, rate // 8 // 250)
+        rate, burst = int(self.link.bits_per_s), self.link.bucket_bytes
         command = [*inside, "tc", "qdisc", "add", "dev", device, "root"]
         if self.link.delay_s:
             if not netem_available():

@@ -14,13 +14,25 @@ SMALL_ALLREDUCE_BYTES = 4096
 LARGE_ALLREDUCE_BYTES = 16 * 2**20
 
 
-def ring_t2(n: int, size: float, alpha: float, beta: float, fixed_s: float = 0.0, per_byte_s: float = 0.0) -> float:
+def ring_t2(n: int, size: float, alpha: float, beta: float, fixed_s: float = 0.0, per_byte_s: float = 0.0,
+            lent_bytes: float = 0.0) -> float:
     """Ring all-reduce of `size` bytes over n ranks: 2(n-1) steps, each a message of size/n bytes (latency alpha
     seconds, bandwidth beta bytes/s), the hosts' cores spending `per_byte_s` on each byte sent (`engine_costs`) while
     the wire carries the bytes before, so the slower of the two sets the pace, and the collective's fixed cost once
     (launching and completing it, whatever the link): 2(n-1)/n * size * max(1/beta, per_byte_s) + 2(n-1) alpha +
-    fixed_s."""
-    return 0.0 if n == 1 else 2 * (n - 1) * (alpha + size / n * max(1 / beta, per_byte_s)) + fixed_s
+    fixed_s. `lent_bytes`: what a shaped link lets through at once after idling (an emulated link's token bucket,
+    `lent`; a wire lends nothing), off the wire's share."""
+    if n == 1:
+        return 0.0
+    sent = 2 * (n - 1) / n * size
+    return 2 * (n - 1) * alpha + max(max(0.0, sent - lent_bytes) / beta, sent * per_byte_s) + fixed_s
+
+
+def lent(bucket_bytes: float | None, idle_s: float, beta: float) -> float:
+    """What a token bucket of `bucket_bytes` (None: a wire, no bucket) has refilled after the link idled `idle_s` at
+    beta bytes/s, to let through at once: all of it after a step's compute, the fixed cost's worth between
+    back-to-back all-reduces."""
+    return 0.0 if not bucket_bytes else min(bucket_bytes, idle_s * beta)
 
 
 def engine_costs(small_s: float, large_s: float, n: int, *, small: float = SMALL_ALLREDUCE_BYTES,

@@ -492,9 +492,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
     buckets = ", ".join(f"{r['row']} {r['metrics']['bucket_kb']:,.0f} KB" for r in links
                         if r["metrics"].get("bucket_kb"))
     bucket_text = (f" Each emulated link is a token bucket ({buckets}) that fills while the link idles and lets that "
-                   f"much through at once, as a wire does not: the model lends it the fixed cost's worth between "
-                   f"back-to-back all-reduces and a full bucket after a step's compute (the doctor's --link, for "
-                   f"a wire, lends nothing)." if buckets else "")
+                   f"much through at once, as a wire does not: the model takes off the wire's share what the bucket "
+                   f"refilled, the fixed cost's worth between back-to-back all-reduces and all of it after a step's "
+                   f"compute (the doctor's --link, for a wire, takes nothing off)." if buckets else "")
     link_only = "; ".join(f"{link}: {small['metrics']['error_link_only']:+.0%} at {small['row'].rsplit(', ', 1)[1]}"
                           for link, (small, _) in ends.items() if "error_link_only" in small["metrics"])
     scaling = rec.table(SCALING)

@@ -3,7 +3,7 @@ machine (Horovod over Gloo), what `tfperf doctor --hosts` and recipes/across_hos
 model's link terms: a fixed cost per fused message, and a cost per byte the link does not hide.
 
 On a fast link the link's latency and bandwidth give a small all-reduce tens of microseconds, and it takes
-milliseconds (about 4 ms here on emulated hosts over every link, and 3.2-3.9 ms between two local processes): the
+milliseconds (about 4 ms here on emulated hosts over every link, and 1.8-3.9 ms between two local processes): the
 engine's own work per collective, not the link's, so two processes here read about what a cluster's hosts pay.
 (HOROVOD_CYCLE_TIME=0.1 left one small all-reduce's cost as it was: it is not the background cycle's wait.) A large
 all-reduce's bytes cost time on the wire and on the hosts' cores (copies into and out of Horovod's buffers and the
@@ -31,10 +31,6 @@ class EngineCost:
     per_byte_s: float
     source: str
     measured: bool
-
-    def said(self) -> str:
-        """The costs as a report says them: '4.1 ms per all-reduce and 0.74 ms per MiB sent'."""
-        return f"{self.fixed_s * 1e3:.1f} ms per all-reduce and {self.per_byte_s * 2**20 * 1e3:.2f} ms per MiB sent"
 
 
 def timed_allreduces() -> None:

@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from tfperf import flags
+from tfperf.cluster.collective import EngineCost
 from tfperf.cluster.errors import ClusterError
 from tfperf.cluster.processes import LocalCluster, free_ports, launch, tf_config
 from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, exposed_t2, fixed_cost, lent, ring_t2
@@ -265,7 +266,7 @@ class Found:
     links: dict  # link text -> {"asked", "bits_per_s", "rtt_s"}
     jobs: dict  # link text -> what rank 0 returned
     shared_cores: bool
-    engine: object  # tfperf.cluster.collective.EngineCost: what the engine spends per byte
+    engine: EngineCost  # what the engine spends per byte, measured between two processes
 
 
 def model_name(text: str) -> str:
@@ -324,7 +325,7 @@ def mwms_job(hosts, args) -> dict:
 
 
 def measure(args, rec) -> Found:
-    from tfperf.cluster.collective import measure_engine_cost
+    from tfperf.cluster import collective
     from tfperf.cluster.hosts import Hosts, Loopback, available, parse_link
 
     why = available()
@@ -350,7 +351,7 @@ def measure(args, rec) -> Found:
     # What the engine spends per byte, from a small and a large all-reduce where the link costs next to nothing (two
     # processes of this machine, as `tfperf doctor --hosts` reads it): the hosts' cores do it beside the link's time.
     print("the engine's costs: two processes of this machine ...", file=sys.stderr, flush=True)
-    engine = measure_engine_cost()
+    engine = collective.measure_engine_cost()
     record(rec, found_links, jobs, engine)
     return Found(found_links, jobs, shared, engine)
 
@@ -360,7 +361,7 @@ def ring(link: dict) -> tuple[float, float]:
     return link["rtt_s"] / 2, link["bits_per_s"] / 8
 
 
-def costs_of(job: dict, link: dict, engine) -> dict[str, float]:
+def costs_of(job: dict, link: dict, engine: EngineCost) -> dict[str, float]:
     """The engine's costs on this link's job: the fixed cost its small all-reduce took beyond the link's share (0
     without one), and the engine's per byte as measured between two processes."""
     small = next((row for row in job["allreduce"] if row.get("small")), None)
@@ -385,7 +386,7 @@ def measured_t2(allreduce: list[dict], size: float) -> float | None:
     return float(np.exp(np.interp(np.log(size), sizes, times)))
 
 
-def record(rec, links: dict, jobs: dict, engine) -> None:
+def record(rec, links: dict, jobs: dict, engine: EngineCost) -> None:
     from tfperf.measure import Measurement
     from tfperf.measure.stats import compare_times, median_ci
 
@@ -394,7 +395,7 @@ def record(rec, links: dict, jobs: dict, engine) -> None:
         asked = {"asked_mbit_s": link["asked"] / 1e6, "delivered": link["bits_per_s"] / link["asked"]} if link[
             "asked"] else {}
         rec.add(LINKS, text, {**asked, "measured_mbit_s": link["bits_per_s"] / 1e6, "rtt_us": link["rtt_s"] * 1e6,
-                              "fixed_cost_ms": costs[text]["fixed_s"] * 1e3 if text in costs else 0.0,
+                              "fixed_cost_ms": costs[text]["fixed_s"] * 1e3,
                               "engine_ms_per_mib": engine.per_byte_s * 2**20 * 1e3,
                               "bucket_kb": (link.get("bucket_bytes") or 0) / 1e3,
                               "addresses": ", ".join(link["addresses"])},

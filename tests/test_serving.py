@@ -224,6 +224,19 @@ def test_a_levels_server_cores_are_its_cpu_without_the_clients_and_unseen_for_an
     assert elsewhere.server_cores is None
 
 
+def test_the_clients_cpu_cell_says_their_cores_and_a_share_only_where_the_servers_cpu_is_seen(monkeypatch):
+    """Issue 73: against an endpoint elsewhere the cell said "100%" (of this process alone) beside "2.0 of 2 left"."""
+    from tfperf.serving.report import client_cell
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    windows = (Window(1.0, (0.001,) * 50), Window(1.0, (0.001,) * 50))
+    here = LoadLevel("concurrency 2", (0.001,) * 100, 2.0, windows, client_cpu_s=0.5, process_cpu_s=2.0)
+    assert client_cell(here) == "0.25 cores, 25% of the CPU (python, 5000 us; 1.8 of 2 left)"
+    elsewhere = dataclasses.replace(here, client_cpu_s=0.04, process_cpu_s=0.04, server_seen=False, client="h2load")
+    assert client_cell(elsewhere) == "0.02 cores (h2load, 400 us; 2.0 of 2 left)"
+    assert "%" not in client_cell(elsewhere) and client_cell(dataclasses.replace(elsewhere, windows=())) != "100%"
+
+
 def fake_level(throughput, p99_s, label="c"):
     """A level with `throughput` requests in one second, every latency p99_s."""
     return LoadLevel(label, (p99_s,) * int(throughput), 1.0)
@@ -806,3 +819,42 @@ def test_wrks_summary_is_read_and_the_doubling_search_stops_where_p99_or_the_rat
     assert wrk.most_within(server([100, 200, 205, 990], [1, 1, 1, 1]), 10.0, **search) == (4, (205, 1))
     assert seen == [1, 2, 4]  # 205 is under 5% more than 200: the rate stopped growing
     assert wrk.most_within(server([100], [11]), 10.0, **search) is None  # over the budget at one connection
+
+
+def test_the_answer_says_where_the_servers_own_time_went_and_what_to_try_only_for_json_requests():
+    """Issue 73: 208 of the server's 232 ms a request went outside the model (256x256x3 JSON rows), and the answer
+    did not say so. Each branch: around the model (JSON text, or not), the model the most of it, no metrics."""
+    from tfperf.serving.scrape import around_the_model
+
+    big = {"server_queue_ms": 0.51, "server_model_ms": 23.51, "server_batch_rows": 1.0, "server_latency_ms": 232.64}
+    said = around_the_model(big, 1, as_json=True)
+    assert said.startswith("The server's own metrics at 1 client: 232.6 ms a request, of which the model 23.5 ms")
+    assert "the other 208.6 ms (90%) went around the model" in said and "lighter than JSON text" in said
+    assert "lighter" not in around_the_model(big, 1, as_json=False) and "at 4 clients" in around_the_model(
+        big, 4, as_json=False)
+    busy_model = {**big, "server_model_ms": 200.0}
+    assert around_the_model(busy_model, 1, as_json=True).endswith(
+        ": the model is 86% of the server's time, what a faster model would save.")
+    assert around_the_model({"server_queue_ms": 1.0}, 1, as_json=True) is None
+
+
+def test_the_load_generator_section_says_cores_not_a_share_for_an_endpoint_elsewhere(monkeypatch):
+    """Issue 73: against --url it said "Clients (Python threads in this process) used up to 100% of the CPU this
+    process used ... over 25%, so ... the generator competes with the server" where h2load used 0.04 cores."""
+    from tfperf.serving.report import Found, _around_the_model, _generator
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    windows = (Window(1.0, (0.2,) * 3),)
+    level = LoadLevel("concurrency 1", (0.2,) * 3, 1.0, windows, client_cpu_s=0.06, process_cpu_s=0.06,
+                      server_seen=False, client="h2load")
+    split = {"server_queue_ms": 0.5, "server_model_ms": 23.5, "server_latency_ms": 232.6}
+    endpoint = Swept(ServingConfig("endpoint", label="TF Serving REST (row format)"), (level,),
+                     splits={"concurrency 1": split})
+    said = " ".join(_generator(Found("m", Budget(0.4), swept=[endpoint])))
+    assert "The endpoint's own CPU is not seen from here. The clients (h2load) kept up to 0.06 of this machine's 2" \
+           " cores busy (concurrency 1)" in said and "%" not in said and "Python threads" not in said
+    here = dataclasses.replace(level, server_seen=True, process_cpu_s=1.0, client="python")
+    said = " ".join(_generator(Found("m", Budget(0.4), swept=[dataclasses.replace(endpoint, levels=(here,))])))
+    assert "Clients (Python threads in this process) used up to 6% of the CPU this process used" in said
+    assert _around_the_model(endpoint, True)[0].startswith("The server's own metrics at 1 client: 232.6 ms")
+    assert _around_the_model(dataclasses.replace(endpoint, splits={}), True) == []

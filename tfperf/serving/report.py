@@ -42,6 +42,7 @@ class Found:
     sockets: list = dataclasses.field(default_factory=list)  # through_socket.Through: served by tfperf serve
     through: object = None  # the through_socket.Through that answers (validated through its socket), if any
     client_ceiling: Swept | None = None  # an echo of the answers measured the same way: the client's ceiling
+    json_requests: bool = False  # an endpoint's requests travel as JSON text (REST, v2 with --json-tensors)
 
     @property
     def outputs_vary(self) -> bool | None:
@@ -153,7 +154,7 @@ def write_report(found: Found, out: Path) -> Path:
                      f"requests/s in closed loop.")
         lines += _validation(found, f"of {found.validated.name}" if found.validated else "", "")
         if best.config.runtime == "endpoint":
-            lines += [""] + _client_ceiling(found, best)
+            lines += [""] + _client_ceiling(found, best) + _around_the_model(best, found.json_requests)
         else:
             lines += ["", "Serve it:", "", "```"] + serve_command(best.config, found.export_commands.get(
                 export_of(best.config.runtime))) + ["```", ""]
@@ -186,7 +187,7 @@ def write_report(found: Found, out: Path) -> Path:
             continue
         split = any(s.splits.get(lv.label) for lv in s.levels)
         lines += [f"**{s.config.name}**", "", "| clients | requests/s | p50 ms (95% CI) | p90 ms (95% CI) | "
-                  "p99 ms (95% CI) | stable | clients' CPU share (who, CPU a request, cores left) | "
+                  "p99 ms (95% CI) | stable | clients' CPU (who, CPU a request, cores left) | "
                   "server's cores busy |"
                   + (f" {SPLIT_HEADER} |" if split else ""),
                   "|---|---|---|---|---|---|---|---|" + ("---|" if split else "")]
@@ -206,15 +207,23 @@ def write_report(found: Found, out: Path) -> Path:
 
 
 def client_cell(level: LoadLevel) -> str:
-    """The clients' share of the CPU, who they were, their CPU a request and the cores they left the server (the
-    machine's cores less theirs: client and server share this machine when the endpoint is local)."""
+    """The cores the clients kept busy, who they were, their CPU a request and the cores they left the server (the
+    machine's cores less theirs: client and server share this machine when the endpoint is local); their share of
+    the CPU only where the server's is seen too (an endpoint elsewhere left it "100%" of this process alone)."""
     per_request = level.client_cpu_per_request_s
+    share = [f"{level.client_share:.0%} of the CPU"] if level.server_seen else []
+    if per_request is None or not (sum(w.seconds for w in level.windows) or level.seconds) > 0:
+        return share[0] if share else "-"
+    cores, used = os.cpu_count() or 1, client_cores(level)
+    left = max(cores - used, 0.0)
+    return ", ".join([f"{used:.2f} cores", *share]) + (f" ({level.client}, {per_request * 1e6:.0f} us; "
+                                                      f"{left:.1f} of {cores} left)")
+
+
+def client_cores(level: LoadLevel) -> float:
+    """The cores the clients kept busy over the level's measured windows (its whole time where it kept none)."""
     wall = sum(w.seconds for w in level.windows) or level.seconds
-    if per_request is None or wall <= 0:
-        return f"{level.client_share:.0%}"
-    cores = os.cpu_count() or 1
-    left = max(cores - level.client_cpu_s / wall, 0.0)
-    return f"{level.client_share:.0%} ({level.client}, {per_request * 1e6:.0f} us; {left:.1f} of {cores} left)"
+    return level.client_cpu_s / wall if wall > 0 else 0.0
 
 
 SPLIT_HEADER = "the server's own means (tfperf.serving.scrape): queue / model per batch / rows per batch / server"
@@ -314,7 +323,7 @@ def _answer_through_socket(found: Found, usable: list[Swept]) -> list[str]:
                      f"its cores), where through the socket they were {client}'s and the server had processes of "
                      f"its own.")]
     lines += ["", "| served by tfperf serve, called over | requests/s within budget | "
-              f"p50 ms (95% CI) | p{p:g} ms (95% CI) | vs in process | clients' CPU share (both processes; who, "
+              f"p50 ms (95% CI) | p{p:g} ms (95% CI) | vs in process | clients' CPU (who, "
               f"CPU a request, cores left) | "
               f"dropped because |", "|---|---|---|---|---|---|---|"]
     for t in found.sockets:
@@ -341,7 +350,7 @@ def _client_ceiling(found: Found, endpoint: Swept) -> list[str]:
     budget = found.budget
     rows = [("the endpoint", endpoint), ("an echo of its answers: the client's ceiling", echo)]
     lines = ["| measured | requests/s within budget, closed loop | offered within budget, LoadGen (bracket) | "
-             "clients' CPU share at the top level (who, CPU a request, cores left) |", "|---|---|---|---|"]
+             "clients' CPU at the top level (who, CPU a request, cores left) |", "|---|---|---|---|"]
     for label, s in rows:
         bracket = found.open_loop.get(s.config.name)
         offered = _bracket_cell(bracket) if bracket else "-"
@@ -358,6 +367,16 @@ def _client_ceiling(found: Found, endpoint: Swept) -> list[str]:
               "LoadGen's open loop sends through tfperf's Python client whichever client ran the closed loop: "
               "its offered rates are bounded by that client's ceiling.", ""]
     return lines
+
+
+def _around_the_model(endpoint: Swept, as_json: bool) -> list[str]:
+    """Where the endpoint's own metrics say a request's time went at its first level (the fewest clients)."""
+    from tfperf.serving.scrape import around_the_model
+
+    first = endpoint.levels[0] if endpoint.levels else None
+    split, clients = (endpoint.splits.get(first.label), first.label.split()[-1]) if first else (None, "")
+    said = around_the_model(split, int(clients), as_json) if split and clients.isdigit() else None
+    return [said, ""] if said else []
 
 
 def _anchors(found: Found, usable: list[Swept]) -> list[str]:
@@ -391,7 +410,8 @@ def _anchors(found: Found, usable: list[Swept]) -> list[str]:
 def _generator(found: Found) -> list[str]:
     """Whether the load generator, not the model, is the limit."""
     lines = ["## The load generator", ""]
-    shares = [lv.client_share for s in found.swept for lv in s.levels]
+    shares = [lv.client_share for s in found.swept for lv in s.levels if lv.server_seen]
+    elsewhere = [lv for s in found.swept for lv in s.levels if not lv.server_seen]
     if shares:
         worst, apart = max(shares), found.server_process
         lines.append(("The servers ran in a process of their own (--server-process), each request crossing a pipe: "
@@ -405,6 +425,11 @@ def _generator(found: Found) -> list[str]:
                                           + ("." if apart else " (`--server-process` takes the GIL out of it).")
                                           if worst > GENERATOR_LIMIT else ": the server, not the generator, is the "
                                                                          "limit."))
+    elif elsewhere:
+        busiest = max(elsewhere, key=client_cores)
+        lines.append(f"The endpoint's own CPU is not seen from here. The clients ({busiest.client}) kept up to "
+                     f"{client_cores(busiest):.2f} of this machine's {os.cpu_count() or 1} cores busy "
+                     f"({busiest.label}); where the server runs on this machine too, that is what they took from it.")
     if found.overhead is not None and found.overhead.qps_without_overhead:
         o = found.overhead
         lines.append(f"LoadGen SingleStream: {units.rate(o.completed_qps)} queries/s with LoadGen's own overhead, "

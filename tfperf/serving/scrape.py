@@ -84,3 +84,26 @@ def split(before: dict[str, float] | None, after: dict[str, float] | None) -> di
                  "server_latency_ms": delta("server_us") / requests / 1e3}
     found["server_batch_rows"] = delta("rows") / batches if batches > 0 else math.nan
     return {k: v for k, v in found.items() if math.isfinite(v)}
+
+
+# Past this share of the server's own time a request spent around the model (not waiting for a batch, not in it),
+# the answer says so: the request's format and the server's handling of it, not the model, are where time goes.
+AROUND_THE_MODEL = 0.5
+
+
+def around_the_model(split: dict[str, float], clients: int, as_json: bool) -> str | None:
+    """A sentence on the server's own account of a request at `clients` clients: how much of it the model took and
+    how much went around it (reading, decoding, encoding, writing), with what to try where the requests travel as
+    JSON text (`as_json`); None without the metrics."""
+    if not {"server_latency_ms", "server_model_ms"} <= split.keys() or split["server_latency_ms"] <= 0:
+        return None
+    server, model, queue = split["server_latency_ms"], split["server_model_ms"], split.get("server_queue_ms", 0.0)
+    around = max(server - model - queue, 0.0)
+    said = (f"The server's own metrics at {clients} client{'s' if clients != 1 else ''}: {server:.1f} ms a request, "
+            f"of which the model {model:.1f} ms (its batch's call) and the wait for a batch {queue:.1f} ms")
+    if around / server > AROUND_THE_MODEL:
+        return (said + f"; the other {around:.1f} ms ({around / server:.0%}) went around the model (reading and "
+                       f"decoding the request, encoding and writing the answer): there, not in the model, is where "
+                       f"this server's time goes" + (", and a request format lighter than JSON text (gRPC, or KServe "
+                                                     "v2's binary tensors) is what to try first." if as_json else "."))
+    return said + f": the model is {model / server:.0%} of the server's time, what a faster model would save."

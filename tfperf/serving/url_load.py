@@ -106,7 +106,8 @@ def answer_endpoint(endpoint, requests: list, out: Path, *, budget, quick: bool,
     started = time.perf_counter()
     sizes = sizes or (Sizes.quick() if quick else Sizes())
     rec = Recorder(recipe, {k: v for k, v in (record_args or {}).items() if k != "func"})
-    found = Found(f"{endpoint.name} at {endpoint.host}:{endpoint.port}, model {endpoint.model}", budget)
+    found = Found(f"{endpoint.name} at {endpoint.host}:{endpoint.port}, model {endpoint.model}", budget,
+                  json_requests=endpoint.protocol == "rest" or endpoint.json)
     bench = Bench({}, requests, budget, sizes, rec, out / "loadgen", endpoint=endpoint, metrics_url=metrics_url,
                   client=client)
     try:

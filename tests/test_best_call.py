@@ -2,6 +2,7 @@
 at a time, the traced graph in batches), then the best way for each goal found on top of the tables (threads on an
 export), said as code, and that code run as printed in a fresh process."""
 
+import dataclasses
 import os
 from types import SimpleNamespace
 
@@ -117,6 +118,12 @@ def test_each_answer_is_said_from_its_own_race_and_only_a_faster_one_comes_with_
     throughput = Called("throughput", Way("tf.function", 64), Way("tf.function", 64), [])
     assert throughput.describe() == ("**Best way to call for throughput**: your call, tf.function at batch 64; nothing "
                                      "measured was faster with the same answers.\n")
+    # Issue 73: a VAE's first screen said "keeps the model's answers" where they were only held alike to its spread.
+    sampling = dataclasses.replace(paid, spread=0.0043)
+    assert ("Every way that keeps the model's answers (the model is stochastic: two calls on the same inputs differed "
+            "by up to 0.0043 of their scale, so each way was held to 1.5x that: alike, not equal), raced together "
+            "against model(x) at batch 1") in sampling.describe()
+    assert "the same answers (the model is stochastic" in dataclasses.replace(throughput, spread=0.0099).describe()
 
 
 def test_the_code_for_a_traced_call_carries_the_models_real_signature_and_runs():
@@ -189,6 +196,9 @@ def test_on_a_model_file_the_best_way_to_call_is_found_on_top_of_the_tables_and_
         assert answer.confirmed["verdict"] == FASTER
     assert section.leads and [f.section for f in section.findings] == ["best way to call: latency",
                                                                        "best way to call: throughput"]
+    from tfperf.doctor.best_call import leads  # asked by no flag; --train or --shapes asked another question
+
+    assert leads(Options()) and not leads(Options(train=True)) and not leads(Options(shapes=True))
     text = summary(Diagnosis(subject, rec, FACTS, {"inference": inference, "best way to call": section}))
     assert text.startswith("**Best way to call for latency**: ONNX Runtime") and "Confirmed as applied" in text
     assert text.index("**Best way to call for throughput**") < text.index("Advice, what this run was asked first")

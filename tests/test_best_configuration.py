@@ -709,13 +709,13 @@ def test_with_train_the_best_configuration_leads_the_advice_and_the_headline_ahe
     assert text.index(f"1. **{spe.label}**") < text.index("2. **LiteRT interpreter**")
     write_report(d, tmp_path / "asked")
     assert read_headline(headline_path(tmp_path / "asked", "doctor")).lesson.startswith(
-        f"what this run was asked: {spe.label} instead of plain fit")
+        f"what this run was asked ({HEADLINE}): {spe.label} instead of plain fit")
     sections["best configuration"].leads = False  # nothing asked: the largest gain leads, and is said to
     assert [a.row for a, _ in d.advice] == ["LiteRT interpreter", spe.label]
     assert "Advice, largest measured gain first" in summary(d)
     write_report(d, tmp_path / "largest")
     assert read_headline(headline_path(tmp_path / "largest", "doctor")).lesson.startswith(
-        "the largest gain: LiteRT interpreter")
+        "the largest gain (batch 1 latency): LiteRT interpreter")
 
 
 

@@ -305,7 +305,7 @@ def test_a_keras_applications_model_gets_flops_mfu_and_advice_its_export_command
     assert seen["errors"] == [] and seen["broken_images"] == 0 and seen["folded"] == 0
     assert seen["findings_rows"] == 1 and 0 < seen["findings_top"] < seen["height"]
     said = ("none measurably faster" if not d.advice else
-            "what this run was asked:" if d.advice[0][0].section in d.leading else "the largest gain:")
+            "what this run was asked (" if d.advice[0][0].section in d.leading else "the largest gain (")
     assert said in seen["first_screen"]
     # The runtime rows time the very files their "Apply:" command writes.
     onnx = next(f for f in d.findings if f.row == "ONNX Runtime" and f.section == "batch 1 latency")
@@ -850,6 +850,15 @@ def test_a_row_that_disagrees_without_a_note_says_so_and_no_sentence_dangles():
                                                                                                             [off])}))
     line = next(line for line in text.splitlines() if line.startswith("- LiteRT interpreter against predict()"))
     assert line.endswith("; and its answers or loss disagree")
+    # A note after "Costs: ...." begins a sentence: capitalised where it is a word, left alone where it is code.
+    from tfperf.doctor.advice import sentence
+
+    noted = Finding("retracing", "input_signature", "tf.function", faster, "code", "none",
+                    note="your model's predict() traced 0 times in 7 calls")
+    text = doctor.summary(Diagnosis(SimpleNamespace(source="m.keras"), None, facts, {"retracing": Section(
+        "retracing", [noted])}))
+    assert "Costs: none. Your model's predict() traced 0 times in 7 calls." in text
+    assert sentence("tf.function traced 6 times") == "tf.function traced 6 times" and sentence("") == ""
 
 
 def test_the_time_a_run_took_is_judged_against_the_goal_the_user_set():

@@ -72,6 +72,10 @@ def test_new_batch_sizes_and_image_sizes_are_counted_per_way_and_the_fixes_measu
     assert signed.baseline == PLAIN and signed.comparison.statistic == "mean" and signed.comparison.paired
     assert "tf.TensorSpec([None, None, None, 3], tf.float32)" in signed.code
     assert "6 traces" in found.describe() and "6 XLA compiles" in found.describe()
+    # Asked by --shapes, its answer opens the report: predict() traces once, so it does not pay for new sizes.
+    said = found.answer(findings)
+    assert said.startswith("**New shapes** (what --shapes asked") and "your own call: predict(): 1 trace" in said
+    assert "It does not pay for new sizes; called through tf.function, it does, and **" in said
 
 
 def test_a_transformers_new_lengths_are_counted_and_padding_with_a_mask_free_model_is_checked(tmp_path):
@@ -84,6 +88,35 @@ def test_a_transformers_new_lengths_are_counted_and_padding_with_a_mask_free_mod
     # Attention without a mask sees the padded positions: the bucketed answers differ, and the doctor says so.
     assert got[BUCKETS]["answers_differ_by"] > 1e-4
     assert signature_text(subject) == "[tf.TensorSpec([None, None], tf.int32)]"
+
+
+def test_the_shapes_answer_says_whether_your_own_call_pays_and_the_fix_measured_fastest():
+    """Issue 73: asked --shapes, the report opened with the best way to call and the answer sat under Pitfalls. Each
+    branch: your call pays (the fix in the advice), it does not (the fix for a tf.function), no fix faster."""
+    from tfperf.doctor.shapes import ShapesFound, Way
+    from tfperf.measure import Measurement, versus
+
+    def way(row: str, traces: int, first_s: float) -> Way:
+        first = Measurement(f"{row}, first", tuple(first_s * (1 + k / 100) for k in range(6)), rounds=6)
+        steady = Measurement(f"{row}, seen", tuple(0.001 * (1 + k / 100) for k in range(6)), rounds=6)
+        return Way(row, traces, 0, first, steady, versus(steady, first, statistic="mean"))
+
+    def fix(baseline: Way, fixed: Way, pitfall: bool):
+        from tfperf.doctor.options import Finding
+
+        return Finding("new shapes: sequence length", fixed.row, baseline.row,
+                       versus(baseline.first, fixed.first, threshold=0.02, statistic="mean"), "code", "", pitfall=pitfall)
+
+    plain, signed = way(PLAIN, 6, 0.25), way(SIGNATURE, 0, 0.002)
+    calm = ShapesFound((("sequence length", tuple(range(36, 60, 4)), (way("predict()", 1, 0.002), plain, signed)),))
+    said = calm.answer([fix(plain, signed, pitfall=True)])
+    assert "6 new sequence lengths (36-56), your own call: predict(): 1 trace, 0 XLA compiles" in said
+    assert f"It does not pay for new sizes; called through {PLAIN}, it does, and **{SIGNATURE}** fixes that" in said
+    paying = ShapesFound((("sequence length", tuple(range(36, 60, 4)), (way("predict()", 6, 0.25), plain, signed)),))
+    said = paying.answer([fix(plain, signed, pitfall=False)])
+    assert f"It pays for new sizes: **{SIGNATURE}** fixes it, its first calls " in said and "(in the advice)" in said
+    assert "none of the fixes measured was faster" in paying.answer([fix(signed, plain, pitfall=False)])
+    assert ShapesFound(()).answer([]) == ""
 
 
 def test_shape_axes_choose_the_batch_or_the_models_free_axes_and_a_model_without_one_is_told():

@@ -406,8 +406,11 @@ def test_a_stochastic_model_is_said_to_be_one_and_its_rows_held_to_its_own_sprea
     rows = {r["row"]: r["metrics"] for r in rec.table("throughput at batch 4")}
     assert all(m["tolerance"] >= STOCHASTIC_MARGIN * spread * 0.95 for m in rows.values())  # spread said in 2 digits
     assert any(f.agrees for f in section.findings)  # alike within the spread, where each call draws anew
+    # The best way to call reads the spread from its table, and its first screen says "alike, not equal".
+    assert section.found.tables[-1].spread == pytest.approx(spread, rel=0.05)
     # A deterministic model is held to float32's tolerance, and nothing is said.
     plain = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)], name="plain")
     section = inference_section(Context(keras_subject(plain, "plain", factory=None), Recorder("doctor", {}), TINY,
                                         tmp_path, tmp_path / "traces", tmp_path, facts={"matmul_flops_per_s": 1e9}))
     assert not any(k.startswith("exact agreement") for k in section.skipped)
+    assert all(t.spread == 0.0 for t in section.found.tables)

@@ -106,9 +106,16 @@ class Diagnosis:
         return [f for f in self.findings if f not in wins]
 
 
+def sentence(text: str) -> str:
+    """`text` as a sentence of its own: its first word capitalised where it is a plain word ("the model's own
+    predict()"), not where it is code ("tf.function ...")."""
+    word = text.split(" ", 1)[0]
+    return text[0].upper() + text[1:] if word.isalpha() and word.islower() else text
+
+
 def _item(k: int, a: Finding, also: list[Finding]) -> str:
     return (f"{k}. **{a.row}** instead of {a.baseline} ({a.section}): {a.comparison.describe()}. "
-            f"Apply: `{a.code}`. Costs: {a.cost}." + (f" {a.note}." if a.note else "")
+            f"Apply: `{a.code}`. Costs: {a.cost}." + (f" {sentence(a.note)}." if a.note else "")
             + ("" if not also else " Also faster than " + a.baseline + ": " + "; ".join(
                 f"{o.row} {o.comparison.describe()}" for o in also) + "."))
 
@@ -219,7 +226,9 @@ def write_report(d: Diagnosis, out: Path, *, goal: Goal | None = None) -> Path:
     if d.advice:
         top, _ = d.advice[0]
         said = "what this run was asked" if top.section in d.leading else "the largest gain"
-        headline = Headline.compared(f"{said}: {top.row} instead of {top.baseline} ({top.section})", top.comparison)
+        # The question first (the table it answers), then the answer: "what this run was asked: X" read as if X
+        # were the question.
+        headline = Headline.compared(f"{said} ({top.section}): {top.row} instead of {top.baseline}", top.comparison)
     else:
         headline = Headline("changes measured on this model", "none measurably faster with the same answers",
                             "no advice")

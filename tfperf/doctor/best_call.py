@@ -21,7 +21,7 @@ from tfperf.deploy.formats import agreement
 from tfperf.doctor.call_confirm import SHELL, code_lines, confirm_calls
 from tfperf.doctor.confirm import confirmation_text
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
-from tfperf.doctor.calls import RUNTIMES, Table, Tables
+from tfperf.doctor.calls import RUNTIMES, STOCHASTIC_MARGIN, Table, Tables
 from tfperf.doctor.options import MIN_GAIN, Finding
 from tfperf.records.units import number
 
@@ -67,6 +67,7 @@ class Called:
     headline: Any = None  # stats.Comparison of best against baseline, or None where the best is the user's call
     code: list[str] = dataclasses.field(default_factory=list)
     confirmed: dict[str, Any] | None = None  # the code block raced against the user's call in a fresh process
+    spread: float = 0.0  # a stochastic model's own call-to-call difference (0: deterministic): "keeps" means "alike"
 
     @property
     def pays(self) -> bool:
@@ -85,7 +86,8 @@ class Called:
         """The answer first: the way to call, its gain in the goal's units against the user's call, its code."""
         title = f"**Best way to call for {self.goal}**"
         if self.headline is None:
-            return f"{title}: your call, {self.baseline.label}; nothing measured was faster with the same answers.\n"
+            return (f"{title}: your call, {self.baseline.label}; nothing measured was faster with the same "
+                    f"answers{self._kept()}.\n")
         versus = f"{self.units(self.best)} against {self.units(self.baseline)} for {self.baseline.label}"
         if not self.pays:
             return (f"{title}: your call, {self.baseline.label}. The search ended at {self.best.label}, but raced "
@@ -93,11 +95,19 @@ class Called:
                     f"nothing is recommended.\n")
         lines = [f"{title}: {self.best.label}, {versus}: {self.headline.describe()}. Apply it as:", "",
                  "```python", *self.code, "```", "",
-                 f"Every way that keeps the model's answers, raced together against {self.baseline.label}: "
+                 f"Every way that keeps the model's answers{self._kept()}, raced together against "
+                 f"{self.baseline.label}: "
                  + "; ".join(f"{'**' * s.kept}{s.tried}{'**' * s.kept} {s.comparison.describe()}"
                              for s in sorted(self.steps, key=lambda s: -s.comparison.ratio)) + ".", "",
                  self._confirmation()]
         return "\n".join(lines) + "\n"
+
+    def _kept(self) -> str:
+        """What "keeps the answers" means for a stochastic model: alike within its own spread, not equal."""
+        if not self.spread:
+            return ""
+        return (f" (the model is stochastic: two calls on the same inputs differed by up to {number(self.spread, 2)} "
+                f"of their scale, so each way was held to {STOCHASTIC_MARGIN:g}x that: alike, not equal)")
 
     def _confirmation(self) -> str:
         def figures(c: dict[str, Any]) -> str:
@@ -217,7 +227,7 @@ def search(ctx: Context, found: Tables, goal: str, skipped: dict[str, str]) -> C
     screened = race(ctx, f"best way to call: {goal}, every way", calls, goal, ctx.options.rounds)
     best = fastest(screened, list(calls))
     called = Called(goal, baseline, best, [Step(w.label, baseline.label, screened.comparisons[w.label], w == best)
-                                           for w in list(calls)[1:]])
+                                           for w in list(calls)[1:]], spread=max(t.spread for t in tables))
     if best == baseline:
         return called
     raced = race(ctx, f"best way to call: {goal}", {baseline: calls[baseline], best: calls[best]}, goal,
@@ -230,7 +240,7 @@ def search(ctx: Context, found: Tables, goal: str, skipped: dict[str, str]) -> C
 
 
 def run(ctx: Context) -> Section:
-    """Each goal's search, as the section that leads the report where the run was not asked about training."""
+    """Each goal's search, as the section that leads the report where no flag asked another question."""
     found = ctx.sections.get("inference")
     if found is None or not isinstance(found.found, Tables) or not found.found.tables:
         return Section(EXPERIMENT.name, skipped={EXPERIMENT.name: "not run: the inference tables did not run"})
@@ -248,7 +258,13 @@ def run(ctx: Context) -> Section:
                         f"the code block under 'Best way to call for {a.goal}'", "every step of it together")
                 for a in answers if a.headline]
     return Section(EXPERIMENT.name, findings, skipped, answers, lead="\n".join(a.describe() for a in answers),
-                   leads=not ctx.options.train)
+                   leads=leads(ctx.options))
+
+
+def leads(options: Any) -> bool:
+    """Whether the best way to call is what the run was asked: where no flag asked another question (--train,
+    --shapes lead then, and a headline from here says "the largest gain", not "what this run was asked")."""
+    return not (options.train or options.shapes)
 
 
 EXPERIMENT = Experiment(

@@ -18,6 +18,9 @@ from tfperf.deploy.loader import Subject
 from tfperf.doctor.xla import XlaFailure
 
 RUNTIMES = {"LiteRT interpreter": "litert", "ONNX Runtime": "onnx"}
+# A model that samples in its forward pass (a VAE, dropout called with training=True) answers differently each call:
+# a faster way to call it agrees when it differs from the model by no more than this times the model from itself.
+STOCHASTIC_MARGIN = 1.5
 # A row's call, whether it answers in the model's structure, the code that applies it, and what it costs.
 Call = tuple[Callable[[], Any], bool, str, str]
 
@@ -35,6 +38,7 @@ class Table:
     reference: Any
     tolerance: float  # how far a new way of calling may differ from `reference` (relative to its scale)
     raced: Any  # records.jsonl.Raced
+    spread: float = 0.0  # how far the model's own answers moved between two calls on the same rows (0: deterministic)
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ from tfperf.deploy.formats import FLOAT_TOLERANCE, NOT_EVIDENCE, agreement, cons
 from tfperf.deploy.errors import first_line
 from tfperf.deploy.inputs import check_runs, make_inputs, to_numpy, to_tensors
 from tfperf.deploy.loader import Subject
-from tfperf.doctor.calls import RUNTIMES, Call, Table, Tables, serving_baseline
+from tfperf.doctor.calls import RUNTIMES, STOCHASTIC_MARGIN, Call, Table, Tables, serving_baseline
 from tfperf.doctor.facts import mfu
 from tfperf.doctor.experiment import Context, Experiment, Section
 from tfperf.doctor.options import MIN_GAIN, Finding, Options, model_flags
@@ -29,9 +29,6 @@ from tfperf.gpus import exact_float32, float32_tolerance, tf32_here
 from tfperf.records.units import number
 
 XLA_ROW = "tf.function, jit_compile=True"
-# A model that samples in its forward pass (a VAE, dropout called with training=True) answers differently each call:
-# a faster way to call it agrees when it differs from the model by no more than this times the model from itself.
-STOCHASTIC_MARGIN = 1.5
 
 
 def export_command(subject: Subject, options: Options, fmt: str) -> list[str]:
@@ -250,7 +247,8 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             rounds=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
             min_time_s=options.min_time_s, seed=options.seed, warmup=0)
         found.tables.append(Table(batch, baseline, dict(calls), {row: diffs[row] <= tolerance(row) for row in calls},
-                                  flat, reference, max(FLOAT_TOLERANCE, STOCHASTIC_MARGIN * own[0]), raced))
+                                  flat, reference, max(FLOAT_TOLERANCE, STOCHASTIC_MARGIN * own[0]), raced,
+                                  own[0] if own[0] > FLOAT_TOLERANCE else 0.0))
         for row, c in raced.comparisons.items():
             _, _, code, cost = calls[row]
             agrees = diffs[row] <= tolerance(row)

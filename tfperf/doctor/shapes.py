@@ -276,6 +276,33 @@ class ShapesFound:
         return "\n".join(lines)
 
 
+    def answer(self, findings: list[Finding]) -> str:
+        """The answer to --shapes, said before the advice: per axis, whether the model's own call pays for new
+        sizes (its first calls against a call once seen) and the fix measured fastest for the way that does."""
+        from tfperf.measure.stats import FASTER
+
+        lines = ["**New shapes** (what --shapes asked: is the first call slow at every new shape?):", ""]
+        for axis, sizes, ways in self.axes:
+            if not ways:
+                continue
+            own, table = ways[0], f"{TABLE}: {axis}"
+            fixes = sorted((f for f in findings if f.section == table and f.agrees and f.comparison.verdict == FASTER),
+                           key=lambda f: f.comparison.ratio, reverse=True)
+            pays = own.traces + own.compiles >= min(OWN_RETRACES, len(sizes))  # as _findings ranks it
+            said = f"- {len(sizes)} new {PLURAL[axis]} ({sizes[0]}-{sizes[-1]}), your own call: {own.describe()}. "
+            best = fixes[0] if fixes else None
+            if pays:
+                said += "It pays for new sizes" + (f": **{best.row}** fixes it, its first calls "
+                                                   f"{best.comparison.describe()} (in the advice)." if best else
+                                                   "; none of the fixes measured was faster.")
+            else:
+                said += "It does not pay for new sizes" + (
+                    f"; called through {best.baseline}, it does, and **{best.row}** fixes that: its first calls "
+                    f"{best.comparison.describe()} (under Pitfalls)." if best else ".")
+            lines.append(said)
+        return "\n".join(lines + [""]) if len(lines) > 2 else ""
+
+
 def shapes(subject: Subject, rec, options: Options, progress) -> tuple[list[Finding], dict, ShapesFound | None]:
     """Run the experiment in a process of its own (XLA dumps what it compiles there), record it, and find what
     fixes the cost of new sizes along each axis."""
@@ -366,8 +393,10 @@ def shapes_command(model: str) -> str:
 def run(ctx: Context) -> Section:
     """The new-shapes experiment as a section of the report."""
     findings, skipped, found = shapes(ctx.subject, ctx.recorder, ctx.options, ctx.progress)
+    # Asked by its own flag: its answer leads the report (before the best way to call, which every run answers).
     return Section(EXPERIMENT.name, findings, skipped, found,
-                   detail=f"## New shapes\n\n{found.describe()}\n" if found is not None else "")
+                   lead=found.answer(findings) if found is not None else "",
+                   detail=f"## New shapes\n\n{found.describe()}\n" if found is not None else "", leads=True)
 
 
 EXPERIMENT = Experiment(

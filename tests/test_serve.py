@@ -229,6 +229,23 @@ def test_unknown_models_versions_and_paths_are_404_and_a_body_over_the_limit_413
                                                                         inputs().items()}})[0] == 200
 
 
+def test_a_client_that_hangs_up_mid_body_is_counted_and_logs_no_traceback(served, caplog):
+    """A load run stopped mid-request left the server's log full of aiohttp tracebacks (ConnectionResetError)."""
+    import logging
+    import socket
+
+    caplog.set_level(logging.DEBUG)
+    with socket.create_connection(("127.0.0.1", served["rest"]), timeout=10) as conn:
+        conn.sendall(b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"inst")
+    deadline = time.time() + 10
+    while time.time() < deadline and '499"' not in get(served["rest"], "/monitoring/prometheus/metrics")[1].decode():
+        time.sleep(0.1)
+    assert 'code="499"' in get(served["rest"], "/monitoring/prometheus/metrics")[1].decode()
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+    assert post(served["rest"], "/v1/models/tiny:predict", {"inputs": {k: v.tolist() for k, v in
+                                                                        inputs().items()}})[0] == 200
+
+
 def test_metrics_count_requests_by_code_and_batches_at_tf_servings_path(served):
     post(served["rest"], "/v1/models/tiny:predict", {"inputs": {k: v.tolist() for k, v in inputs().items()}})
     post(served["rest"], "/v1/models/tiny:predict", {"instances": []})  # a 400 of its own, whatever ran before

@@ -33,6 +33,7 @@ from tfperf.serving.scrape import METRICS_PATH
 from tfperf.serving.protocols import kserve_v2, tfserving_rest
 from tfperf.serving.protocols.tensors import RequestError, dump_json, http_status
 
+CLIENT_CLOSED = 499  # nginx's status for a client that hung up before its answer: counted under it in the metrics
 V1 = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
                 r"(?P<verb>:predict|:classify|:regress|/metadata)?$")
 V2 = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>\d+))?(?P<verb>/infer|/ready|/config)?$")
@@ -276,6 +277,8 @@ class Server:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise RequestError(413, f"the body is more than the {limit:,} bytes allowed (--max-request-size)") from None
+        except ConnectionResetError:  # the client hung up mid-body (a load run stopped): counted, no traceback
+            raise RequestError(CLIENT_CLOSED, "the client closed the connection before its body arrived") from None
 
     def _answer(self, protocol: str, started: float, status: int, body: bytes,
                 headers: dict[str, str] | None = None, content_type: str = "application/json"):

@@ -836,6 +836,10 @@ def test_the_answer_says_where_the_servers_own_time_went_and_what_to_try_only_fo
     assert around_the_model(busy_model, 1, as_json=True).endswith(
         ": the model is 86% of the server's time, what a faster model would save.")
     assert around_the_model({"server_queue_ms": 1.0}, 1, as_json=True) is None
+    # The server's mean above the client's own (its warm-up counted): said, so that the shares are what is read.
+    assert "232.6 ms a request (a mean that counts the level's warm-up too: the client's own was 194.4 ms), of " \
+           "which" in around_the_model(big, 1, as_json=True, client_mean_ms=194.4)
+    assert "warm-up" not in around_the_model(big, 1, as_json=True, client_mean_ms=240.0)
 
 
 def test_the_load_generator_section_says_cores_not_a_share_for_an_endpoint_elsewhere(monkeypatch):

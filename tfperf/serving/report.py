@@ -375,7 +375,8 @@ def _around_the_model(endpoint: Swept, as_json: bool) -> list[str]:
 
     first = endpoint.levels[0] if endpoint.levels else None
     split, clients = (endpoint.splits.get(first.label), first.label.split()[-1]) if first else (None, "")
-    said = around_the_model(split, int(clients), as_json) if split and clients.isdigit() else None
+    mean = sum(first.latencies_s) / len(first.latencies_s) * 1e3 if first and first.latencies_s else None
+    said = around_the_model(split, int(clients), as_json, mean) if split and clients.isdigit() else None
     return [said, ""] if said else []
 
 

@@ -91,7 +91,8 @@ def split(before: dict[str, float] | None, after: dict[str, float] | None) -> di
 AROUND_THE_MODEL = 0.5
 
 
-def around_the_model(split: dict[str, float], clients: int, as_json: bool) -> str | None:
+def around_the_model(split: dict[str, float], clients: int, as_json: bool,
+                     client_mean_ms: float | None = None) -> str | None:
     """A sentence on the server's own account of a request at `clients` clients: how much of it the model took and
     how much went around it (reading, decoding, encoding, writing), with what to try where the requests travel as
     JSON text (`as_json`); None without the metrics."""
@@ -99,8 +100,12 @@ def around_the_model(split: dict[str, float], clients: int, as_json: bool) -> st
         return None
     server, model, queue = split["server_latency_ms"], split["server_model_ms"], split.get("server_queue_ms", 0.0)
     around = max(server - model - queue, 0.0)
-    said = (f"The server's own metrics at {clients} client{'s' if clients != 1 else ''}: {server:.1f} ms a request, "
-            f"of which the model {model:.1f} ms (its batch's call) and the wait for a batch {queue:.1f} ms")
+    # Its means count every request answered between the level's two reads, the warm-up's too: above the client's
+    # own mean they are the shares to read, not the figure.
+    above = f" (a mean that counts the level's warm-up too: the client's own was {client_mean_ms:.1f} ms)" if (
+        client_mean_ms is not None and server > client_mean_ms) else ""
+    said = (f"The server's own metrics at {clients} client{'s' if clients != 1 else ''}: {server:.1f} ms a request"
+            f"{above}, of which the model {model:.1f} ms (its batch's call) and the wait for a batch {queue:.1f} ms")
     if around / server > AROUND_THE_MODEL:
         return (said + f"; the other {around:.1f} ms ({around / server:.0%}) went around the model (reading and "
                        f"decoding the request, encoding and writing the answer): there, not in the model, is where "

@@ -158,7 +158,7 @@ class _Connection(asyncio.Protocol):
         if self.done is not None and self.head is not None and self.length is None and self.chunks is None:
             self._complete(bytes(self.buffer))  # a body that ran until the server closed
         elif self.done is not None:
-            self._fail(HTTPError(f"the connection closed before the answer was complete"
+            self._fail(HTTPError("the connection closed before the answer was complete"
                                  + (f" ({type(exc).__name__}: {exc})" if exc else "")))
 
 

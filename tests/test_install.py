@@ -134,6 +134,44 @@ def envs(wheel, tmp_path_factory) -> dict[str, Env]:
         return {name: future.result() for name, future in made.items()}
 
 
+def install_lines(text: str) -> list[str]:
+    """The `pip install` lines of a page's bash blocks that name a clone (./tfperf, '.'), comments cut."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if re.match(r"pip install ('?\./tfperf|\.$)", line)]
+
+
+def test_the_install_lines_of_the_readme_and_the_install_page_work_as_written_beside_and_inside_a_clone(tmp_path):
+    """Issue 73: the README's `pip install ./tfperf  # a clone` failed inside a clone ("Directory './tfperf' is not
+    installable"). Each line runs as written, from where its comment says (beside the clone, or inside it), into a
+    fresh environment through uv (the suite's installer: pip's own would fetch its build backend from the network);
+    '[all]' is resolved (--dry-run), not laid out."""
+    import shlex
+    import shutil
+
+    lines = {line for page in ("README.md", "docs/install.md") for line in install_lines((REPO / page).read_text())}
+    assert lines == {"pip install ./tfperf", "pip install .", "pip install './tfperf[all]'"}, lines
+    clone = tmp_path / "tfperf"  # what `git clone URL tfperf` makes: the files a build reads
+    clone.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, clone / name)
+    shutil.copytree(REPO / "tfperf", clone / "tfperf", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    env = tmp_path / "env"
+    venv.create(env)
+    uv = [str(Path(sys.executable).parent / "uv"), "pip", "install", "-q", "--python", str(env / "bin" / "python")]
+    for line in sorted(lines):
+        where = clone if line == "pip install ." else tmp_path
+        words = shlex.split(line)[2:]
+        proc = subprocess.run([*uv, *(["--dry-run"] if "[all]" in line else []), *words], cwd=where,
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, (line, proc.stderr[-3000:])
+    shown = subprocess.run([str(env / "bin" / "tfperf"), "--version"], capture_output=True, text=True, timeout=300,
+                           env={"PATH": f"{env / 'bin'}{os.pathsep}/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert shown.returncode == 0 and shown.stdout.startswith("tfperf "), shown.stderr[-2000:]
+    beside = subprocess.run([*uv, "./tfperf"], cwd=clone, capture_output=True, text=True, timeout=300)
+    assert beside.returncode != 0  # what the README said before: ./tfperf from inside the clone is not a project
+
+
 def test_the_wheel_holds_every_subpackage_and_declares_its_dependencies(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()

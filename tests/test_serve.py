@@ -458,6 +458,28 @@ def test_load_url_clients_read_the_metadata_and_get_the_models_answers_in_every_
     close_to(answered["scores"], served["model"](x)["scores"].numpy())
 
 
+def test_sigterm_mid_load_url_writes_the_partial_report_and_exits_143(served, tmp_path, monkeypatch):
+    """Issue 73: SIGTERM to `load --url` ended "terminated by signal 11" with no report. Stopped as the SIGTERM
+    handler stops it (flags.Stopped) once the closed loop has run, it writes what it measured, marked PARTIAL."""
+    from test_deploy import tfperf
+
+    from tfperf import flags
+    from tfperf.serving.measure import Bench
+
+    def stopped(self, *args, **kwargs):
+        raise flags.Stopped()
+
+    monkeypatch.setattr(Bench, "open_loop_of", stopped)
+    out = tmp_path / "run"
+    code, printed, err = tfperf("load", "--url", f"http://127.0.0.1:{served['rest']}/v1/models/tiny", "--quick",
+                                "--concurrency", "1", "--out", out)
+    report = (out / "report.md").read_text()
+    assert code == 143 and "load: PARTIAL (stopped by SIGTERM)" in printed, (code, printed, err[-2000:])
+    assert report.splitlines()[2] == "**PARTIAL: stopped by SIGTERM.** What follows is what was measured before it " \
+                                     "stopped."
+    assert "| 1 |" in report and (out / "load.jsonl").exists()  # the closed loop's level, measured before the stop
+
+
 def every_dtype() -> dict[str, np.ndarray]:
     """Two rows of each dtype TF Serving and KServe v2 name, at the ends of their ranges (uint64 past 2**63, float16
     halves, UTF-8 text and an empty string): what a client reads back must be these values, as these dtypes."""

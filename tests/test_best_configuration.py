@@ -560,9 +560,14 @@ def test_under_quicks_own_budget_the_search_may_use_part_of_the_half_minute_the_
     monkeypatch.setattr(search, "sized_rows", lambda subject, options, budget: None)
     monkeypatch.setattr(search, "climb", climb)
     subject = SimpleNamespace(fresh=lambda policy: None, builds_under_policy=True, model=None)
+    from tfperf.doctor.options import QUICK
+
+    # --quick --budget with --quick's own value is still the user's goal: whether it was given decides, not its value.
+    given = SimpleNamespace(quick=True, train=True, loss="mse", budget=QUICK["budget_s"])
+    assert Options.from_args(given).budget_given and not Options.from_args(SimpleNamespace(quick=True)).budget_given
     for options, ends_by in ((Options.quick_run(train=True, loss="mse"), 100.0 + QUICK_SEARCH_GRACE_S),
-                             (Options.quick_run(train=True, loss="mse", budget_s=420.0), 100.0),
-                             (Options(train=True, loss="mse", budget_s=150.0), 100.0)):
+                             (Options.from_args(given), 100.0),
+                             (Options(train=True, loss="mse", budget_s=150.0, budget_given=True), 100.0)):
         search.run(SimpleNamespace(sections={}, subject=subject, options=options, ends_by=100.0))
         assert seen[-1] == ends_by
 

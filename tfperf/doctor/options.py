@@ -82,6 +82,7 @@ class Options:
     threads: bool = True
     exported: bool = True
     budget_s: float | None = None
+    budget_given: bool = False  # --budget was given: the user's own goal (not --quick's, whatever its value)
     quick: bool = False
     seed: int = 0
     sample: Mapping[str, np.ndarray] | None = None
@@ -136,6 +137,7 @@ class Options:
                                  if (value := getattr(args, dest, None)) is not None}
         if given.get("shape_axes"):  # --shape-axes implies --shapes
             given["shapes"] = True
+        given["budget_given"] = "budget_s" in given
         given.update(sample=sample, input_shapes=dict(input_shapes or {}), asked=dict(asked or {}))
         return cls.quick_run(**given) if getattr(args, "quick", False) else cls(**given)
 

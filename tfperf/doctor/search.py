@@ -29,7 +29,7 @@ from tfperf.deploy.loader import Subject
 from tfperf.doctor.climb_costs import Budget
 from tfperf.doctor.climbed import EXCHANGED, OVER_YOURS, Climbed, Config, Rung, batch_paid, change, code_lines
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
-from tfperf.doctor.options import MIN_GAIN, QUICK, QUICK_SEARCH_GRACE_S, Finding, Options
+from tfperf.doctor.options import MIN_GAIN, QUICK_SEARCH_GRACE_S, Finding, Options
 from tfperf.doctor.targets import PLAIN_BATCH, loss_check, random_in_training
 from tfperf.doctor.trainers import Rows, trainer, training_rows
 
@@ -446,7 +446,7 @@ def run(ctx: Context) -> Section:
     if ctx.subject.fresh is None:
         return Section(EXPERIMENT.name, skipped={EXPERIMENT.name: "not run: a SavedModel has no Keras model to "
                                                                   "compile and fit"})
-    grace = QUICK_SEARCH_GRACE_S if ctx.options.quick and ctx.options.budget_s == QUICK["budget_s"] else 0.0
+    grace = QUICK_SEARCH_GRACE_S if ctx.options.quick and not ctx.options.budget_given else 0.0
     budget = Budget(None if ctx.ends_by is None else ctx.ends_by + grace, HEADLINE_ROUNDS * ctx.options.rounds)
     rows, started = sized_rows(ctx.subject, ctx.options, budget), {}
     skipped = {} if ctx.options.races_one_switch else {"training, one switch at a time": ONE_SWITCH_FOLDED}

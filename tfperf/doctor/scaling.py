@@ -92,7 +92,9 @@ def describe(found: dict[str, Any]) -> str:
             f"**{found['predicted_speedup']:.2f}x** over one host ({found['predicted_speedup'] / found['hosts']:.0%} "
             f"scaling efficiency), {found['predicted_speedup_fp16']:.2f}x with fp16 compression "
             f"(hvd.Compression.fp16). It assumes t1 does not change with the host count and that the gradients go "
-            f"in one message after backpropagation. " + _overlap(found)
+            f"in one message after backpropagation, as hvd.DistributedGradientTape(tape, num_groups=1) sends them "
+            f"(Horovod's own fusion gathers only what is ready in the same cycle: several messages a step, each "
+            f"paying the fixed cost). " + _overlap(found)
             + "recipes/across_hosts.py --models YOUR.keras measures where it lands across emulated hosts.")
 
 
@@ -111,8 +113,9 @@ def _overlap(found: dict[str, Any]) -> str:
                        f"A real cluster lands between the two, nearer the ceiling the more cores a host has left for "
                        f"communication. ")
     return said + (f"**{overlap:.2f}x**, less than one message after the pass: each message pays the fixed cost, and "
-                   f"here that costs more than the overlap hides. Fusing more of them (a longer HOROVOD_CYCLE_TIME, "
-                   f"or fewer, larger tensors) brings the step towards {found['predicted_speedup']:.2f}x. ")
+                   f"here that costs more than the overlap hides. Fusing them (num_groups=1, a longer "
+                   f"HOROVOD_CYCLE_TIME, or fewer, larger tensors) brings the step towards "
+                   f"{found['predicted_speedup']:.2f}x. ")
 
 
 def run(ctx: Context) -> Section:

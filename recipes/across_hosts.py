@@ -67,7 +67,7 @@ def make_step(model, optimizer, loss_fn, *, fp16: bool = False, accumulate: int 
             grads = [g + d for g, d in zip(grads, tape.gradient(loss, variables))]
             total += loss
         grads = [g / accumulate for g in grads]
-        if grouped:  # every gradient in one message, whenever each comes ready (DistributedGradientTape(num_groups=1))
+        if grouped:  # every gradient in one message, sent once all are ready (DistributedGradientTape(num_groups=1))
             grads = hvd.grouped_allreduce(grads, op=hvd.Average, compression=compression)
         elif distributed:  # each gradient averaged over the ranks; Horovod fuses what is ready in the same cycle
             grads = [hvd.allreduce(g, op=hvd.Average, compression=compression) for g in grads]

@@ -275,7 +275,6 @@ class ShapesFound:
             lines += [f"    - {w.describe()}" for w in ways]
         return "\n".join(lines)
 
-
     def answer(self, findings: list[Finding]) -> str:
         """The answer to --shapes, said before the advice: per axis, whether the model's own call pays for new
         sizes (its first calls against a call once seen) and the fix measured fastest for the way that does."""

@@ -413,4 +413,6 @@ def test_a_stochastic_model_is_said_to_be_one_and_its_rows_held_to_its_own_sprea
     section = inference_section(Context(keras_subject(plain, "plain", factory=None), Recorder("doctor", {}), TINY,
                                         tmp_path, tmp_path / "traces", tmp_path, facts={"matmul_flops_per_s": 1e9}))
     assert not any(k.startswith("exact agreement") for k in section.skipped)
-    assert all(t.spread == 0.0 for t in section.found.tables)
+    from tfperf.deploy.formats import FLOAT_TOLERANCE
+
+    assert all(t.spread <= FLOAT_TOLERANCE for t in section.found.tables)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfperf.deploy.errors import first_line
-from tfperf.deploy.formats import agreement
+from tfperf.deploy.formats import FLOAT_TOLERANCE, agreement
 from tfperf.doctor.call_confirm import SHELL, code_lines, confirm_calls
 from tfperf.doctor.confirm import confirmation_text
 from tfperf.doctor.experiment import Context, Experiment, Section, flag
@@ -104,7 +104,7 @@ class Called:
 
     def _kept(self) -> str:
         """What "keeps the answers" means for a stochastic model: alike within its own spread, not equal."""
-        if not self.spread:
+        if self.spread <= FLOAT_TOLERANCE:  # a deterministic model's calls differ by float noise at most
             return ""
         return (f" (the model is stochastic: two calls on the same inputs differed by up to {number(self.spread, 2)} "
                 f"of their scale, so each way was held to {STOCHASTIC_MARGIN:g}x that: alike, not equal)")

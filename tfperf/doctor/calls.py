@@ -38,7 +38,8 @@ class Table:
     reference: Any
     tolerance: float  # how far a new way of calling may differ from `reference` (relative to its scale)
     raced: Any  # records.jsonl.Raced
-    spread: float = 0.0  # how far the model's own answers moved between two calls on the same rows (0: deterministic)
+    spread: float = 0.0  # how far the model's own answers moved between two calls on the same rows (a stochastic
+    # model's: above FLOAT_TOLERANCE)
 
 
 @dataclasses.dataclass

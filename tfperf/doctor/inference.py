@@ -247,8 +247,7 @@ def inference(subject: Subject, rec, options: Options, workdir: Path, progress,
             rounds=options.rounds, threshold=MIN_GAIN, max_extensions=options.max_extensions,
             min_time_s=options.min_time_s, seed=options.seed, warmup=0)
         found.tables.append(Table(batch, baseline, dict(calls), {row: diffs[row] <= tolerance(row) for row in calls},
-                                  flat, reference, max(FLOAT_TOLERANCE, STOCHASTIC_MARGIN * own[0]), raced,
-                                  own[0] if own[0] > FLOAT_TOLERANCE else 0.0))
+                                  flat, reference, max(FLOAT_TOLERANCE, STOCHASTIC_MARGIN * own[0]), raced, own[0]))
         for row, c in raced.comparisons.items():
             _, _, code, cost = calls[row]
             agrees = diffs[row] <= tolerance(row)

@@ -386,6 +386,11 @@ def predicted(t1: float, gradient_bytes: int, link: dict, **costs: float) -> flo
     return t1 + ring_t2(2, gradient_bytes, *ring(link), **costs)
 
 
+def measured_step(per_example_s: dict[str, list]) -> list:
+    """The samples the model is judged against: the step that sends one message, where the job ran it, else plain."""
+    return per_example_s.get(ONE_MESSAGE, per_example_s["plain"])
+
+
 def scaling_metrics(result: dict, allreduce: list[dict], link: dict, costs: dict[str, float]) -> dict:
     """The scaling model's figures for one model on one link. Its sum sends the gradients in one message, so it is
     judged against the step that does (hvd.grouped_allreduce); Horovod's plain step, whose fusion gathers only what is
@@ -395,7 +400,7 @@ def scaling_metrics(result: dict, allreduce: list[dict], link: dict, costs: dict
 
     per, batch = result["per_example_s"], result["batch"]
     t1 = float(np.median(per["compute only (t1)"]))
-    fused = per.get(ONE_MESSAGE, per["plain"])
+    fused = measured_step(per)
     step, plain = float(np.median(fused)), float(np.median(per["plain"]))
     low, high = median_ci(fused)
     # The link idles through a step's compute: a full bucket for its all-reduce.
@@ -466,10 +471,9 @@ def record(rec, links: dict, jobs: dict, engine: EngineCost) -> None:
             shown = f"{MODELS.get(name, os.path.basename(name))}, {text}"
             per = result["per_example_s"]
             plain = per["plain"]
-            fused = per.get(ONE_MESSAGE, plain)
             rec.add(SCALING, shown, scaling_metrics(result, job["allreduce"], link, costs[text]),
                     primary="measured_samples_s", lower_is_better=False, versus_first=False,
-                    measurement=Measurement(f"{name} {text}", tuple(fused)))
+                    measurement=Measurement(f"{name} {text}", tuple(measured_step(per))))
             # The two engines, each doing plain data parallelism over the same link: separate jobs, not paired.
             mwms = job["mwms"][name]["per_example_s"]
             rec.add(ENGINES, f"MultiWorkerMirroredStrategy, {shown}", {
@@ -592,8 +596,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
            + (f" {', '.join(short)} could not be delivered through one core: a preset the machine cannot reach is "
               f"measured, not assumed, and the figures on it are the machine's, not the preset's." if short else ""))
     allreduce = (f"Every all-reduce has a fixed cost whatever its size, read from {SMALL_ALLREDUCE_BYTES // 1024} KiB "
-                 f"ones beyond the link's share (one after each size swept): {fixed or 'not measured'} (the engine's own work per collective, not "
-                 f"the link's), and every byte costs the hosts' cores time while the wire carries those before it: "
+                 f"ones beyond the link's share (one after each size swept): {fixed or 'not measured'} (the engine's "
+                 f"own work per collective, not the link's), and every byte costs the hosts' cores time while the "
+                 f"wire carries those before it: "
                  f"{found.engine.per_byte_s * 2**20 * 1e3:.2f} ms per MiB sent, {found.engine.source} (copies into "
                  f"and out of Horovod's buffers and the sockets', the sum); the slower of the two sets the pace. "
                  f"Horovod's all-reduce against the ring model 2(N-1)/N S max(1/B, the engine's per byte) + 2(N-1) "
@@ -602,8 +607,8 @@ def conclude(args, rec, found: Found) -> Conclusion:
                  + (f" (the link alone: {link_only})" if link_only else "") + ". The model charges the fixed cost once "
                  f"per fused message: on a fast link a step's all-reduces cost their count times it, which fusion "
                  f"(one message for many tensors) buys back. Horovod's own fusion gathers only the gradients ready in "
-                 f"the same cycle (its timeline: three messages a step for the CNN on 10 Gbit/s, two on 1 Gbit/s), so "
-                 f"the model's sum is judged against the step that sends one (hvd.grouped_allreduce, as "
+                 f"the same cycle, so its plain step may send several; the model's sum is judged against the step "
+                 f"that sends one (hvd.grouped_allreduce, as "
                  f"DistributedGradientTape(num_groups=1) does), the plain step beside it: one message pays where the "
                  f"fixed cost is most of t2, and costs where the first messages would have crossed a slow link while "
                  f"the rest were computed.{swept_text}{overlap_text}")

@@ -93,8 +93,8 @@ def describe(found: dict[str, Any]) -> str:
             f"scaling efficiency), {found['predicted_speedup_fp16']:.2f}x with fp16 compression "
             f"(hvd.Compression.fp16). It assumes t1 does not change with the host count and that the gradients go "
             f"in one message after backpropagation, as hvd.DistributedGradientTape(tape, num_groups=1) sends them "
-            f"(Horovod's own fusion gathers only what is ready in the same cycle: several messages a step, each "
-            f"paying the fixed cost). " + _overlap(found)
+            f"(Horovod's own fusion gathers only what is ready in the same cycle, and may send several messages a "
+            f"step, each paying the fixed cost). " + _overlap(found)
             + "recipes/across_hosts.py --models YOUR.keras measures where it lands across emulated hosts.")
 
 

@@ -108,6 +108,12 @@ class LoadLevel:
         return max(self.process_cpu_s - self.client_cpu_s, 0.0) / wall
 
     @property
+    def client_cores(self) -> float:
+        """The cores the clients kept busy over the measured windows (the level's whole time where it kept none)."""
+        wall = sum(w.seconds for w in self.windows) or self.seconds
+        return self.client_cpu_s / wall if wall > 0 else 0.0
+
+    @property
     def client_share(self) -> float:
         """The clients' share of the CPU time this process (and the server's, when apart) used while they ran (at
         most 1: the threads' clocks and the process's are read at slightly different moments)."""

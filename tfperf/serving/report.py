@@ -214,16 +214,10 @@ def client_cell(level: LoadLevel) -> str:
     share = [f"{level.client_share:.0%} of the CPU"] if level.server_seen else []
     if per_request is None or not (sum(w.seconds for w in level.windows) or level.seconds) > 0:
         return share[0] if share else "-"
-    cores, used = os.cpu_count() or 1, client_cores(level)
+    cores, used = os.cpu_count() or 1, level.client_cores
     left = max(cores - used, 0.0)
     return ", ".join([f"{used:.2f} cores", *share]) + (f" ({level.client}, {per_request * 1e6:.0f} us; "
                                                       f"{left:.1f} of {cores} left)")
-
-
-def client_cores(level: LoadLevel) -> float:
-    """The cores the clients kept busy over the level's measured windows (its whole time where it kept none)."""
-    wall = sum(w.seconds for w in level.windows) or level.seconds
-    return level.client_cpu_s / wall if wall > 0 else 0.0
 
 
 SPLIT_HEADER = "the server's own means (tfperf.serving.scrape): queue / model per batch / rows per batch / server"
@@ -427,9 +421,9 @@ def _generator(found: Found) -> list[str]:
                                           if worst > GENERATOR_LIMIT else ": the server, not the generator, is the "
                                                                          "limit."))
     elif elsewhere:
-        busiest = max(elsewhere, key=client_cores)
+        busiest = max(elsewhere, key=lambda level: level.client_cores)
         lines.append(f"The endpoint's own CPU is not seen from here. The clients ({busiest.client}) kept up to "
-                     f"{client_cores(busiest):.2f} of this machine's {os.cpu_count() or 1} cores busy "
+                     f"{busiest.client_cores:.2f} of this machine's {os.cpu_count() or 1} cores busy "
                      f"({busiest.label}); where the server runs on this machine too, that is what they took from it.")
     if found.overhead is not None and found.overhead.qps_without_overhead:
         o = found.overhead

@@ -276,7 +276,7 @@ class Found:
     links: dict  # link text -> {"asked", "bits_per_s", "rtt_s"}
     jobs: dict  # link text -> what rank 0 returned
     shared_cores: bool
-    engine: EngineCost  # what the engine spends per byte, measured between two processes
+    engines: dict  # link text -> EngineCost: what the engine spends per byte on that link's hosts
 
 
 def model_name(text: str) -> str:
@@ -343,7 +343,7 @@ def measure(args, rec) -> Found:
         print(f"across_hosts: {why}; running over loopback instead, no link shaped", file=sys.stderr, flush=True)
     links = [None] if why else [parse_link(text) for text in args.links]
     sizes = [2 ** k for k in range(16, 25, 4 if args.quick else 2)] if args.sizes is None else args.sizes
-    found_links, jobs, shared = {}, {}, False
+    found_links, jobs, engines, shared = {}, {}, {}, False
     for link in links:
         text = "loopback" if link is None else link.text
         print(f"{text}: two hosts ...", file=sys.stderr, flush=True)
@@ -354,16 +354,18 @@ def measure(args, rec) -> Found:
                                  "rtt_s": measured.rtt_s, "addresses": hosts.addresses,
                                  "bucket_bytes": link.bucket_bytes if link else None}
             jobs[text] = horovod_job(hosts, args, sizes)
+            # What the engine spends per byte on these hosts' own cores and network stacks, the wire out of the way,
+            # right after the job it is charged to: two processes of this machine over loopback read 1.2-1.6 ms per
+            # MiB where these hosts' veths took 2.0-2.7 ms at the same hour, the 10 Gbit/s link no faster than none.
+            with hosts.unshaped():
+                engines[text] = collective.measure_engine_cost(hosts=hosts, where="on these hosts, their link's "
+                                                                                  "shaping lifted")
             # Tensor fusion off (a job of its own: the threshold is read when Horovod starts), plain steps only.
             jobs[text]["fusion_off"] = horovod_job(hosts, args, [], only=["plain"],
                                                    env={"HOROVOD_FUSION_THRESHOLD": "0"})["models"]
             jobs[text]["mwms"] = mwms_job(hosts, args)
-    # What the engine spends per byte, from a small and a large all-reduce where the link costs next to nothing (two
-    # processes of this machine, as `tfperf doctor --hosts` reads it): the hosts' cores do it beside the link's time.
-    print("the engine's costs: two processes of this machine ...", file=sys.stderr, flush=True)
-    engine = collective.measure_engine_cost()
-    record(rec, found_links, jobs, engine)
-    return Found(found_links, jobs, shared, engine)
+    record(rec, found_links, jobs, engines)
+    return Found(found_links, jobs, shared, engines)
 
 
 def ring(link: dict) -> tuple[float, float]:
@@ -373,7 +375,7 @@ def ring(link: dict) -> tuple[float, float]:
 
 def costs_of(job: dict, link: dict, engine: EngineCost) -> dict[str, float]:
     """The engine's costs on this link's job: the fixed cost its small all-reduces took beyond the link's share,
-    their samples together (0 without one), and the engine's per byte as measured between two processes."""
+    their samples together (0 without one), and the engine's per byte as measured on the link's hosts."""
     small = [t for row in job["allreduce"] if row.get("small") for t in row["samples_s"]]  # one after each size
     fixed = fixed_cost(float(np.median(small)), 2, *ring(link)) if small else 0.0
     return {"fixed_s": fixed, "per_byte_s": engine.per_byte_s}
@@ -439,17 +441,17 @@ def measured_t2(allreduce: list[dict], size: float) -> float | None:
     return float(np.exp(np.interp(np.log(size), sizes, times)))
 
 
-def record(rec, links: dict, jobs: dict, engine: EngineCost) -> None:
+def record(rec, links: dict, jobs: dict, engines: dict[str, EngineCost]) -> None:
     from tfperf.measure import Measurement
     from tfperf.measure.stats import compare_times
 
-    costs = {text: costs_of(job, links[text], engine) for text, job in jobs.items()}
+    costs = {text: costs_of(job, links[text], engines[text]) for text, job in jobs.items()}
     for text, link in links.items():
         asked = {"asked_mbit_s": link["asked"] / 1e6, "delivered": link["bits_per_s"] / link["asked"]} if link[
             "asked"] else {}
         rec.add(LINKS, text, {**asked, "measured_mbit_s": link["bits_per_s"] / 1e6, "rtt_us": link["rtt_s"] * 1e6,
                               "fixed_cost_ms": costs[text]["fixed_s"] * 1e3,
-                              "engine_ms_per_mib": engine.per_byte_s * 2**20 * 1e3,
+                              "engine_ms_per_mib": engines[text].per_byte_s * 2**20 * 1e3,
                               "bucket_kb": (link.get("bucket_bytes") or 0) / 1e3,
                               "addresses": ", ".join(link["addresses"])},
                 primary="measured_mbit_s", lower_is_better=False, versus_first=False)
@@ -526,6 +528,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
     sweep = "; ".join(f"{link}: {shown(large)}, {shown(small)}" for link, (small, large) in ends.items())
     fixed = ", ".join(f"{r['row']} {r['metrics']['fixed_cost_ms']:.1f} ms" for r in links if "fixed_cost_ms" in r[
         "metrics"])
+    per_byte = ", ".join(f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms" for r in links
+                         if "engine_ms_per_mib" in r["metrics"])
+    sources = "; ".join(dict.fromkeys(engine.source for engine in found.engines.values()))
     buckets = ", ".join(f"{r['row']} {r['metrics']['bucket_kb']:,.0f} KB" for r in links
                         if r["metrics"].get("bucket_kb"))
     bucket_text = (f" Each emulated link is a token bucket ({buckets}) that fills while the link idles and lets that "
@@ -599,7 +604,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
                  f"ones beyond the link's share (one after each size swept): {fixed or 'not measured'} (the engine's "
                  f"own work per collective, not the link's), and every byte costs the hosts' cores time while the "
                  f"wire carries those before it: "
-                 f"{found.engine.per_byte_s * 2**20 * 1e3:.2f} ms per MiB sent, {found.engine.source} (copies into "
+                 f"{per_byte or 'not measured'} per MiB sent, {sources} (copies into "
                  f"and out of Horovod's buffers and the sockets', the sum); the slower of the two sets the pace. "
                  f"Horovod's all-reduce against the ring model 2(N-1)/N S max(1/B, the engine's per byte) + 2(N-1) "
                  f"latency + that fixed cost, from the link as measured.{bucket_text} At the largest and smallest "

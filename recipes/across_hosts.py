@@ -104,6 +104,11 @@ LINKS, ALLREDUCE, SCALING, HELPS, ENGINES = (
     "training on 2 hosts: the scaling model vs measured", "what helps on each link (wide MLP)",
     "plain data parallelism on 2 hosts: MultiWorkerMirroredStrategy against Horovod")
 GOAL = 0.15
+# The engine's cost per byte, read on each link from an all-reduce of this size among those swept (none of the sizes
+# tested): where it took over CORES_VISIBLE times what the link gives it, the hosts' cores set the pace there and the
+# excess is theirs; within that, the wire hides them and their cost is read with the link's shaping lifted.
+CALIBRATION_BYTES = 8 * 2**20
+CORES_VISIBLE = 1.15
 ONE_MESSAGE = "one message a step"  # every gradient in one all-reduce (hvd.grouped_allreduce): the model's own step
 MODELS = {"cnn": "mnist CNN", "wide-mlp": "wide MLP (784-1024-1024-10)"}
 
@@ -131,24 +136,29 @@ def build(name: str, shape, classes: int):
 
 
 def allreduce_sweep(sizes: list[int], reps: int) -> list[dict]:
-    """Horovod's all-reduce of float32 tensors of each size, timed on every rank (rank 0's kept). After each size a
-    small one (SMALL_ALLREDUCE_BYTES): what it takes beyond the link's share is a collective's fixed cost, read from
-    all of them together. (One small all-reduce at the end read 2.4, 4.4 and 6.5 ms on 10 Gbit/s in three runs, and
-    2.4 where a 64 KiB one took 5.2 ms in the same job; taken first, before any other collective, it read 5.6-8.1 ms
-    where a 64 KiB one took 4.0-5.7 ms right after.)"""
+    """Horovod's all-reduce of float32 tensors of each size, one of CALIBRATION_BYTES (the engine's cost per byte,
+    `costs_of`) and one small one per size (SMALL_ALLREDUCE_BYTES: what it takes beyond the link's share is a
+    collective's fixed cost), timed on every rank (rank 0's kept) in `reps` rounds, each in the same shuffled order on
+    every rank (their collectives must match): a slow phase of the hosts falls on every size alike (16 MiB on 10
+    Gbit/s read 33 ms, then 39 ms a minute later, on the same hosts)."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from tfperf.measure import Timer
+    from tfperf.measure.rounds import interleave
 
-    rows = []
-    for i, (size, small) in enumerate((size, small) for each in sizes for size, small in
-                                      ((each, False), (SMALL_ALLREDUCE_BYTES, True))):
-        t = tf.ones([max(1, size // 4)], tf.float32)
-        m = Timer(lambda: hvd.allreduce(t, op=hvd.Sum, name=f"sweep_{i}_{size}"), name=f"{size}",
-                  sync_fn=lambda r: r.numpy()).measure(reps, warmup=2)
-        rows.append({"bytes": size, "samples_s": list(m.samples_s), **({"small": True} if small else {})})
-    return rows
+    if not sizes:
+        return []
+    kinds = [*((size, "") for size in sizes), (CALIBRATION_BYTES, "calibration"),
+             *((SMALL_ALLREDUCE_BYTES, "small") for _ in sizes)]
+    timers = []
+    for i, (size, _) in enumerate(kinds):
+        values = tf.ones([max(1, size // 4)], tf.float32)
+        timers.append(Timer(lambda values=values, i=i: hvd.allreduce(values, op=hvd.Sum, name=f"sweep_{i}"),
+                            name=f"{i}: {size} B", sync_fn=lambda r: r.numpy()))
+    measured = interleave(timers, rounds=reps, samples=reps, warmup=2, seed=0)
+    return [{"bytes": size, "samples_s": list(m.samples_s), **({kind: True} if kind else {})}
+            for (size, kind), m in zip(kinds, measured)]
 
 
 def rank(args) -> dict | None:
@@ -373,12 +383,25 @@ def ring(link: dict) -> tuple[float, float]:
     return link["rtt_s"] / 2, link["bits_per_s"] / 8
 
 
-def costs_of(job: dict, link: dict, engine: EngineCost) -> dict[str, float]:
-    """The engine's costs on this link's job: the fixed cost its small all-reduces took beyond the link's share,
-    their samples together (0 without one), and the engine's per byte as measured on the link's hosts."""
-    small = [t for row in job["allreduce"] if row.get("small") for t in row["samples_s"]]  # one after each size
-    fixed = fixed_cost(float(np.median(small)), 2, *ring(link)) if small else 0.0
-    return {"fixed_s": fixed, "per_byte_s": engine.per_byte_s}
+def costs_of(job: dict, link: dict, engine: EngineCost) -> tuple[dict[str, float], bool]:
+    """The engine's costs on this link's job, and whether the cost per byte was read on the link itself. The fixed
+    cost: the small all-reduces' mean beyond the link's share (0 without one). Per byte: the calibration all-reduce's
+    excess over the fixed cost, where it took over CORES_VISIBLE times what the link gives it (the cores set the pace),
+    else `engine`'s, measured on the link's hosts with their shaping lifted. Means, not medians: a step's all-reduces
+    add up and their medians do not (a small one took 1 to 12 ms in steps of the kernel's 4 ms tick on 10 Gbit/s,
+    median 4 ms, mean 5.5 ms; 1 MiB took the mean's fixed cost, not the median's)."""
+    alpha, beta = ring(link)
+    small = [t for row in job["allreduce"] if row.get("small") for t in row["samples_s"]]
+    fixed = fixed_cost(float(np.mean(small)), 2, alpha, beta) if small else 0.0
+    for row in job["allreduce"]:
+        if not row.get("calibration"):
+            continue
+        size = row["bytes"]  # 2(n-1)/n of it sent by each of the n = 2 ranks
+        link_share = ring_t2(2, size, alpha, beta, lent_bytes=lent(link.get("bucket_bytes"), fixed, beta))
+        beyond = float(np.mean(row["samples_s"])) - fixed
+        if beyond > CORES_VISIBLE * link_share:
+            return {"fixed_s": fixed, "per_byte_s": (beyond - 2 * alpha) / size}, True
+    return {"fixed_s": fixed, "per_byte_s": engine.per_byte_s}, False
 
 
 def predicted(t1: float, gradient_bytes: int, link: dict, **costs: float) -> float:
@@ -432,9 +455,9 @@ def scaling_metrics(result: dict, allreduce: list[dict], link: dict, costs: dict
 
 
 def measured_t2(allreduce: list[dict], size: float) -> float | None:
-    """The all-reduce's measured seconds at `size` bytes, interpolated in log-log between the sizes swept (None
+    """The all-reduce's mean seconds at `size` bytes, interpolated in log-log between the sizes swept (None
     outside them)."""
-    points = sorted((row["bytes"], float(np.median(row["samples_s"]))) for row in allreduce)
+    points = sorted((row["bytes"], float(np.mean(row["samples_s"]))) for row in allreduce)
     if len(points) < 2 or not points[0][0] <= size <= points[-1][0]:
         return None
     sizes, times = np.log([b for b, _ in points]), np.log([t for _, t in points])
@@ -445,29 +468,33 @@ def record(rec, links: dict, jobs: dict, engines: dict[str, EngineCost]) -> None
     from tfperf.measure import Measurement
     from tfperf.measure.stats import compare_times
 
-    costs = {text: costs_of(job, links[text], engines[text]) for text, job in jobs.items()}
+    found = {text: costs_of(job, links[text], engines[text]) for text, job in jobs.items()}
+    costs = {text: each for text, (each, _) in found.items()}
     for text, link in links.items():
         asked = {"asked_mbit_s": link["asked"] / 1e6, "delivered": link["bits_per_s"] / link["asked"]} if link[
             "asked"] else {}
         rec.add(LINKS, text, {**asked, "measured_mbit_s": link["bits_per_s"] / 1e6, "rtt_us": link["rtt_s"] * 1e6,
                               "fixed_cost_ms": costs[text]["fixed_s"] * 1e3,
-                              "engine_ms_per_mib": engines[text].per_byte_s * 2**20 * 1e3,
+                              "engine_ms_per_mib": costs[text]["per_byte_s"] * 2**20 * 1e3,
+                              "engine_read_on_link": found[text][1],
                               "bucket_kb": (link.get("bucket_bytes") or 0) / 1e3,
                               "addresses": ", ".join(link["addresses"])},
                 primary="measured_mbit_s", lower_is_better=False, versus_first=False)
     for text, job in jobs.items():
         link = links[text]
         for row in job["allreduce"]:
-            if row.get("small"):  # it gave the fixed cost: no test of the model
+            if row.get("small") or row.get("calibration"):  # it gave the engine's costs: no test of the model
                 continue
             m = Measurement(f"{text}, {row['bytes']} B", tuple(row["samples_s"]))
+            mean = float(np.mean(row["samples_s"]))  # what the model predicts (`costs_of`)
             # Back to back, the link idles through each all-reduce's fixed cost: its bucket refills that much.
             refilled = lent(link.get("bucket_bytes"), costs[text]["fixed_s"], ring(link)[1])
             model = ring_t2(2, row["bytes"], *ring(link), **costs[text], lent_bytes=refilled)
             link_only = ring_t2(2, row["bytes"], *ring(link))
             rec.add(ALLREDUCE, f"{text}, {row['bytes'] / 2**20:.2f} MiB",
-                    {"ms": m.median_s * 1e3, "ring_model_ms": model * 1e3, "error": model / m.median_s - 1,
-                     "link_only_ms": link_only * 1e3, "error_link_only": link_only / m.median_s - 1},
+                    {"ms": mean * 1e3, "median_ms": m.median_s * 1e3, "ring_model_ms": model * 1e3,
+                     "error": model / mean - 1, "link_only_ms": link_only * 1e3,
+                     "error_link_only": link_only / mean - 1},
                     primary="ms", lower_is_better=True, versus_first=False, measurement=m)
         for name, result in job["models"].items():
             shown = f"{MODELS.get(name, os.path.basename(name))}, {text}"
@@ -510,6 +537,22 @@ def one_message_text(scaling: list[dict]) -> str:
     return f" Samples/s of one message a step (hvd.grouped_allreduce) over Horovod's plain step: {each}."
 
 
+def per_byte_text(links: list[dict], engines: dict[str, EngineCost]) -> str:
+    """The engine's cost per byte on each link, and where it was read: on the link, or on its hosts with the
+    shaping lifted where the wire hides it (`costs_of`)."""
+    rows = [r for r in links if "engine_ms_per_mib" in r["metrics"]]
+    on_link = [r for r in rows if r["metrics"].get("engine_read_on_link")]
+    lifted = [r for r in rows if r not in on_link]
+    each = lambda chosen: ", ".join(  # noqa: E731
+        f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms" for r in chosen)
+    sources = "; ".join(dict.fromkeys(engines[r["row"]].source for r in lifted if r["row"] in engines))
+    said = ([f"{each(on_link)} per MiB sent, read on the link from the {CALIBRATION_BYTES // 2**20} MiB all-reduce "
+             f"swept with the others, its mean beyond the fixed cost, where it took over {CORES_VISIBLE:.2f}x what "
+             f"the link gives it"] if on_link else []) + (
+        [f"{each(lifted)} per MiB sent{' where the wire hides it' if on_link else ''}, {sources}"] if lifted else [])
+    return "; ".join(said) or "not measured"
+
+
 def conclude(args, rec, found: Found) -> Conclusion:
     from tfperf.measure.stats import FASTER
 
@@ -523,14 +566,12 @@ def conclude(args, rec, found: Found) -> Conclusion:
         by_link.setdefault(r["row"].rsplit(", ", 1)[0], []).append(r)
     ends = {link: (min(rows, key=lambda r: r["metrics"]["ring_model_ms"]),
                    max(rows, key=lambda r: r["metrics"]["ring_model_ms"])) for link, rows in by_link.items()}
-    shown = lambda r: (f"{r['row'].rsplit(', ', 1)[1]} in {r['metrics']['ms']:.1f} ms, the model "  # noqa: E731
-                       f"{r['metrics']['ring_model_ms']:.1f} ms ({r['metrics']['error']:+.0%})")
+    shown = lambda r: (f"{r['row'].rsplit(', ', 1)[1]} in {r['metrics']['ms']:.1f} ms on average, "  # noqa: E731
+                       f"the model {r['metrics']['ring_model_ms']:.1f} ms ({r['metrics']['error']:+.0%})")
     sweep = "; ".join(f"{link}: {shown(large)}, {shown(small)}" for link, (small, large) in ends.items())
     fixed = ", ".join(f"{r['row']} {r['metrics']['fixed_cost_ms']:.1f} ms" for r in links if "fixed_cost_ms" in r[
         "metrics"])
-    per_byte = ", ".join(f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms" for r in links
-                         if "engine_ms_per_mib" in r["metrics"])
-    sources = "; ".join(dict.fromkeys(engine.source for engine in found.engines.values()))
+    per_byte = per_byte_text(links, found.engines)
     buckets = ", ".join(f"{r['row']} {r['metrics']['bucket_kb']:,.0f} KB" for r in links
                         if r["metrics"].get("bucket_kb"))
     bucket_text = (f" Each emulated link is a token bucket ({buckets}) that fills while the link idles and lets that "
@@ -593,18 +634,20 @@ def conclude(args, rec, found: Found) -> Conclusion:
     answer = ((f"Where communication took half of a step or more ({len(bound)} of {len(scaling)} cases), {model} was "
                f"within the +-{GOAL:.0%} goal by its 95% interval in {len(within)}{largest}." if bound else
                f"In none of the {len(scaling)} cases did communication take half of a step, so {model} was not "
-               f"tested where the link decides: a slower link would.") + f" What pays when the link is slow, each against plain data parallelism on the same link "
-              f"with the same weights and an accuracy check: {stop or 'nothing measured'}. "
+               f"tested where the link decides: a slower link would.")
+              + f" What pays when the link is slow, each against plain data parallelism on the same link with the "
+              f"same weights and an accuracy check: {stop or 'nothing measured'}. "
               f"MultiWorkerMirroredStrategy on the same hosts and links, against Horovod: {engines or 'not measured'}."
               + one_message_text(scaling))
     how = (f"{where} and measured with a plain socket: {delivered}."
            + (f" {', '.join(short)} could not be delivered through one core: a preset the machine cannot reach is "
               f"measured, not assumed, and the figures on it are the machine's, not the preset's." if short else ""))
     allreduce = (f"Every all-reduce has a fixed cost whatever its size, read from {SMALL_ALLREDUCE_BYTES // 1024} KiB "
-                 f"ones beyond the link's share (one after each size swept): {fixed or 'not measured'} (the engine's "
+                 f"ones beyond the link's share (one per size swept, in every round, their mean): "
+                 f"{fixed or 'not measured'} (the engine's "
                  f"own work per collective, not the link's), and every byte costs the hosts' cores time while the "
                  f"wire carries those before it: "
-                 f"{per_byte or 'not measured'} per MiB sent, {sources} (copies into "
+                 f"{per_byte} (copies into "
                  f"and out of Horovod's buffers and the sockets', the sum); the slower of the two sets the pace. "
                  f"Horovod's all-reduce against the ring model 2(N-1)/N S max(1/B, the engine's per byte) + 2(N-1) "
                  f"latency + that fixed cost, from the link as measured.{bucket_text} At the largest and smallest "
@@ -635,7 +678,7 @@ RECIPE = Recipe(name="across_hosts", doc=__doc__, order=135, measure=measure, co
                 task=task, uses=("batch_size",),
                 sizes={"links": (["100mbit", "1gbit", "10gbit", "25gbit"], ["100mbit", "1gbit", "10gbit"]),
                        "models": (["cnn", "wide-mlp"], ["cnn", "wide-mlp"]), "rounds": (8, 6), "steps": (4, 2),
-                       "reps": (10, 6), "batch_size": (64, 64)})
+                       "reps": (16, 10), "batch_size": (64, 64)})
 
 if __name__ == "__main__":
     sys.exit(RECIPE.main())

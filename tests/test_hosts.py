@@ -55,18 +55,30 @@ def test_the_ring_model_on_known_timings():
     assert predicted(0.01, 16e6, link, fixed_s=0.004) == pytest.approx(0.01 + 0.128 + 100e-6 + 0.004)
     assert predicted(0.01, 16e6, link, per_byte_s=1e-9) == pytest.approx(0.01 + 0.128 + 100e-6)
     assert predicted(0.01, 16e6, link, per_byte_s=1e-8) == pytest.approx(0.01 + 0.16 + 100e-6)
-    # The recipe's fixed cost: its small all-reduce (the sweep's first row) beyond the link's share; none without.
-    # Its cost per byte: the engine's, as measured between two processes.
+    # The recipe's fixed cost: its small all-reduces' mean beyond the link's share (their samples pooled, one small
+    # one per size); none without. Means: a step's all-reduces add up, their medians do not.
     small = ring_t2(2, SMALL_ALLREDUCE_BYTES, 50e-6, 1e9 / 8, 0.004)
     job = {"allreduce": [{"bytes": 1e6, "samples_s": [0.02]},
                          {"bytes": SMALL_ALLREDUCE_BYTES, "samples_s": [small] * 3, "small": True},
                          {"bytes": 4e6, "samples_s": [0.05]},
-                         {"bytes": SMALL_ALLREDUCE_BYTES, "samples_s": [small, 2 * small], "small": True}]}
+                         {"bytes": SMALL_ALLREDUCE_BYTES, "samples_s": [small, small + 0.005], "small": True}]}
     engine = EngineCost(0.003, 1e-9, "measured", True)
-    assert costs_of(job, link, engine) == pytest.approx({"fixed_s": 0.004, "per_byte_s": 1e-9})
-    assert costs_of({"allreduce": job["allreduce"][::2]}, link, engine)["fixed_s"] == 0  # the samples pooled above
-    sweep = [{"bytes": 1e6, "samples_s": [0.01, 0.01]}, {"bytes": 4e6, "samples_s": [0.04, 0.05, 0.04]}]
-    assert measured_t2(sweep, 2e6) == pytest.approx(0.02) and measured_t2(sweep, 8e6) is None  # log-log, inside
+    assert costs_of(job, link, engine) == (pytest.approx({"fixed_s": 0.005, "per_byte_s": 1e-9}), False)
+    assert costs_of({"allreduce": job["allreduce"][::2]}, link, engine)[0]["fixed_s"] == 0
+    # Its cost per byte: read on the link from the calibration all-reduce where the cores set the pace there (it took
+    # over CORES_VISIBLE times the link's share), else the engine's as measured on the hosts, the shaping lifted.
+    from across_hosts import CALIBRATION_BYTES, CORES_VISIBLE
+
+    fast = {"bits_per_s": 10e9, "rtt_s": 100e-6, "bucket_bytes": 5e6}
+    lent_share = ring_t2(2, CALIBRATION_BYTES, 50e-6, 10e9 / 8, lent_bytes=5e6)  # 2.6 ms: its 5 MB bucket lends
+    cores = 0.005 + 100e-6 + 2e-9 * CALIBRATION_BYTES  # 2 ms per MB: 16.9 ms beyond the fixed cost
+    calibration = {"bytes": CALIBRATION_BYTES, "samples_s": [cores - 0.001, cores + 0.001], "calibration": True}
+    read, on_link = costs_of({"allreduce": [*job["allreduce"], calibration]}, fast, engine)
+    assert on_link and read["per_byte_s"] == pytest.approx(2e-9, rel=0.01) and cores - 0.005 > CORES_VISIBLE * lent_share
+    hidden = {**calibration, "samples_s": [ring_t2(2, CALIBRATION_BYTES, 50e-6, 1e9 / 8, 0.005, 2e-9)]}
+    assert costs_of({"allreduce": [*job["allreduce"], hidden]}, link, engine)[1] is False  # 1 Gbit/s: the wire's
+    sweep = [{"bytes": 1e6, "samples_s": [0.01, 0.01]}, {"bytes": 4e6, "samples_s": [0.035, 0.035, 0.05]}]
+    assert measured_t2(sweep, 2e6) == pytest.approx(0.02) and measured_t2(sweep, 8e6) is None  # log-log of means
     # The sum sends the gradients in one message: judged against the step that does (one message a step), Horovod's
     # plain step said beside it; a job without that variant is judged against plain, as before.
     from across_hosts import ONE_MESSAGE, scaling_metrics
@@ -175,9 +187,15 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path, monkeypa
     assert "Samples/s of one message a step (hvd.grouped_allreduce) over Horovod's plain step: wide MLP" in answer
     assert "ring model" in conclusion.text
     assert re.search(r"Every all-reduce has a fixed cost whatever its size, read from 4 KiB ones beyond the link's "
-                     r"share \(one after each size swept\): 200mbit \d+\.\d ms", conclusion.text), conclusion.text
-    # One small all-reduce after each size (2 here), their samples read together for the fixed cost.
-    assert [row["bytes"] for row in found.jobs["200mbit"]["allreduce"]] == [65536, 4096, 1048576, 4096]
+                     r"share \(one per size swept, in every round, their mean\): 200mbit \d+\.\d ms",
+                     conclusion.text), conclusion.text
+    # Each size, the calibration one (the engine's cost per byte) and a small one per size (their samples read
+    # together for the fixed cost), in interleaved rounds: as many samples each. On 200 Mbit/s the wire hides the
+    # cores: their cost per byte is the one measured on the hosts with the shaping lifted (the stand-in's).
+    swept = found.jobs["200mbit"]["allreduce"]
+    assert [row["bytes"] for row in swept] == [65536, 1048576, 8 * 2**20, 4096, 4096]
+    assert {len(row["samples_s"]) for row in swept} == {2} and not link["engine_read_on_link"]
+    assert "200mbit 0.70 ms per MiB sent, measured by a stand-in" in conclusion.text
     assert conclusion.headline is not None
     assert stale() == [] and time.perf_counter() - started < 300
 

@@ -136,29 +136,28 @@ def build(name: str, shape, classes: int):
 
 
 def allreduce_sweep(sizes: list[int], reps: int) -> list[dict]:
-    """Horovod's all-reduce of float32 tensors of each size, one of CALIBRATION_BYTES (the engine's cost per byte,
-    `costs_of`) and one small one per size (SMALL_ALLREDUCE_BYTES: what it takes beyond the link's share is a
-    collective's fixed cost), timed on every rank (rank 0's kept) in `reps` rounds, each in the same shuffled order on
-    every rank (their collectives must match): a slow phase of the hosts falls on every size alike (16 MiB on 10
-    Gbit/s read 33 ms, then 39 ms a minute later, on the same hosts)."""
+    """Horovod's all-reduce of float32 tensors of each size and of CALIBRATION_BYTES among them (the engine's cost
+    per byte, `costs_of`), smallest first, each followed by a small one (SMALL_ALLREDUCE_BYTES: what it takes beyond
+    the link's share is a collective's fixed cost), `reps` times each back to back, timed on every rank (rank 0's
+    kept). Adjacent sizes share the hosts' slow phases: 16 MiB on 10 Gbit/s read 33 ms, then 39 ms a minute later.
+    (Shuffled rounds of every size instead left a 1 MiB all-reduce on 1 Gbit/s at 7 to 41 ms, 16 ms typical, by what
+    came before it, where back to back it took 8.8 ms, as the link gives it.)"""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from tfperf.measure import Timer
-    from tfperf.measure.rounds import interleave
 
     if not sizes:
         return []
-    kinds = [*((size, "") for size in sizes), (CALIBRATION_BYTES, "calibration"),
-             *((SMALL_ALLREDUCE_BYTES, "small") for _ in sizes)]
-    timers = []
-    for i, (size, _) in enumerate(kinds):
+    ordered = sorted([*((size, "") for size in sizes), (CALIBRATION_BYTES, "calibration")])
+    kinds = [each for pair in ordered for each in (pair, (SMALL_ALLREDUCE_BYTES, "small"))]
+    rows = []
+    for i, (size, kind) in enumerate(kinds):
         values = tf.ones([max(1, size // 4)], tf.float32)
-        timers.append(Timer(lambda values=values, i=i: hvd.allreduce(values, op=hvd.Sum, name=f"sweep_{i}"),
-                            name=f"{i}: {size} B", sync_fn=lambda r: r.numpy()))
-    measured = interleave(timers, rounds=reps, samples=reps, warmup=2, seed=0)
-    return [{"bytes": size, "samples_s": list(m.samples_s), **({kind: True} if kind else {})}
-            for (size, kind), m in zip(kinds, measured)]
+        m = Timer(lambda: hvd.allreduce(values, op=hvd.Sum, name=f"sweep_{i}_{size}"), name=f"{size}",
+                  sync_fn=lambda r: r.numpy()).measure(reps, warmup=2)
+        rows.append({"bytes": size, "samples_s": list(m.samples_s), **({kind: True} if kind else {})})
+    return rows
 
 
 def rank(args) -> dict | None:
@@ -643,7 +642,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
            + (f" {', '.join(short)} could not be delivered through one core: a preset the machine cannot reach is "
               f"measured, not assumed, and the figures on it are the machine's, not the preset's." if short else ""))
     allreduce = (f"Every all-reduce has a fixed cost whatever its size, read from {SMALL_ALLREDUCE_BYTES // 1024} KiB "
-                 f"ones beyond the link's share (one per size swept, in every round, their mean): "
+                 f"ones beyond the link's share (one after each size swept, their mean): "
                  f"{fixed or 'not measured'} (the engine's "
                  f"own work per collective, not the link's), and every byte costs the hosts' cores time while the "
                  f"wire carries those before it: "

@@ -189,11 +189,11 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path, monkeypa
     assert re.search(r"Every all-reduce has a fixed cost whatever its size, read from 4 KiB ones beyond the link's "
                      r"share \(one per size swept, in every round, their mean\): 200mbit \d+\.\d ms",
                      conclusion.text), conclusion.text
-    # Each size, the calibration one (the engine's cost per byte) and a small one per size (their samples read
-    # together for the fixed cost), in interleaved rounds: as many samples each. On 200 Mbit/s the wire hides the
-    # cores: their cost per byte is the one measured on the hosts with the shaping lifted (the stand-in's).
+    # Each size and the calibration one (the engine's cost per byte), smallest first, each followed by a small one
+    # (their samples read together for the fixed cost). On 200 Mbit/s the wire hides the cores: their cost per byte
+    # is the one measured on the hosts with the shaping lifted (the stand-in's).
     swept = found.jobs["200mbit"]["allreduce"]
-    assert [row["bytes"] for row in swept] == [65536, 1048576, 8 * 2**20, 4096, 4096]
+    assert [row["bytes"] for row in swept] == [65536, 4096, 1048576, 4096, 8 * 2**20, 4096]
     assert {len(row["samples_s"]) for row in swept} == {2} and not link["engine_read_on_link"]
     assert "200mbit 0.70 ms per MiB sent, measured by a stand-in" in conclusion.text
     assert conclusion.headline is not None

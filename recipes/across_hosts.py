@@ -104,10 +104,11 @@ LINKS, ALLREDUCE, SCALING, HELPS, ENGINES = (
     "training on 2 hosts: the scaling model vs measured", "what helps on each link (wide MLP)",
     "plain data parallelism on 2 hosts: MultiWorkerMirroredStrategy against Horovod")
 GOAL = 0.15
-# The engine's cost per byte, read on each link from an all-reduce of this size among those swept (none of the sizes
-# tested): where it took over CORES_VISIBLE times what the link gives it, the hosts' cores set the pace there and the
-# excess is theirs; within that, the wire hides them and their cost is read with the link's shaping lifted.
-CALIBRATION_BYTES = 8 * 2**20
+# The engine's cost per byte, read on a fast link from an all-reduce of this size after the sizes swept (none of
+# those tested): where it took over CORES_VISIBLE times what the link gives it, the hosts' cores set the pace there
+# and the excess is theirs. It grows with the size (on 10 Gbit/s here 1.6 ms per MiB at 8 MiB, 1.8-2.2 at 16, 2.3 at
+# 64: past the caches), so it is read above the sizes tested, where large gradients are.
+CALIBRATION_BYTES = 32 * 2**20
 CORES_VISIBLE = 1.15
 ONE_MESSAGE = "one message a step"  # every gradient in one all-reduce (hvd.grouped_allreduce): the model's own step
 MODELS = {"cnn": "mnist CNN", "wide-mlp": "wide MLP (784-1024-1024-10)"}
@@ -135,13 +136,13 @@ def build(name: str, shape, classes: int):
                              keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(classes)], name="wide_mlp")
 
 
-def allreduce_sweep(sizes: list[int], reps: int) -> list[dict]:
-    """Horovod's all-reduce of float32 tensors of each size and of CALIBRATION_BYTES among them (the engine's cost
-    per byte, `costs_of`), smallest first, each followed by a small one (SMALL_ALLREDUCE_BYTES: what it takes beyond
-    the link's share is a collective's fixed cost), `reps` times each back to back, timed on every rank (rank 0's
-    kept). Adjacent sizes share the hosts' slow phases: 16 MiB on 10 Gbit/s read 33 ms, then 39 ms a minute later.
-    (Shuffled rounds of every size instead left a 1 MiB all-reduce on 1 Gbit/s at 7 to 41 ms, 16 ms typical, by what
-    came before it, where back to back it took 8.8 ms, as the link gives it.)"""
+def allreduce_sweep(sizes: list[int], reps: int, calibration: int = 0) -> list[dict]:
+    """Horovod's all-reduce of float32 tensors of each size, smallest first, then of `calibration` bytes if asked (the
+    engine's cost per byte, `costs_of`), each followed by a small one (SMALL_ALLREDUCE_BYTES: what it takes beyond the
+    link's share is a collective's fixed cost), `reps` times each back to back, timed on every rank (rank 0's kept).
+    Adjacent sizes share the hosts' slow phases (16 MiB on 10 Gbit/s read 33 ms, then 39 ms a minute later). Shuffled
+    rounds of every size instead left a 1 MiB all-reduce on 1 Gbit/s at 7 to 41 ms, 16 ms typical, by what came
+    before it, where back to back it took 8.8 ms, as the link gives it."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -149,7 +150,7 @@ def allreduce_sweep(sizes: list[int], reps: int) -> list[dict]:
 
     if not sizes:
         return []
-    ordered = sorted([*((size, "") for size in sizes), (CALIBRATION_BYTES, "calibration")])
+    ordered = [*((size, "") for size in sorted(sizes)), *([(calibration, "calibration")] if calibration else [])]
     kinds = [each for pair in ordered for each in (pair, (SMALL_ALLREDUCE_BYTES, "small"))]
     rows = []
     for i, (size, kind) in enumerate(kinds):
@@ -172,7 +173,7 @@ def rank(args) -> dict | None:
 
     hvd.init()
     share_cores(hvd.local_size())
-    found = {"allreduce": allreduce_sweep(args.sizes or [], args.reps), "models": {}}
+    found = {"allreduce": allreduce_sweep(args.sizes or [], args.reps, args.calibration), "models": {}}
     rng = np.random.default_rng(args.seed + hvd.rank())
     for name in args.models:
         keras.utils.set_random_seed(args.seed)
@@ -285,7 +286,7 @@ class Found:
     links: dict  # link text -> {"asked", "bits_per_s", "rtt_s"}
     jobs: dict  # link text -> what rank 0 returned
     shared_cores: bool
-    engines: dict  # link text -> EngineCost: what the engine spends per byte on that link's hosts
+    engine: EngineCost  # what the engine spends per byte, measured between two processes
 
 
 def model_name(text: str) -> str:
@@ -308,6 +309,7 @@ def add_flags(p) -> None:
     p.add_argument("--sizes", type=int, nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--only", nargs="*", help=argparse.SUPPRESS)  # a job of some variants only
     p.add_argument("--role", choices=["rank", "mwms"], help=argparse.SUPPRESS)
+    p.add_argument("--calibration", type=int, default=0, help=argparse.SUPPRESS)  # bytes, 0: none
 
 
 def task(args) -> int:
@@ -318,11 +320,14 @@ def task(args) -> int:
     return 0
 
 
-def horovod_job(hosts, args, sizes: list[int], *, only: list[str] | None = None, env: dict | None = None) -> dict:
-    """One horovodrun across the hosts (one rank each): what rank 0 measured."""
+def horovod_job(hosts, args, sizes: list[int], *, only: list[str] | None = None, env: dict | None = None,
+                calibrate: bool = False) -> dict:
+    """One horovodrun across the hosts (one rank each): what rank 0 measured; with `calibrate`, the sweep ends
+    with the all-reduce that reads the engine's cost per byte."""
     argv = [sys.executable, os.path.join(HERE, "across_hosts.py"), "--role", "rank", "--seed", args.seed,
             "--batch-size", args.batch_size, "--rounds", args.rounds, "--steps", args.steps, "--reps", args.reps,
-            "--models", *args.models, "--sizes", *sizes, *(["--only", *only] if only else [])]
+            "--models", *args.models, "--sizes", *sizes, *(["--only", *only] if only else []),
+            "--calibration", CALIBRATION_BYTES if calibrate else 0]
     out = launch(hosts.horovodrun([str(a) for a in argv]), env={**hosts.env(), **(env or {})}, timeout=900)
     replied = rank0_replies(out)
     if not replied:
@@ -352,7 +357,12 @@ def measure(args, rec) -> Found:
         print(f"across_hosts: {why}; running over loopback instead, no link shaped", file=sys.stderr, flush=True)
     links = [None] if why else [parse_link(text) for text in args.links]
     sizes = [2 ** k for k in range(16, 25, 4 if args.quick else 2)] if args.sizes is None else args.sizes
-    found_links, jobs, engines, shared = {}, {}, {}, False
+    # What the engine spends per byte where the link costs next to nothing (two processes of this machine, as `tfperf
+    # doctor --hosts` reads it): where a link's wire is much slower, it hides the cores' cost and this is all the
+    # model needs; where it is not, the cost is read on the link (`costs_of`).
+    print("the engine's costs: two processes of this machine ...", file=sys.stderr, flush=True)
+    engine = collective.measure_engine_cost()
+    found_links, jobs, shared = {}, {}, False
     for link in links:
         text = "loopback" if link is None else link.text
         print(f"{text}: two hosts ...", file=sys.stderr, flush=True)
@@ -362,19 +372,13 @@ def measure(args, rec) -> Found:
             found_links[text] = {"asked": link.bits_per_s if link else None, "bits_per_s": measured.bits_per_s,
                                  "rtt_s": measured.rtt_s, "addresses": hosts.addresses,
                                  "bucket_bytes": link.bucket_bytes if link else None}
-            jobs[text] = horovod_job(hosts, args, sizes)
-            # What the engine spends per byte on these hosts' own cores and network stacks, the wire out of the way,
-            # right after the job it is charged to: two processes of this machine over loopback read 1.2-1.6 ms per
-            # MiB where these hosts' veths took 2.0-2.7 ms at the same hour, the 10 Gbit/s link no faster than none.
-            with hosts.unshaped():
-                engines[text] = collective.measure_engine_cost(hosts=hosts, where="on these hosts, their link's "
-                                                                                  "shaping lifted")
+            jobs[text] = horovod_job(hosts, args, sizes, calibrate=cores_may_show(measured.bits_per_s, engine))
             # Tensor fusion off (a job of its own: the threshold is read when Horovod starts), plain steps only.
             jobs[text]["fusion_off"] = horovod_job(hosts, args, [], only=["plain"],
                                                    env={"HOROVOD_FUSION_THRESHOLD": "0"})["models"]
             jobs[text]["mwms"] = mwms_job(hosts, args)
-    record(rec, found_links, jobs, engines)
-    return Found(found_links, jobs, shared, engines)
+    record(rec, found_links, jobs, engine)
+    return Found(found_links, jobs, shared, engine)
 
 
 def ring(link: dict) -> tuple[float, float]:
@@ -382,11 +386,18 @@ def ring(link: dict) -> tuple[float, float]:
     return link["rtt_s"] / 2, link["bits_per_s"] / 8
 
 
+def cores_may_show(bits_per_s: float, engine: EngineCost) -> bool:
+    """Whether the hosts' cores may set an all-reduce's pace on a link of `bits_per_s`: its wire spends under twice
+    the engine's time per byte as measured between two processes (it grows with the size, to 1.7 times that on the
+    emulated hosts here), or that was not measured. Elsewhere the wire hides the cores: nothing to read there."""
+    return not engine.measured or 8 / bits_per_s < 2 * engine.per_byte_s
+
+
 def costs_of(job: dict, link: dict, engine: EngineCost) -> tuple[dict[str, float], bool]:
     """The engine's costs on this link's job, and whether the cost per byte was read on the link itself. The fixed
     cost: the small all-reduces' mean beyond the link's share (0 without one). Per byte: the calibration all-reduce's
     excess over the fixed cost, where it took over CORES_VISIBLE times what the link gives it (the cores set the pace),
-    else `engine`'s, measured on the link's hosts with their shaping lifted. Means, not medians: a step's all-reduces
+    else `engine`'s (the wire hides it, or the job read none). Means, not medians: a step's all-reduces
     add up and their medians do not (a small one took 1 to 12 ms in steps of the kernel's 4 ms tick on 10 Gbit/s,
     median 4 ms, mean 5.5 ms; 1 MiB took the mean's fixed cost, not the median's)."""
     alpha, beta = ring(link)
@@ -463,11 +474,11 @@ def measured_t2(allreduce: list[dict], size: float) -> float | None:
     return float(np.exp(np.interp(np.log(size), sizes, times)))
 
 
-def record(rec, links: dict, jobs: dict, engines: dict[str, EngineCost]) -> None:
+def record(rec, links: dict, jobs: dict, engine: EngineCost) -> None:
     from tfperf.measure import Measurement
     from tfperf.measure.stats import compare_times
 
-    found = {text: costs_of(job, links[text], engines[text]) for text, job in jobs.items()}
+    found = {text: costs_of(job, links[text], engine) for text, job in jobs.items()}
     costs = {text: each for text, (each, _) in found.items()}
     for text, link in links.items():
         asked = {"asked_mbit_s": link["asked"] / 1e6, "delivered": link["bits_per_s"] / link["asked"]} if link[
@@ -536,19 +547,19 @@ def one_message_text(scaling: list[dict]) -> str:
     return f" Samples/s of one message a step (hvd.grouped_allreduce) over Horovod's plain step: {each}."
 
 
-def per_byte_text(links: list[dict], engines: dict[str, EngineCost]) -> str:
-    """The engine's cost per byte on each link, and where it was read: on the link, or on its hosts with the
-    shaping lifted where the wire hides it (`costs_of`)."""
+def per_byte_text(links: list[dict], engine: EngineCost) -> str:
+    """The engine's cost per byte on each link, and where it was read: on the link, or between two processes here
+    where the wire hides it (`costs_of`)."""
     rows = [r for r in links if "engine_ms_per_mib" in r["metrics"]]
     on_link = [r for r in rows if r["metrics"].get("engine_read_on_link")]
-    lifted = [r for r in rows if r not in on_link]
+    elsewhere = [r for r in rows if r not in on_link]
     each = lambda chosen: ", ".join(  # noqa: E731
         f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms" for r in chosen)
-    sources = "; ".join(dict.fromkeys(engines[r["row"]].source for r in lifted if r["row"] in engines))
-    said = ([f"{each(on_link)} per MiB sent, read on the link from the {CALIBRATION_BYTES // 2**20} MiB all-reduce "
-             f"swept with the others, its mean beyond the fixed cost, where it took over {CORES_VISIBLE:.2f}x what "
+    said = ([f"{each(on_link)} per MiB sent, read on the link from a {CALIBRATION_BYTES // 2**20} MiB all-reduce "
+             f"after the sizes swept, its mean beyond the fixed cost, where it took over {CORES_VISIBLE:.2f}x what "
              f"the link gives it"] if on_link else []) + (
-        [f"{each(lifted)} per MiB sent{' where the wire hides it' if on_link else ''}, {sources}"] if lifted else [])
+        [f"{each(elsewhere)} per MiB sent{' where the wire hides it' if on_link else ''}, {engine.source}"]
+        if elsewhere else [])
     return "; ".join(said) or "not measured"
 
 
@@ -570,7 +581,7 @@ def conclude(args, rec, found: Found) -> Conclusion:
     sweep = "; ".join(f"{link}: {shown(large)}, {shown(small)}" for link, (small, large) in ends.items())
     fixed = ", ".join(f"{r['row']} {r['metrics']['fixed_cost_ms']:.1f} ms" for r in links if "fixed_cost_ms" in r[
         "metrics"])
-    per_byte = per_byte_text(links, found.engines)
+    per_byte = per_byte_text(links, found.engine)
     buckets = ", ".join(f"{r['row']} {r['metrics']['bucket_kb']:,.0f} KB" for r in links
                         if r["metrics"].get("bucket_kb"))
     bucket_text = (f" Each emulated link is a token bucket ({buckets}) that fills while the link idles and lets that "

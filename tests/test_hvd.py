@@ -238,8 +238,6 @@ def test_the_engines_costs_are_measured_between_two_processes_or_said_to_be_none
     """What `tfperf doctor --hosts` charges each fused message and each byte (issue 74): the small and the large
     all-reduce's samples as rank 0 prints them (here a job of one rank, in this process: its two-process launch costs
     the suite 20 s), read back by the launcher's side; or none, said with why."""
-    from types import SimpleNamespace
-
     from tfperf.cluster import collective
     from tfperf.cluster.errors import ClusterError
 
@@ -256,17 +254,6 @@ def test_the_engines_costs_are_measured_between_two_processes_or_said_to_be_none
     assert launched[0][1:] == ["-np", "2", "--gloo", sys.executable, "-m", "tfperf.cluster.collective"]
     assert found.measured and 0 < found.fixed_s < 1.0 and 0 <= found.per_byte_s < 1e-6
     assert found.source.startswith("measured with a 4 KiB and a 16 MiB all-reduce")
-    assert found.source.endswith("between two processes here")
-    # On hosts (tfperf.cluster.hosts), one rank on each of two, launched as they launch, in their environment.
-    hosts = SimpleNamespace(horovodrun=lambda argv, on: ["hosts-horovodrun", *on, *argv],
-                            env=lambda: {"PATH": "/hosts/bin"})
-    seen = []
-    monkeypatch.setattr("tfperf.cluster.processes.launch", lambda cmd, env=None, timeout=0: seen.append(
-        ([str(c) for c in cmd], env)) or launch(cmd))
-    on_hosts = collective.measure_engine_cost(hosts=hosts, where="on these hosts, their link's shaping lifted")
-    assert seen[0] == (["hosts-horovodrun", "0", "1", sys.executable, "-m", "tfperf.cluster.collective"],
-                       {"PATH": "/hosts/bin"})
-    assert on_hosts.measured and on_hosts.source.endswith("Gloo on these hosts, their link's shaping lifted")
 
     def fails(*args, **kwargs):
         raise ClusterError("horovodrun ... exited 1:\nno Gloo")

@@ -17,7 +17,6 @@ import importlib.util
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 from tfperf.cluster.ring import LARGE_ALLREDUCE_BYTES, SMALL_ALLREDUCE_BYTES, engine_costs
 
@@ -53,11 +52,9 @@ def timed_allreduces() -> None:
         print(reply(found), flush=True)
 
 
-def measure_engine_cost(timeout: float = 180.0, *, hosts: Any = None,
-                        where: str = "between two processes here") -> EngineCost:
-    """The small and the large all-reduce's medians over two local processes (loopback: the link's share is nil), or
-    one rank on each of two `hosts` (tfperf.cluster.hosts.Hosts, best with their shaping lifted: `unshaped()`), or,
-    where they cannot be measured (no Horovod, a launcher that fails), none charged and said so."""
+def measure_engine_cost(timeout: float = 180.0) -> EngineCost:
+    """The small and the large all-reduce's medians over two local processes (loopback: the link's share is nil),
+    or, where they cannot be measured (no Horovod, a launcher that fails), none charged and said so."""
     from tfperf.cluster.errors import ClusterError
     from tfperf.cluster.processes import launch
     from tfperf.measure.processes import rank0_replies
@@ -65,11 +62,10 @@ def measure_engine_cost(timeout: float = 180.0, *, hosts: Any = None,
     if importlib.util.find_spec("horovod") is None:
         return EngineCost(0.0, 0.0, "none charged: Horovod is not installed here to measure it "
                                     "(scripts/install_horovod.sh)", False)
-    argv = [sys.executable, "-m", "tfperf.cluster.collective"]
-    command = ([Path(sys.executable).parent / "horovodrun", "-np", "2", "--gloo", *argv] if hosts is None else
-               hosts.horovodrun(argv, on=[0, 1]))
+    launcher = Path(sys.executable).parent / "horovodrun"
     try:
-        output = launch(command, env=None if hosts is None else hosts.env(), timeout=timeout)
+        output = launch([launcher, "-np", "2", "--gloo", sys.executable, "-m", "tfperf.cluster.collective"],
+                        timeout=timeout)
         found = rank0_replies(output)[-1]
         small, large = (statistics.median(found[f"{k}_samples_s"]) for k in ("small", "large"))
     except (ClusterError, IndexError, KeyError, OSError) as exc:
@@ -78,7 +74,8 @@ def measure_engine_cost(timeout: float = 180.0, *, hosts: Any = None,
     fixed_s, per_byte_s = engine_costs(small, large, 2)
     return EngineCost(fixed_s, per_byte_s, f"measured with a {SMALL_ALLREDUCE_BYTES // 1024} KiB and a "
                                            f"{LARGE_ALLREDUCE_BYTES // 2**20} MiB all-reduce on Horovod's Gloo "
-                                           f"{where}", True)
+                                           f"between two processes here", True)
+
 
 if __name__ == "__main__":
     timed_allreduces()

@@ -11,7 +11,6 @@ Needs root and iproute2 (`ip`, `tc`); `available()` says in one line what is mis
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import re
@@ -22,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from tfperf.cluster.errors import ClusterError
@@ -201,8 +200,9 @@ class Hosts:
             _ip("-n", name, "link", "set", "lo", "up")
             _ip("link", "set", outer, "master", self.bridge)
             _ip("link", "set", outer, "up")
-            for inside, device in self._devices(i):
-                self._shape(inside, device)
+            # Full duplex at the rate: a token bucket on the host's egress, and one on the bridge's side toward it.
+            self._shape(["ip", "netns", "exec", name], "eth0")
+            self._shape([], outer)
             # Every namespace shares the machine's hostname, which resolves to 127.0.0.1; `ip netns exec` mounts
             # /etc/netns/NAME/hosts over /etc/hosts, so each resolves it to its own address (Gloo dials it).
             hosts = Path("/etc/netns") / name / "hosts"
@@ -211,24 +211,6 @@ class Hosts:
                              "".join(f"{a} {n}\n" for n, a in zip(self.names, self.addresses) if n != name))
         if self.ssh:
             self._start_sshd()
-
-    def _devices(self, host: int) -> list[tuple[list[str], str]]:
-        """Where host `host`'s link is shaped, full duplex at the rate: a token bucket on the host's egress, and one
-        on the bridge's side toward it (the command prefix that reaches each device, and its name)."""
-        return [(["ip", "netns", "exec", self.names[host]], "eth0"), ([], f"{self.prefix}v{host}")]
-
-    @contextlib.contextmanager
-    def unshaped(self) -> Iterator[Hosts]:
-        """The hosts with their links' shaping lifted for the block, put back after it: what their own cores and
-        network stacks carry with the wire out of the way (the engine's costs on them, tfperf.cluster.collective)."""
-        devices = [each for host in range(self.count) for each in self._devices(host)] if self.link else []
-        for inside, device in devices:
-            subprocess.run([*inside, "tc", "qdisc", "del", "dev", device, "root"], capture_output=True, check=False)
-        try:
-            yield self
-        finally:
-            for inside, device in devices:
-                self._shape(inside, device)
 
     def _shape(self, inside: list[str], device: str) -> None:
         rate, burst = int(self.link.bits_per_s), self.link.bucket_bytes

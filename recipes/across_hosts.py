@@ -104,11 +104,11 @@ LINKS, ALLREDUCE, SCALING, HELPS, ENGINES = (
     "training on 2 hosts: the scaling model vs measured", "what helps on each link (wide MLP)",
     "plain data parallelism on 2 hosts: MultiWorkerMirroredStrategy against Horovod")
 GOAL = 0.15
-# The engine's cost per byte, read on a fast link from an all-reduce of this size after the sizes swept (none of
+# The engine's cost per byte, read on a fast link from an all-reduce of this size after each size swept (none of
 # those tested): where it took over CORES_VISIBLE times what the link gives it, the hosts' cores set the pace there
-# and the excess is theirs. It grows with the size (on 10 Gbit/s here 1.6 ms per MiB at 8 MiB, 1.8-2.2 at 16, 2.3 at
-# 64: past the caches), so it is read above the sizes tested, where large gradients are.
-CALIBRATION_BYTES = 32 * 2**20
+# and the excess is theirs. Below the size where it jumps on these hosts: on 10 Gbit/s 2.0-2.4 ms per MiB from 1 to
+# 24 MiB beyond the fixed cost, 2.6-3.3 from 32 MiB up (one read there put the 16 MiB row at +26%).
+CALIBRATION_BYTES = 8 * 2**20
 CORES_VISIBLE = 1.15
 ONE_MESSAGE = "one message a step"  # every gradient in one all-reduce (hvd.grouped_allreduce): the model's own step
 MODELS = {"cnn": "mnist CNN", "wide-mlp": "wide MLP (784-1024-1024-10)"}
@@ -137,21 +137,20 @@ def build(name: str, shape, classes: int):
 
 
 def allreduce_sweep(sizes: list[int], reps: int, calibration: int = 0) -> list[dict]:
-    """Horovod's all-reduce of float32 tensors of each size, smallest first, then of `calibration` bytes if asked (the
-    engine's cost per byte, `costs_of`), each followed by a small one (SMALL_ALLREDUCE_BYTES: what it takes beyond the
-    link's share is a collective's fixed cost), `reps` times each back to back, timed on every rank (rank 0's kept).
-    Adjacent sizes share the hosts' slow phases (16 MiB on 10 Gbit/s read 33 ms, then 39 ms a minute later). Shuffled
-    rounds of every size instead left a 1 MiB all-reduce on 1 Gbit/s at 7 to 41 ms, 16 ms typical, by what came
-    before it, where back to back it took 8.8 ms, as the link gives it."""
+    """Horovod's all-reduce of float32 tensors of each size, smallest first, each followed by a small one
+    (SMALL_ALLREDUCE_BYTES: what it takes beyond the link's share is a collective's fixed cost) and, if asked, one of
+    `calibration` bytes (the engine's cost per byte, `costs_of`), `reps` times each back to back, timed on every rank
+    (rank 0's kept). Read after each size, the engine's costs share the hosts' slow phases with every size tested (16
+    MiB on 10 Gbit/s read 33 ms, then 39 ms a minute later; one 8 MiB block 17 ms where the rest of the run gave 22
+    to 25). Shuffled rounds of every size instead left a 1 MiB all-reduce on 1 Gbit/s at 7 to 41 ms, 16 ms typical,
+    by what came before it, where back to back it took 8.8 ms, as the link gives it."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from tfperf.measure import Timer
 
-    if not sizes:
-        return []
-    ordered = [*((size, "") for size in sorted(sizes)), *([(calibration, "calibration")] if calibration else [])]
-    kinds = [each for pair in ordered for each in (pair, (SMALL_ALLREDUCE_BYTES, "small"))]
+    after = [(SMALL_ALLREDUCE_BYTES, "small"), *([(calibration, "calibration")] if calibration else [])]
+    kinds = [each for size in sorted(sizes) for each in ((size, ""), *after)]
     rows = []
     for i, (size, kind) in enumerate(kinds):
         values = tf.ones([max(1, size // 4)], tf.float32)
@@ -395,20 +394,19 @@ def cores_may_show(bits_per_s: float, engine: EngineCost) -> bool:
 
 def costs_of(job: dict, link: dict, engine: EngineCost) -> tuple[dict[str, float], bool]:
     """The engine's costs on this link's job, and whether the cost per byte was read on the link itself. The fixed
-    cost: the small all-reduces' mean beyond the link's share (0 without one). Per byte: the calibration all-reduce's
-    excess over the fixed cost, where it took over CORES_VISIBLE times what the link gives it (the cores set the pace),
+    cost: the small all-reduces' mean beyond the link's share (0 without one). Per byte: the calibration all-reduces'
+    mean excess over the fixed cost, where it took over CORES_VISIBLE times what the link gives it (the cores set the pace),
     else `engine`'s (the wire hides it, or the job read none). Means, not medians: a step's all-reduces
     add up and their medians do not (a small one took 1 to 12 ms in steps of the kernel's 4 ms tick on 10 Gbit/s,
     median 4 ms, mean 5.5 ms; 1 MiB took the mean's fixed cost, not the median's)."""
     alpha, beta = ring(link)
     small = [t for row in job["allreduce"] if row.get("small") for t in row["samples_s"]]
     fixed = fixed_cost(float(np.mean(small)), 2, alpha, beta) if small else 0.0
-    for row in job["allreduce"]:
-        if not row.get("calibration"):
-            continue
-        size = row["bytes"]  # 2(n-1)/n of it sent by each of the n = 2 ranks
+    calibration = [row for row in job["allreduce"] if row.get("calibration")]
+    if calibration:
+        size = calibration[0]["bytes"]  # 2(n-1)/n of it sent by each of the n = 2 ranks
         link_share = ring_t2(2, size, alpha, beta, lent_bytes=lent(link.get("bucket_bytes"), fixed, beta))
-        beyond = float(np.mean(row["samples_s"])) - fixed
+        beyond = float(np.mean([t for row in calibration for t in row["samples_s"]])) - fixed
         if beyond > CORES_VISIBLE * link_share:
             return {"fixed_s": fixed, "per_byte_s": (beyond - 2 * alpha) / size}, True
     return {"fixed_s": fixed, "per_byte_s": engine.per_byte_s}, False
@@ -555,8 +553,8 @@ def per_byte_text(links: list[dict], engine: EngineCost) -> str:
     elsewhere = [r for r in rows if r not in on_link]
     each = lambda chosen: ", ".join(  # noqa: E731
         f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms" for r in chosen)
-    said = ([f"{each(on_link)} per MiB sent, read on the link from a {CALIBRATION_BYTES // 2**20} MiB all-reduce "
-             f"after the sizes swept, its mean beyond the fixed cost, where it took over {CORES_VISIBLE:.2f}x what "
+    said = ([f"{each(on_link)} per MiB sent, read on the link from {CALIBRATION_BYTES // 2**20} MiB all-reduces "
+             f"after each size swept, their mean beyond the fixed cost, where it took over {CORES_VISIBLE:.2f}x what "
              f"the link gives it"] if on_link else []) + (
         [f"{each(elsewhere)} per MiB sent{' where the wire hides it' if on_link else ''}, {engine.source}"]
         if elsewhere else [])

@@ -191,7 +191,10 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path, monkeypa
     # Mbit/s the wire hides the cores: no calibration all-reduce, the engine's cost per byte the stand-in's.
     swept = found.jobs["200mbit"]["allreduce"]
     assert [row["bytes"] for row in swept] == [65536, 4096, 1048576, 4096]
-    assert {len(row["samples_s"]) for row in swept} == {2} and not link["engine_read_on_link"]
+    assert not link["engine_read_on_link"]
+    # At least --reps of each (2), up to 4x where calls are short (a small one's times fall in 4 ms steps), three of
+    # them even here: the first three decide how many (rank 0's count, broadcast: every rank makes as many).
+    assert all(3 <= len(row["samples_s"]) <= 8 for row in swept) and len(swept[1]["samples_s"]) == 8
     assert "200mbit 0.70 ms per MiB sent, measured by a stand-in" in conclusion.text
     assert conclusion.headline is not None
     assert stale() == [] and time.perf_counter() - started < 300

@@ -110,7 +110,8 @@ GOAL = 0.15
 # 24 MiB beyond the fixed cost, 2.6-3.3 from 32 MiB up (one read there put the 16 MiB row at +26%).
 CALIBRATION_BYTES = 8 * 2**20
 CORES_VISIBLE = 1.15
-BLOCK_S = 0.4  # how long a size's block of all-reduces may run to take more than `reps` of them
+BLOCK_S = 0.4  # how long a size's all-reduces may run in all to take more than `reps` of them
+SWEEP_ROUNDS = 3  # times the sweep's sequence of sizes is run, each taking a share of every size's calls
 ONE_MESSAGE = "one message a step"  # every gradient in one all-reduce (hvd.grouped_allreduce): the model's own step
 MODELS = {"cnn": "mnist CNN", "wide-mlp": "wide MLP (784-1024-1024-10)"}
 
@@ -140,11 +141,11 @@ def build(name: str, shape, classes: int):
 def allreduce_sweep(sizes: list[int], reps: int, calibration: int = 0) -> list[dict]:
     """Horovod's all-reduce of float32 tensors of each size, smallest first, each followed by a small one
     (SMALL_ALLREDUCE_BYTES: what it takes beyond the link's share is a collective's fixed cost) and, if asked, one of
-    `calibration` bytes (the engine's cost per byte, `costs_of`), `reps` times each back to back, timed on every rank
-    (rank 0's kept). Read after each size, the engine's costs share the hosts' slow phases with every size tested (16
-    MiB on 10 Gbit/s read 33 ms, then 39 ms a minute later; one 8 MiB block 17 ms where the rest of the run gave 22
-    to 25). Shuffled rounds of every size instead left a 1 MiB all-reduce on 1 Gbit/s at 7 to 41 ms, 16 ms typical,
-    by what came before it, where back to back it took 8.8 ms, as the link gives it."""
+    `calibration` bytes (the engine's cost per byte, `costs_of`), timed on every rank (rank 0's kept): that sequence
+    SWEEP_ROUNDS times, each size's calls back to back in a block whose first call is not kept. The hosts' slow phases
+    then fall on every size alike (16 MiB on 10 Gbit/s read 33 ms, then 39 ms a minute later; in one run 2.5 ms per
+    MiB beyond the fixed cost where the 8 MiB blocks beside it read 2.0). Shuffled single calls instead left a 1 MiB
+    all-reduce on 1 Gbit/s at 7 to 41 ms, 16 ms typical, by what came before it, where back to back it took 8.8 ms."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -152,19 +153,29 @@ def allreduce_sweep(sizes: list[int], reps: int, calibration: int = 0) -> list[d
 
     after = [(SMALL_ALLREDUCE_BYTES, "small"), *([(calibration, "calibration")] if calibration else [])]
     kinds = [each for size in sorted(sizes) for each in ((size, ""), *after)]
-    rows = []
-    for i, (size, kind) in enumerate(kinds):
+    timers = []
+    for i, (size, _) in enumerate(kinds):
         values = tf.ones([max(1, size // 4)], tf.float32)
-        timer = Timer(lambda: hvd.allreduce(values, op=hvd.Sum, name=f"sweep_{i}_{size}"), name=f"{size}",
-                      sync_fn=lambda r: r.numpy())
-        timer.start(warmup=2)
-        first = timer.take(3)
-        # Up to 4x `reps` where calls are short: a mean of times that fall in 4 ms steps needs them (a 1 MiB block of
-        # ten on 10 Gbit/s read 6.4 to 8.3 ms from run to run). Rank 0's count, so that every rank makes as many.
-        wanted = min(4 * reps, max(reps, round(BLOCK_S / max(float(np.median(first)), 1e-6))))
-        rest = timer.take(max(0, hvd.broadcast_object(wanted, root_rank=0, name=f"reps_{i}") - len(first)))
-        rows.append({"bytes": size, "samples_s": [*first, *rest], **({kind: True} if kind else {})})
-    return rows
+        timers.append(Timer(lambda values=values, i=i: hvd.allreduce(values, op=hvd.Sum, name=f"sweep_{i}"),
+                            name=f"{i}: {size} B", sync_fn=lambda r: r.numpy()))
+        timers[-1].start(warmup=2)
+    samples: list[list[float]] = [[] for _ in kinds]
+    per_round = [0] * len(kinds)
+    for r in range(SWEEP_ROUNDS):
+        for i, timer in enumerate(timers):
+            timer.take(1)  # follows another size's calls: not kept
+            if r == 0:
+                # Up to 4x `reps` where calls are short: a mean of times that fall in 4 ms steps needs them (a 1 MiB
+                # block of ten on 10 Gbit/s read 6.4 to 8.3 ms from run to run). Rank 0's count: every rank makes as
+                # many.
+                samples[i] = timer.take(3)
+                wanted = min(4 * reps, max(reps, round(BLOCK_S / max(float(np.median(samples[i])), 1e-6))))
+                per_round[i] = -(-hvd.broadcast_object(wanted, root_rank=0, name=f"reps_{i}") // SWEEP_ROUNDS)
+                samples[i] += timer.take(max(0, per_round[i] - 3))
+            else:
+                samples[i] += timer.take(per_round[i])
+    return [{"bytes": size, "samples_s": taken, **({kind: True} if kind else {})}
+            for (size, kind), taken in zip(kinds, samples)]
 
 
 def rank(args) -> dict | None:
@@ -311,7 +322,8 @@ def add_flags(p) -> None:
                    help=f"models to train across the hosts: {', '.join(MODELS)}, or a .keras file of one input")
     p.add_argument("--rounds", type=flags.positive_int, help="interleaved rounds of every variant")
     p.add_argument("--steps", type=flags.positive_int, help="steps of each variant per round")
-    p.add_argument("--reps", type=flags.positive_int, help="all-reduce repetitions per size, at least (up to 4x where calls are short)")
+    p.add_argument("--reps", type=flags.positive_int,
+                   help="all-reduce repetitions per size, at least (up to 4x where calls are short)")
     p.add_argument("--sizes", type=int, nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--only", nargs="*", help=argparse.SUPPRESS)  # a job of some variants only
     p.add_argument("--role", choices=["rank", "mwms"], help=argparse.SUPPRESS)
@@ -328,8 +340,8 @@ def task(args) -> int:
 
 def horovod_job(hosts, args, sizes: list[int], *, only: list[str] | None = None, env: dict | None = None,
                 calibrate: bool = False) -> dict:
-    """One horovodrun across the hosts (one rank each): what rank 0 measured; with `calibrate`, the sweep ends
-    with the all-reduce that reads the engine's cost per byte."""
+    """One horovodrun across the hosts (one rank each): what rank 0 measured; with `calibrate`, each size swept is
+    followed by the all-reduce that reads the engine's cost per byte (`allreduce_sweep`)."""
     argv = [sys.executable, os.path.join(HERE, "across_hosts.py"), "--role", "rank", "--seed", args.seed,
             "--batch-size", args.batch_size, "--rounds", args.rounds, "--steps", args.steps, "--reps", args.reps,
             "--models", *args.models, "--sizes", *sizes, *(["--only", *only] if only else []),
@@ -394,18 +406,18 @@ def ring(link: dict) -> tuple[float, float]:
 
 def cores_may_show(bits_per_s: float, engine: EngineCost) -> bool:
     """Whether the hosts' cores may set an all-reduce's pace on a link of `bits_per_s`: its wire spends under twice
-    the engine's time per byte as measured between two processes (it grows with the size, to 1.7 times that on the
-    emulated hosts here), or that was not measured. Elsewhere the wire hides the cores: nothing to read there."""
+    the engine's time per byte as measured between two processes (the emulated hosts here read 1.4-1.7 times that on
+    a link), or that was not measured. Elsewhere the wire hides the cores: nothing to read there."""
     return not engine.measured or 8 / bits_per_s < 2 * engine.per_byte_s
 
 
 def costs_of(job: dict, link: dict, engine: EngineCost) -> tuple[dict[str, float], bool]:
     """The engine's costs on this link's job, and whether the cost per byte was read on the link itself. The fixed
     cost: the small all-reduces' mean beyond the link's share (0 without one). Per byte: the calibration all-reduces'
-    mean excess over the fixed cost, where it took over CORES_VISIBLE times what the link gives it (the cores set the pace),
-    else `engine`'s (the wire hides it, or the job read none). Means, not medians: a step's all-reduces
-    add up and their medians do not (a small one took 1 to 12 ms in steps of the kernel's 4 ms tick on 10 Gbit/s,
-    median 4 ms, mean 5.5 ms; 1 MiB took the mean's fixed cost, not the median's)."""
+    mean excess over the fixed cost where it was over CORES_VISIBLE times what the link gives them (the cores set the
+    pace), else `engine`'s (the wire hides it, or the job read none). Means, not medians: a step's all-reduces add up
+    and their medians do not (a small one took 1 to 12 ms in steps of the kernel's 4 ms tick on 10 Gbit/s, median 4
+    ms, mean 5.5 ms; 1 MiB took the mean's fixed cost and its bytes, not the median's)."""
     alpha, beta = ring(link)
     small = [t for row in job["allreduce"] if row.get("small") for t in row["samples_s"]]
     fixed = fixed_cost(float(np.mean(small)), 2, alpha, beta) if small else 0.0

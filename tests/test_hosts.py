@@ -192,9 +192,9 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path, monkeypa
     swept = found.jobs["200mbit"]["allreduce"]
     assert [row["bytes"] for row in swept] == [65536, 4096, 1048576, 4096]
     assert not link["engine_read_on_link"]
-    # At least --reps of each (2), up to 4x where calls are short (a small one's times fall in 4 ms steps), three of
-    # them even here: the first three decide how many (rank 0's count, broadcast: every rank makes as many).
-    assert all(3 <= len(row["samples_s"]) <= 8 for row in swept) and len(swept[1]["samples_s"]) == 8
+    # At least --reps of each (2), up to 4x where calls are short (a small one's times fall in 4 ms steps), in three
+    # rounds of the sequence: the first three decide how many (rank 0's count, broadcast: every rank makes as many).
+    assert all(len(row["samples_s"]) >= 3 for row in swept) and len(swept[1]["samples_s"]) == 3 * 3
     assert "200mbit 0.70 ms per MiB sent, measured by a stand-in" in conclusion.text
     assert conclusion.headline is not None
     assert stale() == [] and time.perf_counter() - started < 300

@@ -1,7 +1,7 @@
 """Across hosts: Horovod over emulated hosts joined by shaped links, the scaling model where the link decides, and
 what helps when it is slow.
 
-Run:   python recipes/across_hosts.py --quick          (about four minutes on 2 CPU cores, as root)
+Run:   python recipes/across_hosts.py --quick          (about five minutes on 2 CPU cores, as root)
 Needs: root, iproute2 and openssh-server (`make install` installs them as root) and Horovod (`make install`).
        Two hosts are network namespaces of this machine, one core each, an sshd in each, joined by a bridge whose
        links `tc` shapes to each --links rate; horovodrun ssh's into them as it does into machines, and

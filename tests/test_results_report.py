@@ -294,7 +294,7 @@ def test_a_table_writes_each_metric_in_the_unit_its_name_says_without_exponents(
 
     said = {("first_call_s", 0.5991): "599.1 ms", ("t2_s", 1.23e-5): "12.3 µs", ("wall_s", 75.0): "75 s",
             ("p99_ms", 12.3): "12.3 ms", ("p99_ms", 1500.0): "1.5 s", ("server_us", 250.0): "250 µs",
-            ("ms_per_call", 87.61): "87.61 ms", ("s_per_step", 0.02): "20 ms",
+            ("ms_per_call", 87.61): "87.61 ms", ("s_per_step", 0.02): "20 ms", ("engine_ms_per_mib", 1.985): "1.985 ms",
             ("gloo_timeout_s", 5): "5 s", ("gradient_bytes", 8_000_000): "7.629 MiB", ("file_bytes", 512): "512 B",
             ("peak_rss_growth_mib", 3.5): "3.5 MiB", ("peak_host_mb", 412.0): "412 MB", ("mfu", 3.944e-4): "0.03944%",
             ("input_share", 0.594): "59.4%", ("tolerance", 1e-4): "0.0001", ("loss", 1.2e-9): "1.20×10⁻⁹",

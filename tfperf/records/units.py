@@ -71,6 +71,11 @@ def percent(value: float) -> str:
     return f"{number(value * 100)}%"
 
 
+def _time_per(words: list[str], unit: str) -> bool:
+    """Whether a metric's name says `unit` per something: `unit`, then `per`, then at least one word."""
+    return any(words[i:i + 2] == [unit, "per"] for i in range(len(words) - 2))
+
+
 @dataclasses.dataclass(frozen=True)
 class Unit:
     """Which metric names hold this unit (by their last words) and how a value of it is written."""
@@ -82,9 +87,9 @@ UNITS = (
     Unit(lambda w: w[-1] in ("s", "seconds") and (len(w) < 2 or w[-2] not in RATE_WORDS), seconds),
     Unit(lambda w: w[-1] == "ms" and (len(w) < 2 or w[-2] != "per"), lambda v: seconds(v / 1e3)),
     Unit(lambda w: w[-1] == "us" and (len(w) < 2 or w[-2] != "per"), lambda v: seconds(v / 1e6)),
-    # A time per something, its unit first: ms_per_call, s_per_step.
-    Unit(lambda w: len(w) > 2 and w[:2] == ["ms", "per"], lambda v: seconds(v / 1e3)),
-    Unit(lambda w: len(w) > 2 and w[:2] == ["s", "per"], seconds),
+    # A time per something, its unit before `per`: ms_per_call, s_per_step, engine_ms_per_mib (not MiB).
+    Unit(lambda w: _time_per(w, "ms"), lambda v: seconds(v / 1e3)),
+    Unit(lambda w: _time_per(w, "s"), seconds),
     Unit(lambda w: w[-1] == "bytes", binary_bytes),
     Unit(lambda w: w[-1] == "mib", lambda v: binary_bytes(v * 2 ** 20)),
     Unit(lambda w: w[-1] == "mb", lambda v: decimal_bytes(v * 1e6)),

@@ -26,7 +26,7 @@ from tfperf import flags
 from tfperf.cluster.collective import EngineCost
 from tfperf.cluster.errors import ClusterError
 from tfperf.cluster.processes import LocalCluster, free_ports, launch, tf_config
-from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, exposed_t2, fixed_cost, lent, ring_t2
+from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, engine_costs, exposed_t2, fixed_cost, lent, ring_t2
 from tfperf.measure.processes import last_reply, rank0_replies, reply
 from tfperf.measure.stats import against_goal
 from tfperf.recipe import Conclusion, Headline, Recipe
@@ -423,11 +423,12 @@ def costs_of(job: dict, link: dict, engine: EngineCost) -> tuple[dict[str, float
     fixed = fixed_cost(float(np.mean(small)), 2, alpha, beta) if small else 0.0
     calibration = [row for row in job["allreduce"] if row.get("calibration")]
     if calibration:
-        size = calibration[0]["bytes"]  # 2(n-1)/n of it sent by each of the n = 2 ranks
+        size = calibration[0]["bytes"]
         link_share = ring_t2(2, size, alpha, beta, lent_bytes=lent(link.get("bucket_bytes"), fixed, beta))
-        beyond = float(np.mean([t for row in calibration for t in row["samples_s"]])) - fixed
-        if beyond > CORES_VISIBLE * link_share:
-            return {"fixed_s": fixed, "per_byte_s": (beyond - 2 * alpha) / size}, True
+        took = float(np.mean([t for row in calibration for t in row["samples_s"]]))
+        if took - fixed > CORES_VISIBLE * link_share:  # what it took beyond the fixed cost and latency is per byte
+            per_byte = engine_costs(fixed + 2 * alpha, took, 2, small=0, large=size)[1]
+            return {"fixed_s": fixed, "per_byte_s": per_byte}, True
     return {"fixed_s": fixed, "per_byte_s": engine.per_byte_s}, False
 
 
@@ -670,11 +671,9 @@ def conclude(args, rec, found: Found) -> Conclusion:
            + (f" {', '.join(short)} could not be delivered through one core: a preset the machine cannot reach is "
               f"measured, not assumed, and the figures on it are the machine's, not the preset's." if short else ""))
     allreduce = (f"Every all-reduce has a fixed cost whatever its size, read from {SMALL_ALLREDUCE_BYTES // 1024} KiB "
-                 f"ones beyond the link's share (one after each size swept, their mean): "
-                 f"{fixed or 'not measured'} (the engine's "
-                 f"own work per collective, not the link's), and every byte costs the hosts' cores time while the "
-                 f"wire carries those before it: "
-                 f"{per_byte} (copies into "
+                 f"ones beyond the link's share (one after each size swept, their mean): {fixed or 'not measured'} "
+                 f"(the engine's own work per collective, not the link's), and every byte costs the hosts' cores time "
+                 f"while the wire carries those before it: {per_byte} (copies into "
                  f"and out of Horovod's buffers and the sockets', the sum); the slower of the two sets the pace. "
                  f"Horovod's all-reduce against the ring model 2(N-1)/N S max(1/B, the engine's per byte) + 2(N-1) "
                  f"latency + that fixed cost, from the link as measured.{bucket_text} At the largest and smallest "

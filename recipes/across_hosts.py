@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,7 +27,8 @@ from tfperf import flags
 from tfperf.cluster.collective import EngineCost
 from tfperf.cluster.errors import ClusterError
 from tfperf.cluster.processes import LocalCluster, free_ports, launch, tf_config
-from tfperf.cluster.ring import SMALL_ALLREDUCE_BYTES, engine_costs, exposed_t2, fixed_cost, lent, ring_t2
+from tfperf.cluster.ring import (SMALL_ALLREDUCE_BYTES, engine_costs, exposed_t2, fixed_cost, lent, per_byte_at,
+                                 ring_t2)
 from tfperf.measure.processes import last_reply, rank0_replies, reply
 from tfperf.measure.stats import against_goal
 from tfperf.recipe import Conclusion, Headline, Recipe
@@ -104,11 +106,12 @@ LINKS, ALLREDUCE, SCALING, HELPS, ENGINES = (
     "training on 2 hosts: the scaling model vs measured", "what helps on each link (wide MLP)",
     "plain data parallelism on 2 hosts: MultiWorkerMirroredStrategy against Horovod")
 GOAL = 0.15
-# The engine's cost per byte, read on a fast link from an all-reduce of this size after each size swept (none of
-# those tested): where it took over CORES_VISIBLE times what the link gives it, the hosts' cores set the pace there
-# and the excess is theirs. Below the size where it jumps on these hosts: on 10 Gbit/s 2.0-2.4 ms per MiB from 1 to
-# 24 MiB beyond the fixed cost, 2.6-3.3 from 32 MiB up (one read there put the 16 MiB row at +26%).
-CALIBRATION_BYTES = 8 * 2**20
+# The engine's cost per byte, read on a fast link from all-reduces of these sizes after each size swept (none of
+# those tested): where the first took over CORES_VISIBLE times what the link gives it, the hosts' cores set the pace
+# there and the excess is theirs. Two sizes, in proportion between them: it grows as the buffers outgrow the cores'
+# last-level cache (32 MiB here; on 10 Gbit/s 1.0 ms per MiB at 8 MiB, 1.1 at 16, 1.3 at 32 in one sweep). Read at
+# 8 MiB alone, the 16 MiB row sat 11-23% under what it took in four runs of six, 6% and 9% over in two.
+CALIBRATION_BYTES = (8 * 2**20, 32 * 2**20)
 CORES_VISIBLE = 1.15
 BLOCK_S = 0.4  # how long a size's all-reduces may run in all to take more than `reps` of them
 SWEEP_ROUNDS = 3  # times the sweep's sequence of sizes is run, each taking a share of every size's calls
@@ -138,10 +141,10 @@ def build(name: str, shape, classes: int):
                              keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(classes)], name="wide_mlp")
 
 
-def allreduce_sweep(sizes: list[int], reps: int, calibration: int = 0) -> list[dict]:
+def allreduce_sweep(sizes: list[int], reps: int, calibration: Sequence[int] = ()) -> list[dict]:
     """Horovod's all-reduce of float32 tensors of each size, smallest first, each followed by a small one
     (SMALL_ALLREDUCE_BYTES: what it takes beyond the link's share is a collective's fixed cost) and, if asked, one of
-    `calibration` bytes (the engine's cost per byte, `costs_of`), timed on every rank (rank 0's kept): that sequence
+    each `calibration` size (the engine's cost per byte, `costs_of`), timed on every rank (rank 0's kept): that sequence
     SWEEP_ROUNDS times, each size's calls back to back in a block whose first call is not kept. The hosts' slow phases
     then fall on every size alike (16 MiB on 10 Gbit/s read 33 ms, then 39 ms a minute later; in one run 2.5 ms per
     MiB beyond the fixed cost where the 8 MiB blocks beside it read 2.0). Shuffled single calls instead left a 1 MiB
@@ -151,7 +154,7 @@ def allreduce_sweep(sizes: list[int], reps: int, calibration: int = 0) -> list[d
 
     from tfperf.measure import Timer
 
-    after = [(SMALL_ALLREDUCE_BYTES, "small"), *([(calibration, "calibration")] if calibration else [])]
+    after = [(SMALL_ALLREDUCE_BYTES, "small"), *((size, "calibration") for size in calibration)]
     kinds = [each for size in sorted(sizes) for each in ((size, ""), *after)]
     timers = []
     for i, (size, _) in enumerate(kinds):
@@ -327,7 +330,7 @@ def add_flags(p) -> None:
     p.add_argument("--sizes", type=int, nargs="*", help=argparse.SUPPRESS)
     p.add_argument("--only", nargs="*", help=argparse.SUPPRESS)  # a job of some variants only
     p.add_argument("--role", choices=["rank", "mwms"], help=argparse.SUPPRESS)
-    p.add_argument("--calibration", type=int, default=0, help=argparse.SUPPRESS)  # bytes, 0: none
+    p.add_argument("--calibration", type=int, nargs="*", default=[], help=argparse.SUPPRESS)  # bytes
 
 
 def task(args) -> int:
@@ -341,11 +344,11 @@ def task(args) -> int:
 def horovod_job(hosts, args, sizes: list[int], *, only: list[str] | None = None, env: dict | None = None,
                 calibrate: bool = False) -> dict:
     """One horovodrun across the hosts (one rank each): what rank 0 measured; with `calibrate`, each size swept is
-    followed by the all-reduce that reads the engine's cost per byte (`allreduce_sweep`)."""
+    followed by the all-reduces that read the engine's cost per byte (`allreduce_sweep`)."""
     argv = [sys.executable, os.path.join(HERE, "across_hosts.py"), "--role", "rank", "--seed", args.seed,
             "--batch-size", args.batch_size, "--rounds", args.rounds, "--steps", args.steps, "--reps", args.reps,
             "--models", *args.models, "--sizes", *sizes, *(["--only", *only] if only else []),
-            "--calibration", CALIBRATION_BYTES if calibrate else 0]
+            "--calibration", *(CALIBRATION_BYTES if calibrate else ())]
     out = launch(hosts.horovodrun([str(a) for a in argv]), env={**hosts.env(), **(env or {})}, timeout=900)
     replied = rank0_replies(out)
     if not replied:
@@ -411,25 +414,35 @@ def cores_may_show(bits_per_s: float, engine: EngineCost) -> bool:
     return not engine.measured or 8 / bits_per_s < 2 * engine.per_byte_s
 
 
-def costs_of(job: dict, link: dict, engine: EngineCost) -> tuple[dict[str, float], bool]:
+def costs_of(job: dict, link: dict, engine: EngineCost) -> tuple[dict, bool]:
     """The engine's costs on this link's job, and whether the cost per byte was read on the link itself. The fixed
-    cost: the small all-reduces' mean beyond the link's share (0 without one). Per byte: the calibration all-reduces'
-    mean excess over the fixed cost where it was over CORES_VISIBLE times what the link gives them (the cores set the
-    pace), else `engine`'s (the wire hides it, or the job read none). Means, not medians: a step's all-reduces add up
-    and their medians do not (a small one took 1 to 12 ms in steps of the kernel's 4 ms tick on 10 Gbit/s, median 4
-    ms, mean 5.5 ms; 1 MiB took the mean's fixed cost and its bytes, not the median's)."""
+    cost: the small all-reduces' mean beyond the link's share (0 without one). Per byte: each calibration size's mean
+    excess over the fixed cost, per byte (`per_byte_read`, `at_size`), where the smallest took over CORES_VISIBLE
+    times what the link gives it (the cores set the pace), else `engine`'s (the wire hides it, or the job read none).
+    Means, not medians: a step's all-reduces add up and their medians do not (a small one took 1 to 12 ms in steps of
+    the kernel's 4 ms tick on 10 Gbit/s, median 4 ms, mean 5.5 ms; 1 MiB took the mean's fixed cost and its bytes,
+    not the median's)."""
     alpha, beta = ring(link)
     small = [t for row in job["allreduce"] if row.get("small") for t in row["samples_s"]]
     fixed = fixed_cost(float(np.mean(small)), 2, alpha, beta) if small else 0.0
-    calibration = [row for row in job["allreduce"] if row.get("calibration")]
+    calibration = sorted({row["bytes"] for row in job["allreduce"] if row.get("calibration")})
+    took = {size: float(np.mean([t for row in job["allreduce"] if row.get("calibration") and row["bytes"] == size
+                                 for t in row["samples_s"]])) for size in calibration}
     if calibration:
-        size = calibration[0]["bytes"]
+        size = calibration[0]
         link_share = ring_t2(2, size, alpha, beta, lent_bytes=lent(link.get("bucket_bytes"), fixed, beta))
-        took = float(np.mean([t for row in calibration for t in row["samples_s"]]))
-        if took - fixed > CORES_VISIBLE * link_share:  # what it took beyond the fixed cost and latency is per byte
-            per_byte = engine_costs(fixed + 2 * alpha, took, 2, small=0, large=size)[1]
-            return {"fixed_s": fixed, "per_byte_s": per_byte}, True
+        if took[size] - fixed > CORES_VISIBLE * link_share:  # beyond the fixed cost and latency: per byte
+            read = tuple((size, engine_costs(fixed + 2 * alpha, took[size], 2, small=0, large=size)[1])
+                         for size in calibration)
+            return {"fixed_s": fixed, "per_byte_s": read[0][1], "per_byte_read": read}, True
     return {"fixed_s": fixed, "per_byte_s": engine.per_byte_s}, False
+
+
+def at_size(costs: dict, size: float) -> dict[str, float]:
+    """The engine's costs for one all-reduce of `size` bytes (what `ring_t2` takes): the cost per byte at that size
+    where it was read at several (`costs_of`)."""
+    read = costs.get("per_byte_read")
+    return {"fixed_s": costs["fixed_s"], "per_byte_s": per_byte_at(read, size) if read else costs["per_byte_s"]}
 
 
 def predicted(t1: float, gradient_bytes: int, link: dict, **costs: float) -> float:
@@ -444,7 +457,7 @@ def measured_step(per_example_s: dict[str, list]) -> list:
     return per_example_s.get(ONE_MESSAGE, per_example_s["plain"])
 
 
-def scaling_metrics(result: dict, allreduce: list[dict], link: dict, costs: dict[str, float]) -> dict:
+def scaling_metrics(result: dict, allreduce: list[dict], link: dict, costs: dict) -> dict:
     """The scaling model's figures for one model on one link. Its sum sends the gradients in one message, so it is
     judged against the step that does (hvd.grouped_allreduce); Horovod's plain step, whose fusion gathers only what is
     ready in one cycle (three messages a step for the CNN on 10 Gbit/s, by its timeline), is said beside it, and the
@@ -458,7 +471,8 @@ def scaling_metrics(result: dict, allreduce: list[dict], link: dict, costs: dict
     low, high = median_ci(fused)
     # The link idles through a step's compute: a full bucket for its all-reduce.
     refilled = lent(link.get("bucket_bytes"), t1 * batch, ring(link)[1])
-    model_s = predicted(t1 * batch, result["gradient_bytes"], link, **costs, lent_bytes=refilled) / batch
+    model_s = predicted(t1 * batch, result["gradient_bytes"], link, **at_size(costs, result["gradient_bytes"]),
+                        lent_bytes=refilled) / batch
     link_only_s = predicted(t1 * batch, result["gradient_bytes"], link) / batch
     # The same sum with t2 as Horovod's all-reduce took at the gradients' size in this job: what is left of the error
     # is the sum's (overlap, contention), not the link model's.
@@ -466,7 +480,9 @@ def scaling_metrics(result: dict, allreduce: list[dict], link: dict, costs: dict
     found = {"t2_allreduce_ms": swept * 1e3, "error_with_allreduce_t2": step / (t1 + swept / batch) - 1
              } if swept is not None else {}
     if result.get("readiness"):  # wait-free backpropagation: each gradient sent as soon as it exists
-        exposed = exposed_t2(t1 * batch, result["readiness"], 2, *ring(link), **costs)
+        # Each message pays the cost per byte at the gradients' whole size: none of them larger.
+        exposed = exposed_t2(t1 * batch, result["readiness"], 2, *ring(link),
+                             **at_size(costs, result["gradient_bytes"]))
         overlap_s = t1 + exposed / batch
         plain_low, plain_high = median_ci(per["plain"])
         found.update({"t2_exposed_ms": exposed * 1e3, "predicted_overlap_samples_s": 2 / overlap_s,
@@ -505,6 +521,8 @@ def record(rec, links: dict, jobs: dict, engine: EngineCost) -> None:
                               "fixed_cost_ms": costs[text]["fixed_s"] * 1e3,
                               "engine_ms_per_mib": costs[text]["per_byte_s"] * 2**20 * 1e3,
                               "engine_read_on_link": found[text][1],
+                              **({"engine_ms_per_mib_largest": costs[text]["per_byte_read"][-1][1] * 2**20 * 1e3}
+                                 if "per_byte_read" in costs[text] else {}),
                               "bucket_kb": (link.get("bucket_bytes") or 0) / 1e3,
                               "addresses": ", ".join(link["addresses"])},
                 primary="measured_mbit_s", lower_is_better=False, versus_first=False)
@@ -517,7 +535,7 @@ def record(rec, links: dict, jobs: dict, engine: EngineCost) -> None:
             mean = float(np.mean(row["samples_s"]))  # what the model predicts (`costs_of`)
             # Back to back, the link idles through each all-reduce's fixed cost: its bucket refills that much.
             refilled = lent(link.get("bucket_bytes"), costs[text]["fixed_s"], ring(link)[1])
-            model = ring_t2(2, row["bytes"], *ring(link), **costs[text], lent_bytes=refilled)
+            model = ring_t2(2, row["bytes"], *ring(link), **at_size(costs[text], row["bytes"]), lent_bytes=refilled)
             link_only = ring_t2(2, row["bytes"], *ring(link))
             rec.add(ALLREDUCE, f"{text}, {row['bytes'] / 2**20:.2f} MiB",
                     {"ms": mean * 1e3, "median_ms": m.median_s * 1e3, "ring_model_ms": model * 1e3,
@@ -573,9 +591,14 @@ def per_byte_text(links: list[dict], engine: EngineCost) -> str:
     elsewhere = [r for r in rows if r not in on_link]
     each = lambda chosen: ", ".join(  # noqa: E731
         f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms" for r in chosen)
-    said = ([f"{each(on_link)} per MiB sent, read on the link from {CALIBRATION_BYTES // 2**20} MiB all-reduces "
-             f"after each size swept, their mean beyond the fixed cost, where it took over {CORES_VISIBLE:.2f}x what "
-             f"the link gives it"] if on_link else []) + (
+    smallest, largest = (f"{size // 2**20} MiB" for size in (CALIBRATION_BYTES[0], CALIBRATION_BYTES[-1]))
+    read = ", ".join(f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms per MiB sent at {smallest} and "
+                     f"{r['metrics'].get('engine_ms_per_mib_largest', r['metrics']['engine_ms_per_mib']):.2f} ms at "
+                     f"{largest}" for r in on_link)
+    said = ([f"{read}, in proportion between, read on the link from all-reduces of those sizes after "
+             f"each size swept, their mean beyond the fixed cost, where the first took over {CORES_VISIBLE:.2f}x what "
+             f"the link gives it"]
+            if on_link else []) + (
         [f"{each(elsewhere)} per MiB sent{' where the wire hides it' if on_link else ''}, {engine.source}"]
         if elsewhere else [])
     return "; ".join(said) or "not measured"

@@ -75,12 +75,24 @@ def test_the_ring_model_on_known_timings():
     assert cores_may_show(1e9, EngineCost(0.0, 0.0, "none charged", False))  # nothing known: read it
 
     fast = {"bits_per_s": 10e9, "rtt_s": 100e-6, "bucket_bytes": 5e6}
-    lent_share = ring_t2(2, CALIBRATION_BYTES, 50e-6, 10e9 / 8, lent_bytes=5e6)  # its 5 MB bucket lends
-    cores = 0.005 + 100e-6 + 2e-9 * CALIBRATION_BYTES  # 2 ms per MB: 67 ms beyond the fixed cost
-    calibration = {"bytes": CALIBRATION_BYTES, "samples_s": [cores - 0.001, cores + 0.001], "calibration": True}
-    read, on_link = costs_of({"allreduce": [*job["allreduce"], calibration]}, fast, engine)
-    assert on_link and read["per_byte_s"] == pytest.approx(2e-9, rel=0.01) and cores - 0.005 > CORES_VISIBLE * lent_share
-    hidden = {**calibration, "samples_s": [ring_t2(2, CALIBRATION_BYTES, 50e-6, 1e9 / 8, 0.005, 2e-9)]}
+    smallest, largest = CALIBRATION_BYTES
+    lent_share = ring_t2(2, smallest, 50e-6, 10e9 / 8, lent_bytes=5e6)  # its 5 MB bucket lends
+    cores = {size: 0.005 + 100e-6 + per_byte * size for size, per_byte in ((smallest, 2e-9), (largest, 3e-9))}
+    calibration = [{"bytes": size, "samples_s": [took - 0.001, took + 0.001], "calibration": True}
+                   for size, took in cores.items()] * 2  # one after each size swept: their samples read together
+    read, on_link = costs_of({"allreduce": [*job["allreduce"], *calibration]}, fast, engine)
+    assert on_link and cores[smallest] - 0.005 > CORES_VISIBLE * lent_share
+    assert read["per_byte_s"] == pytest.approx(2e-9, rel=0.01) and read["per_byte_read"] == (
+        (smallest, pytest.approx(2e-9, rel=0.01)), (largest, pytest.approx(3e-9, rel=0.01)))
+    # Each all-reduce pays the cost per byte at its size: in proportion between the two read, theirs beyond them.
+    from across_hosts import at_size
+
+    middle = (smallest + largest) / 2
+    assert at_size(read, middle) == pytest.approx({"fixed_s": read["fixed_s"], "per_byte_s": 2.5e-9}, rel=0.01)
+    assert at_size(read, 1e6)["per_byte_s"] == read["per_byte_s"]
+    assert at_size(read, 1e9)["per_byte_s"] == read["per_byte_read"][-1][1]
+    assert at_size({"fixed_s": 0.004, "per_byte_s": 1e-9}, 1e9) == {"fixed_s": 0.004, "per_byte_s": 1e-9}
+    hidden = {**calibration[0], "samples_s": [ring_t2(2, smallest, 50e-6, 1e9 / 8, 0.005, 2e-9)]}
     assert costs_of({"allreduce": [*job["allreduce"], hidden]}, link, engine)[1] is False  # 1 Gbit/s: the wire's
     sweep = [{"bytes": 1e6, "samples_s": [0.01, 0.01]}, {"bytes": 4e6, "samples_s": [0.035, 0.035, 0.05]}]
     assert measured_t2(sweep, 2e6) == pytest.approx(0.02) and measured_t2(sweep, 8e6) is None  # log-log of means
@@ -198,6 +210,25 @@ def test_horovod_and_mwms_across_two_hosts_through_the_recipe(tmp_path, monkeypa
     assert "200mbit 0.70 ms per MiB sent, measured by a stand-in" in conclusion.text
     assert conclusion.headline is not None
     assert stale() == [] and time.perf_counter() - started < 300
+
+
+def test_the_cost_per_byte_is_said_where_it_was_read():
+    """Read on the link, it is said at both sizes read; where the wire hides it, the engine's from two processes."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "recipes"))
+    from across_hosts import per_byte_text
+
+    from tfperf.cluster.collective import EngineCost
+
+    engine = EngineCost(0.004, 1e-9, "measured between two processes here", True)
+    fast = {"row": "10gbit", "metrics": {"engine_ms_per_mib": 1.0, "engine_ms_per_mib_largest": 1.3,
+                                         "engine_read_on_link": True}}
+    slow = {"row": "1gbit", "metrics": {"engine_ms_per_mib": 0.7, "engine_read_on_link": False}}
+    text = per_byte_text([slow, fast], engine)
+    assert text.startswith("10gbit 1.00 ms per MiB sent at 8 MiB and 1.30 ms at 32 MiB, in proportion between, read "
+                           "on the link"), text
+    assert text.endswith("; 1gbit 0.70 ms per MiB sent where the wire hides it, measured between two processes here")
+    assert per_byte_text([slow], engine) == "1gbit 0.70 ms per MiB sent, measured between two processes here"
+    assert per_byte_text([], engine) == "not measured"
 
 
 def test_the_across_hosts_conclusion_answers_first_in_each_branch():
@@ -394,6 +425,13 @@ def test_the_engines_costs_are_read_from_a_small_and_a_large_all_reduce():
     fixed, per_byte = engine_costs(0.004, 0.016, 2)
     assert fixed == 0.004 and per_byte == pytest.approx(0.012 / (16 * 2**20 - 4096))
     assert engine_costs(0.004, 0.003, 2)[1] == 0.0  # a large one measured faster than the small: none charged
+    # Read at a few sizes: in proportion between two of them, the nearest one's outside them, whatever their order.
+    from tfperf.cluster.ring import per_byte_at
+
+    read = [(32e6, 3e-9), (8e6, 2e-9), (16e6, 2.2e-9)]
+    assert per_byte_at(read, 12e6) == pytest.approx(2.1e-9) and per_byte_at(read, 24e6) == pytest.approx(2.6e-9)
+    assert per_byte_at(read, 1e6) == 2e-9 and per_byte_at(read, 1e9) == 3e-9 and per_byte_at(read, 16e6) == 2.2e-9
+    assert per_byte_at([], 1e6) == 0.0 and per_byte_at([(8e6, 2e-9)], 1e9) == 2e-9
 
 
 def test_gradient_readiness_follows_backpropagation_from_the_last_layer_with_each_layers_flops():

@@ -25,6 +25,21 @@ def test_median_ci_with_too_few_samples_is_the_whole_range():
         stats.median_ci([])
 
 
+def test_mean_ci_covers_the_mean_of_times_in_4_ms_steps():
+    """An all-reduce's times on the emulated hosts: 1 to 12 ms in steps of the kernel's tick, the mean predicted."""
+    rng = np.random.default_rng(4)
+    steps, odds = np.array([1.0, 4.0, 8.0, 12.0]), np.array([0.2, 0.5, 0.25, 0.05])
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        low, high = stats.mean_ci(rng.choice(steps, size=42, p=odds))
+        covered += low <= float(steps @ odds) <= high
+    assert 0.93 <= covered / trials <= 0.97
+    assert stats.mean_ci([5.0]) == (5.0, 5.0)
+    assert stats.mean_ci([4.0, 6.0]) == pytest.approx((5 - 12.706, 5 + 12.706), abs=0.001)  # t(0.975, 1 df)
+    with pytest.raises(ValueError, match="no samples"):
+        stats.mean_ci([])
+
+
 def test_ratio_ci_covers_a_known_ratio():
     rng = np.random.default_rng(1)
     trials, covered = 300, 0

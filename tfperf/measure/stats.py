@@ -47,6 +47,19 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float
     return float(x[k - 1]), float(x[n - k])
 
 
+def mean_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Student's t interval of the mean: where a mean is what is predicted (times that add up, as a step's
+    all-reduces do), however lumpy the times (a 4 ms scheduler tick's steps). One sample: the point itself."""
+    x = np.asarray(samples, dtype=np.float64)
+    if len(x) == 0:
+        raise ValueError("no samples: a confidence interval needs at least one")
+    mean = float(x.mean())
+    if len(x) == 1:
+        return mean, mean
+    half = t_quantile(0.5 + confidence / 2, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return mean - half, mean + half
+
+
 def _binomial_cdf(n: int, p: float) -> np.ndarray:
     """P(B <= k) for k = 0..n, B ~ Binomial(n, p), computed in logs (n in the hundred thousands is fine)."""
     k = np.arange(n + 1)

@@ -30,7 +30,7 @@ from tfperf.cluster.processes import LocalCluster, free_ports, launch, tf_config
 from tfperf.cluster.ring import (SMALL_ALLREDUCE_BYTES, engine_costs, exposed_t2, fixed_cost, lent, per_byte_at,
                                  ring_t2)
 from tfperf.measure.processes import last_reply, rank0_replies, reply
-from tfperf.measure.stats import NO_DIFFERENCE, against_goal, mean_ci
+from tfperf.measure.stats import against_goal, mean_ci, short_of_threshold
 from tfperf.recipe import Conclusion, Headline, Recipe
 
 # The technique: one rank per host, the gradients averaged over the link -----------------------------------
@@ -428,15 +428,17 @@ def costs_of(job: dict, link: dict, engine: EngineCost) -> tuple[dict, bool]:
     alpha, beta = ring(link)
     small = [t for row in job["allreduce"] if row.get("small") for t in row["samples_s"]]
     fixed = fixed_cost(float(np.mean(small)), 2, alpha, beta) if small else 0.0
-    calibration = sorted({row["bytes"] for row in job["allreduce"] if row.get("calibration")})
-    took = {size: float(np.mean([t for row in job["allreduce"] if row.get("calibration") and row["bytes"] == size
-                                 for t in row["samples_s"]])) for size in calibration}
-    if calibration:
-        size = calibration[0]
-        link_share = ring_t2(2, size, alpha, beta, lent_bytes=lent(link.get("bucket_bytes"), fixed, beta))
-        if took[size] - fixed > CORES_VISIBLE * link_share:  # beyond the fixed cost and latency: per byte
-            read = tuple((size, engine_costs(fixed + 2 * alpha, took[size], 2, small=0, large=size)[1])
-                         for size in calibration)
+    pooled: dict[int, list[float]] = {}  # each calibration size's samples, one block after each size swept
+    for row in job["allreduce"]:
+        if row.get("calibration"):
+            pooled.setdefault(row["bytes"], []).extend(row["samples_s"])
+    took = {size: float(np.mean(samples)) for size, samples in sorted(pooled.items())}
+    if took:
+        smallest = min(took)
+        link_share = ring_t2(2, smallest, alpha, beta, lent_bytes=lent(link.get("bucket_bytes"), fixed, beta))
+        if took[smallest] - fixed > CORES_VISIBLE * link_share:  # beyond the fixed cost and latency: per byte
+            read = tuple((size, engine_costs(fixed + 2 * alpha, mean, 2, small=0, large=size)[1])
+                         for size, mean in took.items())
             return {"fixed_s": fixed, "per_byte_s": read[0][1], "per_byte_read": read}, True
     return {"fixed_s": fixed, "per_byte_s": engine.per_byte_s}, False
 
@@ -594,28 +596,25 @@ def per_byte_text(links: list[dict], engine: EngineCost) -> str:
     rows = [r for r in links if "engine_ms_per_mib" in r["metrics"]]
     on_link = [r for r in rows if r["metrics"].get("engine_read_on_link")]
     elsewhere = [r for r in rows if r not in on_link]
-    each = lambda chosen: ", ".join(  # noqa: E731
-        f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms" for r in chosen)
+    measured_here = ", ".join(f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms" for r in elsewhere)
     smallest, largest = (f"{size // 2**20} MiB" for size in (CALIBRATION_BYTES[0], CALIBRATION_BYTES[-1]))
     read = ", ".join(f"{r['row']} {r['metrics']['engine_ms_per_mib']:.2f} ms per MiB sent at {smallest} and "
                      f"{r['metrics'].get('engine_ms_per_mib_largest', r['metrics']['engine_ms_per_mib']):.2f} ms at "
                      f"{largest}" for r in on_link)
-    said = ([f"{read}, in proportion between, read on the link from all-reduces of those sizes after "
-             f"each size swept, their mean beyond the fixed cost, where the first took over {CORES_VISIBLE:.2f}x what "
-             f"the link gives it"]
-            if on_link else []) + (
-        [f"{each(elsewhere)} per MiB sent{' where the wire hides it' if on_link else ''}, {engine.source}"]
+    said = ([f"{read}, in proportion between, read on the link from all-reduces of those sizes after each size "
+             f"swept, their mean beyond the fixed cost, where the first took over {CORES_VISIBLE:.2f}x what the link "
+             f"gives it"] if on_link else []) + (
+        [f"{measured_here} per MiB sent{' where the wire hides it' if on_link else ''}, {engine.source}"]
         if elsewhere else [])
     return "; ".join(said) or "not measured"
 
 
 def verdict_text(row: dict) -> str:
-    """A compared row's verdict, and where its interval excludes 1 without a verdict, the bar it did not clear (a
-    reader sees 'CI 1.02-1.47x, no measurable difference' as a contradiction)."""
-    low, high = row["ratio_ci95"]
+    """A compared row's verdict, and where its interval excludes 1 without a verdict, the bar it did not clear
+    (`stats.short_of_threshold`)."""
     threshold = (row.get("compared") or {}).get("threshold") or 0.0
-    if row["verdict"] == NO_DIFFERENCE and threshold and (low > 1 or high < 1):
-        return f"{NO_DIFFERENCE} by the {threshold:.0%} bar"
+    if short_of_threshold(row["ratio_ci95"], row["verdict"], threshold):
+        return f"{row['verdict']} by the {threshold:.0%} bar"
     return row["verdict"]
 
 

@@ -182,6 +182,13 @@ def verdict(ci: tuple[float, float], *, threshold: float = 0.0) -> str:
     return NO_DIFFERENCE
 
 
+def short_of_threshold(ci: Sequence[float], verdict_said: str, threshold: float) -> bool:
+    """A change the interval shows (it excludes 1) that did not clear the threshold the verdict asks: 'no measurable
+    difference' beside 'CI 1.02-1.47x' reads as a contradiction unless the threshold is said."""
+    low, high = ci
+    return verdict_said == NO_DIFFERENCE and bool(threshold) and (low > 1 or high < 1)
+
+
 def against_goal(cis: Sequence[Sequence[float]], goal: float) -> str:
     """A model's errors judged by their 95% intervals against +-goal: "within" when every interval lies inside it,
     "outside" when one lies wholly beyond it, else "not settled against" (a point estimate alone flipped between two
@@ -231,8 +238,8 @@ class Comparison:
         if self.verdict == SLOWER:
             return f"{1 / self.ratio:.2f}x slower (95% CI {1 / high:.2f}-{1 / low:.2f}x)"
         # The interval excludes 1 but does not clear the threshold: a change, not shown to be one that counts.
-        below = f", not shown to clear the {self.threshold:.0%} that counts" if self.threshold and (low > 1 or high < 1) \
-            else ""
+        below = f", not shown to clear the {self.threshold:.0%} that counts" if short_of_threshold(
+            self.ci95, self.verdict, self.threshold) else ""
         return f"no measurable difference ({self.ratio:.2f}x, 95% CI {low:.2f}-{high:.2f}x{below})"
 
 
